@@ -1,0 +1,1 @@
+"""Spark Structured Streaming jobs whose window aggregates qstate makes queryable."""

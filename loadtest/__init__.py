@@ -1,0 +1,1 @@
+"""Load generation and ground truth for qstate: seeded workloads, a Kafka producer, pandas truth."""

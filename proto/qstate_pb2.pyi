@@ -1,0 +1,143 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class GetRequest(_message.Message):
+    __slots__ = ("job", "operator", "state", "key", "from_ms", "to_ms")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    OPERATOR_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    FROM_MS_FIELD_NUMBER: _ClassVar[int]
+    TO_MS_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    operator: str
+    state: str
+    key: str
+    from_ms: int
+    to_ms: int
+    def __init__(self, job: _Optional[str] = ..., operator: _Optional[str] = ..., state: _Optional[str] = ..., key: _Optional[str] = ..., from_ms: _Optional[int] = ..., to_ms: _Optional[int] = ...) -> None: ...
+
+class MultiGetRequest(_message.Message):
+    __slots__ = ("job", "operator", "state", "keys", "from_ms", "to_ms")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    OPERATOR_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    FROM_MS_FIELD_NUMBER: _ClassVar[int]
+    TO_MS_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    operator: str
+    state: str
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    from_ms: int
+    to_ms: int
+    def __init__(self, job: _Optional[str] = ..., operator: _Optional[str] = ..., state: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., from_ms: _Optional[int] = ..., to_ms: _Optional[int] = ...) -> None: ...
+
+class Window(_message.Message):
+    __slots__ = ("start_ms", "end_ms", "int_value", "double_value")
+    START_MS_FIELD_NUMBER: _ClassVar[int]
+    END_MS_FIELD_NUMBER: _ClassVar[int]
+    INT_VALUE_FIELD_NUMBER: _ClassVar[int]
+    DOUBLE_VALUE_FIELD_NUMBER: _ClassVar[int]
+    start_ms: int
+    end_ms: int
+    int_value: int
+    double_value: float
+    def __init__(self, start_ms: _Optional[int] = ..., end_ms: _Optional[int] = ..., int_value: _Optional[int] = ..., double_value: _Optional[float] = ...) -> None: ...
+
+class StateValue(_message.Message):
+    __slots__ = ("job", "operator", "state", "key", "found", "batch", "watermark_ms", "windows")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    OPERATOR_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    WATERMARK_MS_FIELD_NUMBER: _ClassVar[int]
+    WINDOWS_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    operator: str
+    state: str
+    key: str
+    found: bool
+    batch: int
+    watermark_ms: int
+    windows: _containers.RepeatedCompositeFieldContainer[Window]
+    def __init__(self, job: _Optional[str] = ..., operator: _Optional[str] = ..., state: _Optional[str] = ..., key: _Optional[str] = ..., found: _Optional[bool] = ..., batch: _Optional[int] = ..., watermark_ms: _Optional[int] = ..., windows: _Optional[_Iterable[_Union[Window, _Mapping]]] = ...) -> None: ...
+
+class MultiGetResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[StateValue]
+    def __init__(self, results: _Optional[_Iterable[_Union[StateValue, _Mapping]]] = ...) -> None: ...
+
+class ListJobsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListJobsResponse(_message.Message):
+    __slots__ = ("jobs",)
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[JobInfo]
+    def __init__(self, jobs: _Optional[_Iterable[_Union[JobInfo, _Mapping]]] = ...) -> None: ...
+
+class DescribeJobRequest(_message.Message):
+    __slots__ = ("job",)
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    def __init__(self, job: _Optional[str] = ...) -> None: ...
+
+class WindowSpec(_message.Message):
+    __slots__ = ("kind", "size_ms", "slide_ms", "gap_ms")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    SIZE_MS_FIELD_NUMBER: _ClassVar[int]
+    SLIDE_MS_FIELD_NUMBER: _ClassVar[int]
+    GAP_MS_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    size_ms: int
+    slide_ms: int
+    gap_ms: int
+    def __init__(self, kind: _Optional[str] = ..., size_ms: _Optional[int] = ..., slide_ms: _Optional[int] = ..., gap_ms: _Optional[int] = ...) -> None: ...
+
+class StateInfo(_message.Message):
+    __slots__ = ("name", "type")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    type: str
+    def __init__(self, name: _Optional[str] = ..., type: _Optional[str] = ...) -> None: ...
+
+class OperatorInfo(_message.Message):
+    __slots__ = ("name", "key", "states", "window", "partitions", "retention_ms", "last_batch", "watermark_ms", "partitions_available")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    STATES_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    RETENTION_MS_FIELD_NUMBER: _ClassVar[int]
+    LAST_BATCH_FIELD_NUMBER: _ClassVar[int]
+    WATERMARK_MS_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_AVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    key: str
+    states: _containers.RepeatedCompositeFieldContainer[StateInfo]
+    window: WindowSpec
+    partitions: int
+    retention_ms: int
+    last_batch: int
+    watermark_ms: int
+    partitions_available: int
+    def __init__(self, name: _Optional[str] = ..., key: _Optional[str] = ..., states: _Optional[_Iterable[_Union[StateInfo, _Mapping]]] = ..., window: _Optional[_Union[WindowSpec, _Mapping]] = ..., partitions: _Optional[int] = ..., retention_ms: _Optional[int] = ..., last_batch: _Optional[int] = ..., watermark_ms: _Optional[int] = ..., partitions_available: _Optional[int] = ...) -> None: ...
+
+class JobInfo(_message.Message):
+    __slots__ = ("name", "operators")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    OPERATORS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    operators: _containers.RepeatedCompositeFieldContainer[OperatorInfo]
+    def __init__(self, name: _Optional[str] = ..., operators: _Optional[_Iterable[_Union[OperatorInfo, _Mapping]]] = ...) -> None: ...

@@ -1,0 +1,1 @@
+"""qstate: queryable state for Spark Structured Streaming."""

@@ -1,0 +1,136 @@
+"""The `qstate` command line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from service.config import settings
+
+app = typer.Typer(
+    help="qstate: queryable state for Spark Structured Streaming.",
+    no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+@app.callback()
+def _root() -> None:
+    """Settings come from flags, QSTATE_* environment variables or the QSTATE_CONFIG file."""
+
+
+@app.command()
+def shard(
+    host: Annotated[str, typer.Option(envvar="QSTATE_SHARD_HOST")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(envvar="QSTATE_SHARD_PORT",
+                                      help="Internal gRPC port (0: any free port).")] = 7100,
+    metrics_port: Annotated[int, typer.Option(envvar="QSTATE_SHARD_METRICS_PORT",
+                                              help="HTTP /metrics /healthz port (0: any).")] = 0,
+    server_id: Annotated[str, typer.Option("--id", envvar="QSTATE_SHARD_ID",
+                                           help="Stable server id (default host-port).")] = "",
+    data_dir: Annotated[Path | None, typer.Option(help="RocksDB data (default <home>/shards).")
+                        ] = None,
+    storage: Annotated[str | None, typer.Option(help="Checkpoint storage path or URI.")] = None,
+) -> None:
+    """Run a shard server: RocksDB partitions behind the internal gRPC API."""
+    from service.shard.main import run
+
+    cfg = settings()
+    run(host, port, data_dir or Path(cfg.home) / "shards", storage or cfg.storage_uri,
+        server_id, metrics_port)
+
+
+@app.command()
+def job(
+    names: Annotated[list[str], typer.Argument(help="Example jobs to run: tweets, ads.")],
+    bootstrap: Annotated[str | None, typer.Option(envvar="QSTATE_KAFKA_BOOTSTRAP",
+                                                  help="Kafka bootstrap servers.")] = None,
+    storage: Annotated[str | None, typer.Option(help="Checkpoint storage path or URI.")] = None,
+    checkpoints: Annotated[Path | None, typer.Option(
+        help="Spark checkpoint root (default <home>/checkpoints).")] = None,
+    shards: Annotated[str | None, typer.Option(
+        help="Comma-separated shard addresses (default: servers registered in storage).")
+    ] = None,
+    partitions: Annotated[int | None, typer.Option(help="Partitions per operator.")] = None,
+    trigger: Annotated[str, typer.Option(help="Trigger interval.")] = "1 second",
+    max_rows_per_trigger: Annotated[int | None, typer.Option(
+        help="Cap rows read per batch (per query).")] = None,
+    mapping: Annotated[Path | None, typer.Option(
+        help="ads: ad_id -> campaign_id JSON (written by `qstate generate ads`).")] = None,
+    master: Annotated[str, typer.Option(help="Spark master.")] = "local[2]",
+    metrics_port: Annotated[int, typer.Option(help="Prometheus port (0: off).")] = 0,
+    live: Annotated[bool, typer.Option(help="Show a live status line.")] = True,
+) -> None:
+    """Run example jobs (tweets, ads) with the queryable sink until Ctrl-C or SIGTERM."""
+    from jobs.main import run_jobs
+    from jobs.runner import JOBS, JobConfig
+
+    cfg = settings()
+    unknown = [n for n in names if n not in JOBS]
+    if unknown:
+        raise typer.BadParameter(f"unknown job(s) {unknown}: choose from {sorted(JOBS)}")
+    root = checkpoints or Path(cfg.home) / "checkpoints"
+    configs = [JobConfig(
+        n, bootstrap or cfg.kafka_bootstrap, root / n, storage or cfg.storage_uri,
+        shards=shards.split(",") if shards else None, partitions=partitions or cfg.partitions,
+        trigger_interval=trigger, max_rows_per_trigger=max_rows_per_trigger,
+        mapping=mapping or Path(cfg.home) / "ads-campaigns.json") for n in names]
+    run_jobs(configs, metrics_port, master, live=live)
+
+
+@app.command()
+def router(
+    host: Annotated[str | None, typer.Option(envvar="QSTATE_ROUTER_HOST")] = None,
+    http_port: Annotated[int | None, typer.Option(envvar="QSTATE_HTTP_PORT")] = None,
+    grpc_port: Annotated[int | None, typer.Option(envvar="QSTATE_GRPC_PORT")] = None,
+    storage: Annotated[str | None, typer.Option(help="Checkpoint storage path or URI.")] = None,
+) -> None:
+    """Run a router: HTTP and gRPC queries, routed to the shard owning each key."""
+    from service.router.main import run
+
+    cfg = settings()
+    run(host or cfg.router_host, http_port or cfg.http_port, grpc_port or cfg.grpc_port,
+        storage or cfg.storage_uri, cfg.shard_timeout_s, cfg.retry_after_s)
+
+
+@app.command()
+def get(
+    job: str, operator: str, state: str, key: str,
+    from_: Annotated[str | None, typer.Option("--from", help="Epoch ms or ISO-8601.")] = None,
+    to: Annotated[str | None, typer.Option(help="Epoch ms or ISO-8601 (exclusive).")] = None,
+    url: Annotated[str | None, typer.Option(envvar="QSTATE_ROUTER_URL")] = None,
+) -> None:
+    """Print one key's latest window (or windows in --from/--to) as JSON.
+
+    Exit codes: 0 found, 1 no data for the key, 2 bad request, 3 unavailable.
+    """
+    import orjson
+
+    from service.client import Client, QStateError
+
+    try:
+        with Client(url or settings().router_url) as c:
+            v = c.get(job, operator, state, key, from_=from_, to=to)
+    except QStateError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit({404: 1, 400: 2}.get(exc.status, 3)) from None
+    typer.echo(orjson.dumps(v.as_dict(), option=orjson.OPT_INDENT_2).decode())
+
+
+def _mount_generate() -> None:
+    from loadtest.generate import generate
+
+    app.command("generate", no_args_is_help=True)(generate)
+
+
+_mount_generate()
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,43 @@
+"""/metrics, /healthz and /readyz for processes whose main API is not HTTP (shards, jobs)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import uvicorn
+from prometheus_client import make_asgi_app
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Mount, Route
+
+
+def probe_app(ready: Callable[[], bool], info: Callable[[], dict]) -> Starlette:
+    async def healthz(_: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok", **info()})
+
+    async def readyz(_: Request) -> JSONResponse:
+        ok = ready()
+        return JSONResponse({"ready": ok, **info()}, status_code=200 if ok else 503)
+
+    return Starlette(routes=[
+        Route("/healthz", healthz), Route("/readyz", readyz), Mount("/metrics", make_asgi_app()),
+    ])
+
+
+async def serve_probe(app: Starlette, host: str, port: int) -> tuple[uvicorn.Server, asyncio.Task]:
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                            lifespan="off")
+    server = uvicorn.Server(config)
+    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()
+        await asyncio.sleep(0.01)
+    return server, task
+
+
+def bound_port(server: uvicorn.Server) -> int:
+    return int(server.servers[0].sockets[0].getsockname()[1])

@@ -1,0 +1,110 @@
+"""Child processes qstate starts (shard servers, routers, jobs): started, awaited, stopped by PID."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from service.devbroker import free_port, wait_for_port
+
+
+@dataclass
+class Child:
+    name: str
+    args: list[str]
+    log_path: Path
+    env: dict[str, str] | None = None
+    proc: subprocess.Popen | None = field(default=None, repr=False)
+
+    def start(self) -> Child:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, env=self.env)
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout: float = 15.0) -> None:
+        if not self.alive():
+            return
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def kill(self) -> None:
+        """kill -9: no cleanup at all, as in a crash."""
+        if self.alive():
+            assert self.proc is not None
+            self.proc.kill()
+            self.proc.wait()
+
+
+def qstate_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "service", *args]
+
+
+@dataclass
+class ShardProcess(Child):
+    host: str = "127.0.0.1"
+    port: int = 0
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @classmethod
+    def make(cls, server_id: str, data_dir: Path, storage: str, log_dir: Path,
+             port: int = 0, env: dict[str, str] | None = None) -> ShardProcess:
+        port = port or free_port()
+        args = qstate_command("shard", "--id", server_id, "--port", str(port),
+                              "--data-dir", str(data_dir), "--storage", storage)
+        return cls(server_id, args, log_dir / f"{server_id}.log", env, port=port)
+
+    def start_and_wait(self, timeout: float = 30.0) -> ShardProcess:
+        self.start()
+        wait_for_port(self.host, self.port, timeout, self.proc)
+        return self
+
+
+@dataclass
+class RouterProcess(Child):
+    host: str = "127.0.0.1"
+    http_port: int = 0
+    grpc_port: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.http_port}"
+
+    @property
+    def grpc_address(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
+
+    @classmethod
+    def make(cls, storage: str, log_dir: Path, name: str = "router",
+             env: dict[str, str] | None = None) -> RouterProcess:
+        http_port, grpc_port = free_port(), free_port()
+        args = qstate_command("router", "--http-port", str(http_port), "--grpc-port",
+                              str(grpc_port), "--storage", storage)
+        return cls(name, args, log_dir / f"{name}.log", env, http_port=http_port,
+                   grpc_port=grpc_port)
+
+    def start_and_wait(self, timeout: float = 30.0) -> RouterProcess:
+        self.start()
+        wait_for_port(self.host, self.http_port, timeout, self.proc)
+        wait_for_port(self.host, self.grpc_port, timeout, self.proc)
+        return self

@@ -1,0 +1,1 @@
+"""The router: any router answers any key by routing it to the shard that owns it."""

@@ -1,0 +1,104 @@
+"""gRPC front end (grpc.aio) of the public API, proto/qstate.proto."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+from prometheus_client import Counter, Histogram
+
+from proto import qstate_pb2 as pb
+from proto import qstate_pb2_grpc as pb_grpc
+from service.errors import NotFound, QueryError, Unavailable
+from service.router.query import Answer, QueryService
+
+RPCS = Counter("qstate_router_grpc_requests_total", "gRPC requests", ["method", "code"])
+RPC_LATENCY = Histogram("qstate_router_grpc_request_seconds", "gRPC latency", ["method"],
+                        buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1))
+
+
+def _value(a: Answer) -> pb.StateValue:
+    out = pb.StateValue(job=a.job, operator=a.operator, state=a.state, key=a.key, found=a.found,
+                        batch=a.batch, watermark_ms=a.watermark_ms)
+    for w in a.windows:
+        pw = out.windows.add()
+        if w.start is not None:
+            pw.start_ms = w.start
+            pw.end_ms = w.end if w.end is not None else 0
+        if isinstance(w.value, int):
+            pw.int_value = w.value
+        elif w.value is not None:
+            pw.double_value = w.value
+    return out
+
+
+def _range(req: pb.GetRequest | pb.MultiGetRequest) -> tuple[int, int] | None:
+    has_from, has_to = req.HasField("from_ms"), req.HasField("to_ms")
+    if not has_from and not has_to:
+        return None
+    return (req.from_ms if has_from else -(1 << 62), req.to_ms if has_to else 1 << 62)
+
+
+async def _fail(context: grpc.aio.ServicerContext, method: str, exc: QueryError) -> None:
+    RPCS.labels(method, exc.grpc_code.name).inc()
+    if isinstance(exc, Unavailable):
+        context.set_trailing_metadata((("retry-after-ms", str(int(exc.retry_after_s * 1000))),))
+    await context.abort(exc.grpc_code, exc.message)
+
+
+class QueryableStateService(pb_grpc.QueryableStateServicer):
+    def __init__(self, query: QueryService) -> None:
+        self.query = query
+
+    async def Get(self, request: pb.GetRequest, context: grpc.aio.ServicerContext
+                  ) -> pb.StateValue:
+        t0 = time.perf_counter()
+        try:
+            a = await self.query.get(request.job, request.operator, request.state, request.key,
+                                     _range(request))
+            if not a.found:
+                raise NotFound(f"key {request.key[:200]!r} has no data in {request.job}/"
+                               f"{request.operator}/{request.state} as of batch {a.batch}")
+        except QueryError as exc:
+            await _fail(context, "Get", exc)
+        RPCS.labels("Get", "OK").inc()
+        RPC_LATENCY.labels("Get").observe(time.perf_counter() - t0)
+        return _value(a)
+
+    async def MultiGet(self, request: pb.MultiGetRequest, context: grpc.aio.ServicerContext
+                       ) -> pb.MultiGetResponse:
+        t0 = time.perf_counter()
+        try:
+            answers = await self.query.multi_get(request.job, request.operator, request.state,
+                                                 list(request.keys), _range(request))
+        except QueryError as exc:
+            await _fail(context, "MultiGet", exc)
+        RPCS.labels("MultiGet", "OK").inc()
+        RPC_LATENCY.labels("MultiGet").observe(time.perf_counter() - t0)
+        return pb.MultiGetResponse(results=[_value(a) for a in answers])
+
+    async def ListJobs(self, request: pb.ListJobsRequest, context: grpc.aio.ServicerContext
+                       ) -> pb.ListJobsResponse:
+        jobs = await self.query.jobs()
+        return pb.ListJobsResponse(jobs=[
+            pb.JobInfo(name=j, operators=[pb.OperatorInfo(name=s.operator) for s in specs])
+            for j, specs in jobs.items()])
+
+    async def DescribeJob(self, request: pb.DescribeJobRequest,
+                          context: grpc.aio.ServicerContext) -> pb.JobInfo:
+        try:
+            ops = await self.query.describe_job(request.job)
+        except QueryError as exc:
+            await _fail(context, "DescribeJob", exc)
+        out = pb.JobInfo(name=request.job)
+        for s in ops:
+            sp = s.spec
+            out.operators.add(
+                name=sp.operator, key=sp.key,
+                states=[pb.StateInfo(name=n, type=t) for n, t in sp.states.items()],
+                window=pb.WindowSpec(kind=sp.window.kind, size_ms=sp.window.size_ms,
+                                     slide_ms=sp.window.slide_ms, gap_ms=sp.window.gap_ms),
+                partitions=sp.partitions, retention_ms=sp.retention_ms,
+                last_batch=s.last_batch, watermark_ms=s.watermark_ms,
+                partitions_available=s.partitions_available)
+        return out

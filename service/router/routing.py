@@ -1,0 +1,84 @@
+"""Key -> partition -> shard server, from the assignment and operator specs in storage.
+
+The table is cached and refreshed in the background every ``refresh_s`` and on demand (a
+miss, an unknown-partition answer, a connection error), at most every ``min_interval_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from service.assignment import Assignment, load_assignment
+from service.errors import NotFound
+from service.operator import OperatorSpec, list_specs
+from service.storage import Storage
+
+log = logging.getLogger("qstate.router")
+
+
+class RoutingTable:
+    def __init__(self, storage: Storage, refresh_s: float = 1.0,
+                 min_interval_s: float = 0.1) -> None:
+        self.storage = storage
+        self.refresh_s = refresh_s
+        self.min_interval_s = min_interval_s
+        self.assignment = Assignment()
+        self.specs: dict[tuple[str, str], OperatorSpec] = {}
+        self._loaded_at = 0.0
+        self._lock = asyncio.Lock()
+        self._task: asyncio.Task | None = None
+
+    def _load(self) -> tuple[Assignment, dict[tuple[str, str], OperatorSpec]]:
+        specs = {(s.job, s.operator): s for s in list_specs(self.storage)}
+        return load_assignment(self.storage), specs
+
+    async def refresh(self, force: bool = False) -> None:
+        async with self._lock:
+            if not force and time.monotonic() - self._loaded_at < self.min_interval_s:
+                return
+            try:
+                self.assignment, self.specs = await asyncio.to_thread(self._load)
+            except Exception as exc:  # storage hiccup: keep serving the last table
+                log.warning("routing refresh failed: %s", exc)
+                return
+            finally:
+                self._loaded_at = time.monotonic()
+
+    async def start(self) -> None:
+        await self.refresh(force=True)
+        self._task = asyncio.create_task(self._loop())
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.refresh_s)
+            await self.refresh(force=True)
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+
+    def jobs(self) -> dict[str, list[OperatorSpec]]:
+        out: dict[str, list[OperatorSpec]] = {}
+        for (job, _), spec in sorted(self.specs.items()):
+            out.setdefault(job, []).append(spec)
+        return out
+
+    async def spec(self, job: str, operator: str, state: str | None = None) -> OperatorSpec:
+        spec = self.specs.get((job, operator))
+        if spec is None:
+            await self.refresh()
+            spec = self.specs.get((job, operator))
+        if spec is None:
+            if not any(j == job for j, _ in self.specs):
+                raise NotFound(f"unknown job {job!r}", job=job)
+            raise NotFound(f"job {job!r} has no operator {operator!r}", job=job,
+                           operator=operator)
+        if state is not None and state not in spec.states:
+            raise NotFound(f"operator {job}/{operator} has no state {state!r}; it has "
+                           f"{', '.join(spec.states)}", job=job, operator=operator, state=state)
+        return spec
+
+    def owner(self, job: str, operator: str, partition: int) -> str | None:
+        return self.assignment.owner(job, operator, partition)

@@ -1,0 +1,47 @@
+"""Clients of the internal shard API: a channel per server, shared by sink and router."""
+
+from __future__ import annotations
+
+import threading
+
+import grpc
+
+from proto import shard_pb2 as pb
+from proto import shard_pb2_grpc as pb_grpc
+
+CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", 64 << 20),
+    ("grpc.max_send_message_length", 64 << 20),
+    # fail fast on a dead server instead of waiting for reconnect backoff
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+
+
+class ShardClients:
+    """Blocking stubs keyed by address; channels are created once and reused."""
+
+    def __init__(self) -> None:
+        self._stubs: dict[str, pb_grpc.ShardStub] = {}
+        self._channels: dict[str, grpc.Channel] = {}
+        self._lock = threading.Lock()
+
+    def stub(self, address: str) -> pb_grpc.ShardStub:
+        stub = self._stubs.get(address)
+        if stub is None:
+            with self._lock:
+                stub = self._stubs.get(address)
+                if stub is None:
+                    ch = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+                    self._channels[address] = ch
+                    stub = self._stubs[address] = pb_grpc.ShardStub(ch)
+        return stub
+
+    def describe(self, address: str, timeout: float = 2.0) -> pb.DescribeReply:
+        return self.stub(address).Describe(pb.DescribeRequest(), timeout=timeout)
+
+    def close(self) -> None:
+        for ch in self._channels.values():
+            ch.close()
+        self._channels.clear()
+        self._stubs.clear()

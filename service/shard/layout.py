@@ -1,0 +1,53 @@
+"""Byte layout of one partition's RocksDB.
+
+``d | len(key):u16 | key | start:u64``  -> orjson ``[end, state values...]``
+``e | end:u64 | len(key):u16 | key | start:u64`` -> b""   (time index, for retention)
+``m``                                    -> orjson meta (last_batch, watermark, epoch)
+
+Times are epoch ms shifted by 2**63 so big-endian bytes sort like signed integers. The
+length prefix makes every key's entries one contiguous range, so "windows of K between
+t1 and t2" is a seek and a short scan; the time index turns retention into one range.
+"""
+
+from __future__ import annotations
+
+import struct
+
+DATA = b"d"
+INDEX = b"e"
+META = b"m"
+NO_WINDOW = -(1 << 63)  # the start of non-windowed state
+
+_U64 = struct.Struct(">Q")
+_U16 = struct.Struct(">H")
+_SHIFT = 1 << 63
+
+
+def enc_time(ms: int) -> bytes:
+    return _U64.pack(ms + _SHIFT)
+
+
+def dec_time(b: bytes) -> int:
+    return _U64.unpack(b)[0] - _SHIFT
+
+
+def key_prefix(key: str) -> bytes:
+    k = key.encode("utf-8")
+    return DATA + _U16.pack(len(k)) + k
+
+
+def data_key(key: str, start: int) -> bytes:
+    return key_prefix(key) + enc_time(start)
+
+
+def index_key(end: int, data: bytes) -> bytes:
+    """Index entry for the data key ``data`` (which already encodes key and start)."""
+    return INDEX + enc_time(end) + data[1:]
+
+
+def data_key_of_index(index: bytes) -> bytes:
+    return DATA + index[9:]
+
+
+def start_of(data: bytes) -> int:
+    return dec_time(data[-8:])

@@ -1,0 +1,61 @@
+"""Session fixtures: one dev broker, one SparkSession, one checkpoint storage per test session."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from service.devbroker import DevBroker
+
+
+@pytest.fixture(scope="session")
+def session_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("qstate")
+
+
+@pytest.fixture(scope="session")
+def broker(session_dir: Path) -> Iterator[DevBroker]:
+    b = DevBroker(data_dir=session_dir / "broker").start()
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+@pytest.fixture
+def topic() -> str:
+    """A fresh topic name per test, so tests sharing the broker never see each other's data."""
+    return f"t-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(scope="session")
+def spark(session_dir: Path):
+    from jobs.spark import spark_session
+
+    os.environ.setdefault("PYSPARK_PYTHON", os.sys.executable)  # type: ignore[attr-defined]
+    s = spark_session("qstate-tests", "local[2]")
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="session")
+def storage_uri(session_dir: Path) -> str:
+    return str(session_dir / "storage")
+
+
+@pytest.fixture(scope="session")
+def shards(session_dir: Path, storage_uri: str):
+    """Two shard server processes over real sockets, shared by the session."""
+    from service.procs import ShardProcess
+
+    procs = [ShardProcess.make(f"s{i}", session_dir / "shards", storage_uri,
+                               session_dir / "logs").start_and_wait() for i in range(2)]
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            p.stop()

@@ -1,0 +1,233 @@
+"""parse_json: typed output, dead letters with their reasons, and the counts in the progress."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import orjson
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from jobs.kafka_source import read_kafka
+from jobs.parse import (
+    BadRecord,
+    DeadLetterWriter,
+    check_fields,
+    close_dlq_producers,
+    parse_json,
+    parse_value,
+)
+
+FIELDS = {"user": "string", "time": "long", "amount": "double", "ok": "boolean"}
+
+
+@pytest.fixture(autouse=True)
+def _close_cached_producers():
+    """DeadLetterWriter used in the test process caches a producer; close it before the broker."""
+    yield
+    close_dlq_producers()
+
+
+def reason(value: bytes | None, max_value_bytes: int = 1_048_576) -> str:
+    with pytest.raises(BadRecord) as info:
+        parse_value(value, FIELDS, max_value_bytes)
+    return info.value.reason
+
+
+# ------------------------------------------------------------------------ pure (no JVM)
+
+
+def test_good_values_are_typed_in_field_order() -> None:
+    value = b'{"ok": true, "amount": 2.5, "time": 17, "user": "ann", "extra": [1]}'
+    assert parse_value(value, FIELDS) == ("ann", 17, 2.5, True)
+    # a JSON integer is a fine double, and comes out as a float
+    got = parse_value(b'{"user": "b", "time": -1, "amount": 3, "ok": false}', FIELDS)
+    assert got == ("b", -1, 3.0, False) and type(got[2]) is float
+    assert parse_value(b'{"n": 9223372036854775807}', {"n": "long"}) == (2**63 - 1,)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (b'{"user": "a", "time": "12", "amount": 1.0, "ok": true}',
+         "field 'time': expected long, got string"),
+        (b'{"user": "a", "time": true, "amount": 1.0, "ok": true}',
+         "field 'time': expected long, got boolean"),
+        (b'{"user": "a", "time": 1.5, "amount": 1.0, "ok": true}',
+         "field 'time': expected long, got double"),
+        (b'{"user": "a", "time": 1, "amount": "1", "ok": true}',
+         "field 'amount': expected double, got string"),
+        (b'{"user": "a", "time": 1, "amount": false, "ok": true}',
+         "field 'amount': expected double, got boolean"),
+        (b'{"user": "a", "time": 1, "amount": 1, "ok": 1}',
+         "field 'ok': expected boolean, got long"),
+        (b'{"user": 7, "time": 1, "amount": 1, "ok": true}',
+         "field 'user': expected string, got long"),
+        (b'{"user": null, "time": 1, "amount": 1, "ok": true}',
+         "field 'user': expected string, got null"),
+        (b'{"user": "a", "amount": 1, "ok": true}', "field 'time': missing"),
+        (b'{"user": "a", "time": 18446744073709551615, "amount": 1, "ok": true}',
+         "field 'time': 18446744073709551615 is out of range for a long"),
+        (b"[1, 2]", "value is a JSON array, not an object"),
+        (b'"text"', "value is a JSON string, not an object"),
+        (None, "value is null (tombstone)"),
+    ],
+)
+def test_bad_values_name_the_problem(value: bytes | None, expected: str) -> None:
+    assert reason(value) == expected
+
+
+def test_invalid_json_and_size_limit() -> None:
+    assert reason(b'{"user": "a", ').startswith("invalid JSON: ")
+    assert reason(b"\xff\xfe").startswith("invalid JSON: ")
+    good = orjson.dumps({"user": "x" * 100, "time": 1, "amount": 1, "ok": True})
+    assert parse_value(good, FIELDS, max_value_bytes=len(good))
+    assert reason(good, max_value_bytes=len(good) - 1) == (
+        f"value is {len(good)} bytes, larger than the {len(good) - 1} limit"
+    )
+
+
+def test_field_declarations_are_checked() -> None:
+    with pytest.raises(ValueError, match="supported"):
+        check_fields({"x": "int"})
+    with pytest.raises(ValueError, match="clashes"):
+        check_fields({"offset": "long"})
+    with pytest.raises(ValueError, match="no fields"):
+        check_fields({})
+
+
+# ------------------------------------------------------------------------ Spark + broker
+
+
+def create_topic(bootstrap: str, topic: str, partitions: int, max_message_bytes: int) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    new = NewTopic(topic, partitions, 1, config={"max.message.bytes": str(max_message_bytes)})
+    for fut in admin.create_topics([new]).values():
+        fut.result(15)
+
+
+def read_topic(bootstrap: str, topic: str, expected: int, timeout: float = 30.0) -> list:
+    consumer = Consumer({
+        "bootstrap.servers": bootstrap, "group.id": "test-dlq-reader",
+        "enable.auto.commit": False, "auto.offset.reset": "earliest",
+    })
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        got: list = []
+        deadline = time.monotonic() + timeout
+        while len(got) < expected and time.monotonic() < deadline:
+            for m in consumer.consume(num_messages=expected - len(got), timeout=1):
+                assert m.error() is None, m.error()
+                got.append(m)
+        # anything beyond what we expect would be a duplicate or a stray
+        got += consumer.consume(num_messages=10, timeout=1)
+        return got
+    finally:
+        consumer.close()
+
+
+@pytest.mark.spark
+def test_parse_json_stream_with_dead_letters(spark, broker, topic, tmp_path) -> None:
+    bootstrap = broker.bootstrap
+    dlq = f"{topic}-dlq"
+    create_topic(bootstrap, topic, partitions=2, max_message_bytes=8 * 1024 * 1024)
+
+    good = {
+        f"g{i}": {"user": f"u{i}", "time": 1_700_000_000_000 + i,
+                  "amount": i if i % 2 else i + 0.25, "ok": i % 3 == 0, "extra": {"x": i}}
+        for i in range(400)
+    }
+    huge = orjson.dumps(
+        {"user": "big", "time": 1, "amount": 1.0, "ok": True, "pad": "x" * 2_000_000}
+    )
+    bad = {
+        "bad-json": (b'{"user": "a", "time": ', "invalid JSON: "),
+        "missing": (b'{"user": "a", "amount": 1.0, "ok": true}', "field 'time': missing"),
+        "wrong-type": (b'{"user": "a", "time": "soon", "amount": 1.0, "ok": true}',
+                       "field 'time': expected long, got string"),
+        "bool-long": (b'{"user": "a", "time": false, "amount": 1.0, "ok": true}',
+                      "field 'time': expected long, got boolean"),
+        "array": (b"[1]", "value is a JSON array, not an object"),
+        "huge": (huge, f"value is {len(huge)} bytes, larger than the 1048576 limit"),
+    }
+    producer = Producer({"bootstrap.servers": bootstrap, "message.max.bytes": 16 * 1024 * 1024})
+    sent: dict[str, tuple[int, int]] = {}
+
+    def remember(key: str):
+        def cb(err, msg) -> None:
+            assert err is None, err
+            sent[key] = (msg.partition(), msg.offset())
+        return cb
+
+    items = [(k, orjson.dumps(v)) for k, v in good.items()] + [(k, v) for k, (v, _) in bad.items()]
+    for n, (key, value) in enumerate(items):
+        # bad ones sprinkled between good ones, in both partitions
+        producer.produce(topic, key=key, value=value, partition=n % 2, on_delivery=remember(key))
+    assert producer.flush(30) == 0
+
+    source = read_kafka(spark, bootstrap, topic)
+    parsed = parse_json(source, FIELDS, dlq_topic=dlq, bootstrap=bootstrap)
+    assert [(f.name, f.dataType.simpleString(), f.nullable) for f in parsed.schema.fields][:4] == [
+        ("user", "string", False), ("time", "bigint", False),
+        ("amount", "double", False), ("ok", "boolean", False),
+    ]
+    assert parsed.columns[4:] == ["topic", "partition", "offset", "timestamp"]
+
+    name = f"parsed_{topic.replace('-', '_')}"
+    query = (
+        parsed.writeStream.format("memory").queryName(name)
+        .option("checkpointLocation", str(tmp_path / "ckpt"))
+        .start()
+    )
+    try:
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    assert query.exception() is None
+
+    rows = spark.table(name).collect()
+    assert len(rows) == len(good)
+    by_user = {r.user: r for r in rows}
+    for key, event in good.items():
+        r = by_user[event["user"]]
+        assert (r.time, r.amount, r.ok) == (event["time"], float(event["amount"]), event["ok"])
+        assert type(r.amount) is float
+        assert (r.topic, r.partition, r.offset) == (topic, *sent[key])
+        assert r.timestamp is not None
+
+    metrics = [p.observedMetrics["qstate_parse"] for p in query.recentProgress
+               if "qstate_parse" in p.observedMetrics]
+    assert sum(m["dead_lettered"] for m in metrics) == len(bad)
+    assert sum(m["rows"] for m in metrics) == len(good) + len(bad)
+
+    letters = read_topic(bootstrap, dlq, expected=len(bad))
+    assert len(letters) == len(bad)
+    for m in letters:
+        key = m.key().decode()
+        value, why = bad[key]
+        headers = {k: v.decode() for k, v in m.headers()}
+        assert m.value() == value
+        assert headers["qstate.error"].startswith(why)
+        assert headers["qstate.topic"] == topic
+        assert (int(headers["qstate.partition"]), int(headers["qstate.offset"])) == sent[key]
+        assert int(headers["qstate.timestamp"]) > 1_600_000_000_000
+
+
+def test_dead_letter_too_big_for_the_dlq_keeps_the_job_alive(broker, topic) -> None:
+    """A DLQ left at the broker default (~1 MB) still takes the record, minus its value."""
+    bootstrap = broker.bootstrap
+    create_topic(bootstrap, topic, partitions=1, max_message_bytes=1_048_588)
+    writer = DeadLetterWriter(bootstrap, topic)
+    headers = [("qstate.error", b"too big"), ("qstate.offset", b"7")]
+    writer.send(b"k1", os.urandom(1_500_000), headers)  # random: lz4 cannot shrink it
+    writer.send(b"k2", b"small", headers)
+    writer.flush()
+    letters = {m.key(): m for m in read_topic(bootstrap, topic, expected=2)}
+    assert set(letters) == {b"k1", b"k2"}
+    assert letters[b"k2"].value() == b"small"
+    assert letters[b"k1"].value() is None
+    dropped = dict(letters[b"k1"].headers())
+    assert dropped["qstate.offset"] == b"7"
+    assert dropped["qstate.value_dropped"].startswith(b"1500000 bytes, dropped: ")

@@ -1,0 +1,120 @@
+"""A real shard server process over gRPC: commits, lookups, errors, crash recovery."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+import pyarrow as pa
+import pytest
+
+from proto import shard_pb2 as pb
+from service import delta as deltas
+from service.keys import partition_of
+from service.operator import OperatorSpec, WindowSpec, save_spec
+from service.procs import ShardProcess
+from service.shard.client import ShardClients
+from service.storage import Storage
+
+SPEC = OperatorSpec("j", "op", "k", {"n": "long", "avg": "double"}, partitions=4,
+                    window=WindowSpec("tumbling", 10))
+
+
+def delta_for(p: int, batch: int, keys: list[str]) -> pa.Table:
+    mine = [k for k in keys if partition_of(k, SPEC.partitions) == p]
+    return pa.table({
+        "key": mine, "start": pa.array([batch * 10] * len(mine), pa.int64()),
+        "end": pa.array([batch * 10 + 10] * len(mine), pa.int64()),
+        "n": pa.array([batch + 1] * len(mine), pa.int64()),
+        "avg": pa.array([0.5 * batch] * len(mine), pa.float64()),
+    }).cast(deltas.delta_schema(SPEC))
+
+
+@pytest.fixture
+def env(tmp_path: Path):
+    storage = Storage(str(tmp_path / "storage"))
+    save_spec(storage, SPEC)
+    shard = ShardProcess.make("t0", tmp_path / "data", storage.uri, tmp_path / "logs")
+    shard.start_and_wait()
+    clients = ShardClients()
+    yield storage, shard, clients.stub(shard.address)
+    clients.close()
+    shard.stop()
+
+
+KEYS = [f"k{i}" for i in range(40)]
+
+
+def commit(stub, storage: Storage, batch: int, parts=range(4), write=True, rows=None):
+    req = pb.CommitRequest(job="j", operator="op", batch=batch, watermark_ms=batch * 10, epoch=1)
+    for p in parts:
+        t = delta_for(p, batch, KEYS)
+        if write:
+            deltas.write_delta(storage, SPEC, p, batch, t)
+        req.partitions.add(partition=p, has_delta=True, rows=t.num_rows if rows is None else rows)
+    return stub.Commit(req, timeout=10)
+
+
+def lookup(stub, keys, state="n", **kw):
+    return stub.MultiGet(pb.LookupRequest(
+        job="j", operator="op", state=state,
+        keys=[pb.KeyQuery(key=k, partition=partition_of(k, 4)) for k in keys], **kw), timeout=5)
+
+
+def test_commit_then_latest_and_range(env) -> None:
+    storage, _, stub = env
+    assert sorted(commit(stub, storage, 0).applied) == [0, 1, 2, 3]
+    assert sorted(commit(stub, storage, 1).applied) == [0, 1, 2, 3]
+    again = commit(stub, storage, 1)
+    assert (list(again.applied), sorted(again.skipped)) == ([], [0, 1, 2, 3])
+    rep = lookup(stub, ["k1", "nope"])
+    hit, miss = rep.results
+    assert (hit.status, hit.batch, hit.watermark_ms) == (pb.FOUND, 1, 10)
+    assert [(w.start_ms, w.end_ms, w.int_value) for w in hit.windows] == [(10, 20, 2)]
+    assert (miss.status, miss.batch) == (pb.ABSENT, 1)
+    rng = lookup(stub, ["k1"], state="avg", range=True, from_ms=0, to_ms=100)
+    assert [(w.start_ms, w.double_value) for w in rng.results[0].windows] == [(0, 0.0), (10, 0.5)]
+    d = stub.Describe(pb.DescribeRequest(), timeout=5)
+    assert d.server_id == "t0"
+    assert sorted((p.partition, p.last_batch) for p in d.partitions) == [(p, 1) for p in range(4)]
+
+
+def test_bad_requests_get_clear_status_codes(env) -> None:
+    storage, _, stub = env
+    commit(stub, storage, 0, parts=[0])
+    cases = [
+        (dict(job="j", operator="op", state="n", keys=[pb.KeyQuery(key="k1", partition=3)]),
+         grpc.StatusCode.INVALID_ARGUMENT, "not in partition"),
+        (dict(job="j", operator="nope", state="n"), grpc.StatusCode.NOT_FOUND, "j/nope"),
+        (dict(job="j", operator="op", state="zzz"), grpc.StatusCode.NOT_FOUND, "no state"),
+        (dict(job="bad/name", operator="op", state="n"), grpc.StatusCode.INVALID_ARGUMENT,
+         "A-Z a-z"),
+    ]
+    for req, code, text in cases:
+        with pytest.raises(grpc.RpcError) as err:
+            stub.MultiGet(pb.LookupRequest(**req), timeout=5)
+        assert err.value.code() == code and text in err.value.details()
+    # a partition this server never received is NOT_OWNED, so routers refresh
+    k = next(k for k in KEYS if partition_of(k, 4) != 0)
+    assert lookup(stub, [k]).results[0].status == pb.NOT_OWNED
+    # the committer announced rows the delta file does not have
+    with pytest.raises(grpc.RpcError) as err:
+        commit(stub, storage, 1, parts=[0], rows=12345)
+    assert err.value.code() == grpc.StatusCode.DATA_LOSS
+
+
+def test_gap_is_closed_from_deltas_and_kill9_keeps_committed_state(env, tmp_path) -> None:
+    storage, shard, stub = env
+    commit(stub, storage, 0)
+    for b in (1, 2):  # written by the job while this server missed the commits
+        for p in range(4):
+            deltas.write_delta(storage, SPEC, p, b, delta_for(p, b, KEYS))
+    rep = commit(stub, storage, 3)
+    assert rep.caught_up_batches == 4 * 2
+    got = lookup(stub, KEYS, range=True, from_ms=0, to_ms=1000)
+    assert all([w.start_ms for w in r.windows] == [0, 10, 20, 30] for r in got.results)
+    shard.kill()
+    shard.start_and_wait()
+    stub = ShardClients().stub(shard.address)
+    after = lookup(stub, KEYS, range=True, from_ms=0, to_ms=1000)
+    assert after == got
