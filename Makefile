@@ -5,9 +5,11 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup run test test-fast lint proto proto-check clean
+.PHONY: setup node-setup run test test-fast lint proto clean
 
-setup: $(STAMP)
+NODE_STAMP := clients/node/node_modules/.installed
+
+setup: $(STAMP) $(NODE_STAMP)
 
 $(STAMP): pyproject.toml
 	@command -v java >/dev/null 2>&1 || { echo "qstate needs Java 17 for Spark: apt-get install openjdk-17-jre-headless"; exit 1; }
@@ -34,4 +36,12 @@ proto: setup
 	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. --pyi_out=. proto/shard.proto proto/qstate.proto
 
 clean:
-	rm -rf $(VENV) .qstate .pytest_cache
+	rm -rf $(VENV) .qstate .pytest_cache clients/node/node_modules
+
+# Node example client (clients/node): its dependencies from the committed package-lock.json
+node-setup: $(NODE_STAMP)
+
+$(NODE_STAMP): clients/node/package-lock.json
+	@command -v npm >/dev/null 2>&1 || { echo "the Node gRPC client needs Node.js 18+ and npm: apt-get install nodejs npm"; exit 1; }
+	cd clients/node && npm ci --no-audit --no-fund
+	@touch $(NODE_STAMP)

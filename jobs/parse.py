@@ -334,7 +334,7 @@ def _timestamps_ms(batch: pa.RecordBatch) -> list[int | None]:
 def parse_batches(
     batches: Iterator[pa.RecordBatch],
     fields: Mapping[str, str],
-    dlq_topic: str,
+    dlq_topic: str | None,
     bootstrap: str,
     max_value_bytes: int,
 ) -> Iterator[pa.RecordBatch]:
@@ -356,7 +356,7 @@ def parse_batches(
                 errors[i] = exc.reason
                 bad.append(i)
 
-        if bad:
+        if bad and dlq_topic is not None:
             writer = writer or DeadLetterWriter(bootstrap, dlq_topic)
             keys = batch.column("key").to_pylist()
             topics = batch.column("topic").to_pylist()
@@ -388,7 +388,7 @@ def parse_json(
     df: DataFrame,
     fields: dict[str, str],
     *,
-    dlq_topic: str,
+    dlq_topic: str | None,
     bootstrap: str,
     max_value_bytes: int = 1_048_576,
     metrics_name: str = METRICS_NAME,
@@ -398,13 +398,15 @@ def parse_json(
 
     ``fields`` maps name to "string" | "long" | "double" | "boolean". ``df`` is a read_kafka
     DataFrame. Observed metrics ``metrics_name`` (rows, dead_lettered) are attached; use a
-    different name if one query parses twice.
+    different name if one query parses twice. ``dlq_topic=None`` only counts and drops bad
+    records: for a second query over the same topic, whose bad records the first one already
+    dead-lettered.
     """
     check_fields(fields)
     missing = [c for c in ("key", "value", *PASSTHROUGH) if c not in df.columns]
     if missing:
         raise ValueError(f"parse_json: input lacks columns {missing}; expected read_kafka output")
-    if create_dlq:
+    if create_dlq and dlq_topic is not None:
         ensure_dlq(bootstrap, dlq_topic)
     fields = dict(fields)
     schema = _output_schema(fields, df.schema)

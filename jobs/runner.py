@@ -98,7 +98,6 @@ def build_operators(spark: SparkSession, cfg: JobConfig, dlq: bool) -> list[Quer
 
 def start_job(spark: SparkSession, cfg: JobConfig) -> RunningJob:
     ensure_topic(cfg.bootstrap, cfg.topic)
-    ensure_topic(cfg.bootstrap, f"{cfg.topic}.dlq", partitions=1)
     queries: dict[str, StreamingQuery] = {}
     stats: dict[str, SinkStats] = {}
     # Each operator is its own streaming query over the topic; only the first one sends

@@ -119,6 +119,33 @@ def get(
     typer.echo(orjson.dumps(v.as_dict(), option=orjson.OPT_INDENT_2).decode())
 
 
+@app.command()
+def run(
+    bootstrap: Annotated[str | None, typer.Option(envvar="QSTATE_KAFKA_BOOTSTRAP")] = None,
+    embedded_broker: Annotated[bool, typer.Option(
+        help="Start the dev broker (noida-db) at --bootstrap; off: use a running Kafka.")
+    ] = True,
+    tweets_rate: Annotated[int, typer.Option(help="Tweet events/s to generate.")] = 5000,
+    tweet_keys: Annotated[int, typer.Option(help="Distinct tweet ids.")] = 100_000,
+    ads_rate: Annotated[int, typer.Option(help="Ad events/s to generate.")] = 1000,
+    partitions: Annotated[int, typer.Option(help="Partitions per operator.")] = 16,
+    duration: Annotated[float | None, typer.Option(help="Stop after N seconds.")] = None,
+) -> None:
+    """The demo: broker, generators, both example jobs, 2 shard servers and the router.
+
+    Ctrl-C or SIGTERM stops every process it started.
+    """
+    from service.demo import Demo, DemoConfig
+
+    cfg = settings()
+    code = Demo(DemoConfig(
+        home=Path(cfg.home), bootstrap=bootstrap or cfg.kafka_bootstrap,
+        storage=cfg.storage_uri, embedded_broker=embedded_broker, http_port=cfg.http_port,
+        grpc_port=cfg.grpc_port, tweets_rate=tweets_rate, tweet_keys=tweet_keys,
+        ads_rate=ads_rate, partitions=partitions, duration_s=duration)).run()
+    raise typer.Exit(code)
+
+
 def _mount_generate() -> None:
     from loadtest.generate import generate
 

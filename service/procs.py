@@ -22,8 +22,11 @@ class Child:
     def start(self) -> Child:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
+            # own session: a terminal's Ctrl-C reaches only the parent, which stops
+            # children in order
             self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, env=self.env)
+                                         stdin=subprocess.DEVNULL, env=self.env,
+                                         start_new_session=True)
         return self
 
     @property
@@ -34,11 +37,11 @@ class Child:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def stop(self, timeout: float = 15.0) -> None:
+    def stop(self, timeout: float = 15.0, sig: int = signal.SIGTERM) -> None:
         if not self.alive():
             return
         assert self.proc is not None
-        self.proc.send_signal(signal.SIGTERM)
+        self.proc.send_signal(sig)
         try:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:

@@ -59,3 +59,15 @@ def shards(session_dir: Path, storage_uri: str):
     finally:
         for p in procs:
             p.stop()
+
+
+@pytest.fixture(scope="session")
+def router(session_dir: Path, storage_uri: str, shards):
+    """One router process (HTTP + gRPC) over the session's storage and shards."""
+    from service.procs import RouterProcess
+
+    r = RouterProcess.make(storage_uri, session_dir / "logs").start_and_wait()
+    try:
+        yield r
+    finally:
+        r.stop()

@@ -35,3 +35,54 @@ def read_all_windows(storage_uri: str, job: str, operator: str, state: str, keys
                         else w.double_value
     clients.close()
     return out, batches
+
+
+Windows = dict[tuple[str, int], int | float]
+FAR = 1 << 62
+
+
+def http_windows(url: str, job: str, operator: str, state: str, keys: list[str],
+                 latest: bool = False) -> Windows:
+    """(key, start) -> value via the router's batchGet: every window, or only the latest."""
+    import httpx
+
+    out: Windows = {}
+    params = {} if latest else {"from": str(-FAR), "to": str(FAR)}
+    with httpx.Client(base_url=url, timeout=60) as c:
+        for i in range(0, len(keys), 1000):
+            r = c.post(f"/v1/state/{job}/{operator}/{state}:batchGet",
+                       json={"keys": keys[i:i + 1000]}, params=params)
+            assert r.status_code == 200, r.text
+            for item in r.json()["results"]:
+                for w in item["windows"]:
+                    out[(item["key"], w["start"])] = w["value"]
+    return out
+
+
+def grpc_windows(address: str, job: str, operator: str, state: str, keys: list[str],
+                 latest: bool = False) -> Windows:
+    import grpc
+
+    from proto import qstate_pb2 as qpb
+    from proto import qstate_pb2_grpc as qpb_grpc
+
+    out: Windows = {}
+    rng = {} if latest else {"from_ms": -FAR, "to_ms": FAR}
+    with grpc.insecure_channel(address) as ch:
+        stub = qpb_grpc.QueryableStateStub(ch)
+        for i in range(0, len(keys), 1000):
+            rep = stub.MultiGet(qpb.MultiGetRequest(job=job, operator=operator, state=state,
+                                                    keys=keys[i:i + 1000], **rng), timeout=60)
+            for r in rep.results:
+                for w in r.windows:
+                    out[(r.key, w.start_ms)] = (w.int_value if w.HasField("int_value")
+                                                else w.double_value)
+    return out
+
+
+def latest_only(windows: Windows) -> Windows:
+    """Keep each key's window with the greatest start."""
+    best: dict[str, int] = {}
+    for k, s in windows:
+        best[k] = max(best.get(k, s), s)
+    return {(k, s): v for (k, s), v in windows.items() if best[k] == s}

@@ -16,7 +16,7 @@ from jobs.runner import JobConfig, start_job
 from loadtest.generate import produce
 from loadtest.truth import ads_campaign_views, load_events, window_counts
 from loadtest.workloads import Ads, Tweets, events_over_span, late_events, write_mapping
-from tests.helpers import read_all_windows
+from tests.helpers import grpc_windows, http_windows, latest_only, read_all_windows
 
 pytestmark = pytest.mark.spark
 P = 16
@@ -28,8 +28,18 @@ def as_map(df: pd.DataFrame, key: str, value: str = "count") -> dict[tuple[str, 
     return {(k, int(s)): int(v) for k, s, v in zip(df[key], df["start"], df[value], strict=True)}
 
 
+def assert_router_answers(router, job: str, operator: str, state: str, keys: list[str],
+                          want: dict[tuple[str, int], int]) -> None:
+    """Every key via HTTP and gRPC: all windows (a time range) and the latest window."""
+    assert http_windows(router.url, job, operator, state, keys) == want
+    assert grpc_windows(router.grpc_address, job, operator, state, keys) == want
+    latest = latest_only(want)
+    assert http_windows(router.url, job, operator, state, keys, latest=True) == latest
+    assert grpc_windows(router.grpc_address, job, operator, state, keys, latest=True) == latest
+
+
 def test_tweets_exact_with_out_of_order_late_and_bad_events(
-        spark, broker, topic, tmp_path: Path, storage_uri, shards):
+        spark, broker, topic, tmp_path: Path, storage_uri, shards, router):
     log = tmp_path / "events.jsonl"
     wl = Tweets(keys=1500, seed=1)
     cfg = JobConfig("tweets", broker.bootstrap, tmp_path / "ckpt", storage_uri, topic=topic,
@@ -88,10 +98,13 @@ def test_tweets_exact_with_out_of_order_late_and_bad_events(
                            where={"event": "impression"})
     got_min, _ = read_all_windows(storage_uri, cfg.job, "per_tweet_1m", "impressions", keys, P)
     assert got_min == as_map(minute, "tweet_id")
+    assert_router_answers(router, cfg.job, "per_tweet_1m", "impressions", keys,
+                          as_map(minute, "tweet_id"))
+    assert_router_answers(router, cfg.job, "per_tweet_1h", "impressions", keys, got_imp)
 
 
 def test_ads_exact_across_a_stop_and_restart(spark, broker, topic, tmp_path: Path,
-                                             storage_uri, shards):
+                                             storage_uri, shards, router):
     wl = Ads(keys=100, seed=4)
     mapping = write_mapping(wl.mapping, tmp_path / "campaigns.json")
     log = tmp_path / "events.jsonl"
@@ -115,6 +128,8 @@ def test_ads_exact_across_a_stop_and_restart(spark, broker, topic, tmp_path: Pat
     finally:
         job.stop()
     truth = ads_campaign_views(load_events(log), wl.mapping)
-    got, _ = read_all_windows(storage_uri, cfg.job, "campaign_views_10s", "views",
-                              sorted(set(wl.mapping.values())), P)
+    campaigns = sorted(set(wl.mapping.values()))
+    got, _ = read_all_windows(storage_uri, cfg.job, "campaign_views_10s", "views", campaigns, P)
     assert got == as_map(truth, "campaign_id")
+    assert_router_answers(router, cfg.job, "campaign_views_10s", "views", campaigns,
+                          as_map(truth, "campaign_id"))

@@ -1,0 +1,66 @@
+#!/usr/bin/env node
+// Minimal qstate gRPC client: one request, the answer as JSON on stdout.
+//
+//   node query.mjs get      JOB OPERATOR STATE KEY    [--from MS --to MS] [--addr HOST:PORT]
+//   node query.mjs multiget JOB OPERATOR STATE KEY... [--from MS --to MS] [--addr HOST:PORT]
+//
+// Address: --addr, else $QSTATE_GRPC, else 127.0.0.1:50051.
+// int64 fields (batch, watermark_ms, start_ms, end_ms, int_value) are printed as decimal
+// strings, so counts beyond 2^53 stay exact; double values are JSON numbers.
+// Exit codes: 0 ok, 2 NOT_FOUND, 3 UNAVAILABLE, 4 INVALID_ARGUMENT, 1 any other gRPC error,
+// 64 bad usage. Errors go to stderr as "CODE_NAME: message".
+import { fileURLToPath } from "node:url";
+import { parseArgs } from "node:util";
+import grpc from "@grpc/grpc-js";
+import protoLoader from "@grpc/proto-loader";
+
+const PROTO = fileURLToPath(new URL("../../proto/qstate.proto", import.meta.url));
+const EXIT = { NOT_FOUND: 2, UNAVAILABLE: 3, INVALID_ARGUMENT: 4 };
+const USAGE = "usage: query.mjs get JOB OPERATOR STATE KEY [--from MS --to MS] [--addr HOST:PORT]\n" +
+  "       query.mjs multiget JOB OPERATOR STATE KEY... [--from MS --to MS] [--addr HOST:PORT]";
+
+function usage(msg) {
+  console.error(`${msg}\n${USAGE}`);
+  process.exit(64);
+}
+
+let args;
+try {
+  args = parseArgs({
+    allowPositionals: true,
+    options: { from: { type: "string" }, to: { type: "string" }, addr: { type: "string" } },
+  });
+} catch (e) {
+  usage(e.message);
+}
+const { values: opts, positionals: [cmd, job, operator, state, ...keys] } = args;
+if (!["get", "multiget"].includes(cmd)) usage(`unknown command: ${cmd ?? "(none)"}`);
+if (keys.length === 0 || (cmd === "get" && keys.length !== 1)) usage(`${cmd}: wrong arguments`);
+if ((opts.from === undefined) !== (opts.to === undefined)) usage("--from and --to go together");
+for (const v of [opts.from, opts.to]) {
+  if (v !== undefined && !/^-?\d+$/.test(v)) usage(`not epoch milliseconds: ${v}`);
+}
+
+// keepCase: field names as in the .proto; longs: String keeps int64 exact;
+// defaults: unset scalars print as their zero value (unset optional/oneof fields stay absent).
+const pkg = grpc.loadPackageDefinition(protoLoader.loadSync(PROTO, {
+  keepCase: true, longs: String, enums: String, defaults: true,
+}));
+const addr = opts.addr ?? process.env.QSTATE_GRPC ?? "127.0.0.1:50051";
+const client = new pkg.qstate.v1.QueryableState(addr, grpc.credentials.createInsecure());
+
+const range = opts.from === undefined ? {} : { from_ms: opts.from, to_ms: opts.to };
+const [method, request] = cmd === "get"
+  ? ["Get", { job, operator, state, key: keys[0], ...range }]
+  : ["MultiGet", { job, operator, state, keys, ...range }];
+
+client[method](request, { deadline: Date.now() + 10_000 }, (err, response) => {
+  client.close();
+  if (err) {
+    const name = grpc.status[err.code] ?? String(err.code);
+    const retry = err.metadata?.get("retry-after-ms")?.[0];
+    console.error(`${name}: ${err.details}${retry ? ` (retry after ${retry} ms)` : ""}`);
+    process.exit(EXIT[name] ?? 1);
+  }
+  console.log(JSON.stringify(response, null, 2));
+});

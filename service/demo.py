@@ -1,0 +1,185 @@
+"""`qstate run`: the whole pipeline on one machine with embedded defaults (DESIGN §6).
+
+Broker, two shard servers, the router, both generators and both example jobs, each a child
+process we hold by PID; Ctrl-C or SIGTERM stops them all, newest first.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+from confluent_kafka import Consumer, TopicPartition
+from rich.console import Console
+from rich.live import Live
+from rich.text import Text
+
+from service.devbroker import DevBroker, wait_for_port
+from service.procs import Child, RouterProcess, ShardProcess, qstate_command
+
+console = Console()
+TOPICS = ("tweet-events", "ad-events")
+
+
+@dataclass
+class DemoConfig:
+    home: Path
+    bootstrap: str
+    storage: str
+    embedded_broker: bool = True
+    http_port: int = 8000
+    grpc_port: int = 50051
+    shard_base_port: int = 7101
+    tweets_rate: int = 5000
+    tweet_keys: int = 100_000
+    ads_rate: int = 1000
+    partitions: int = 16
+    duration_s: float | None = None
+
+
+class Demo:
+    def __init__(self, cfg: DemoConfig) -> None:
+        self.cfg = cfg
+        self.children: list[Child] = []
+        self.broker: DevBroker | None = None
+        self.stop_event = threading.Event()
+
+    def _spawn(self, child: Child) -> Child:
+        self.children.append(child)
+        return child
+
+    def start(self) -> None:
+        cfg, logs = self.cfg, self.cfg.home / "logs"
+        host, port = cfg.bootstrap.rsplit(":", 1)
+        if cfg.embedded_broker:
+            console.print(f"starting dev broker on {cfg.bootstrap} (data in {cfg.home/'broker'})")
+            self.broker = DevBroker(cfg.home / "broker", int(port), host,
+                                    log_path=logs / "broker.log").start()
+        else:
+            wait_for_port(host, int(port), 10)
+        shards = []
+        for i in range(2):
+            s = ShardProcess.make(f"shard-{i}", cfg.home / "shards", cfg.storage, logs,
+                                  port=cfg.shard_base_port + i)
+            shards.append(self._spawn(s.start_and_wait()))
+        router = RouterProcess.make(cfg.storage, logs)
+        router.http_port, router.grpc_port = cfg.http_port, cfg.grpc_port
+        router.args = qstate_command("router", "--http-port", str(cfg.http_port),
+                                     "--grpc-port", str(cfg.grpc_port), "--storage", cfg.storage)
+        self._spawn(router.start_and_wait())
+        mapping = cfg.home / "ads-campaigns.json"
+        for name, rate, keys in (("tweets", cfg.tweets_rate, cfg.tweet_keys),
+                                 ("ads", cfg.ads_rate, 100)):
+            self._spawn(Child(f"generate-{name}", qstate_command(
+                "generate", name, "--bootstrap", cfg.bootstrap, "--rate", str(rate),
+                "--keys", str(keys), "--disorder-ms", "2000", "--mapping", str(mapping),
+                "--no-progress"), logs / f"generate-{name}.log").start())
+        deadline = time.monotonic() + 30
+        while not mapping.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self._spawn(Child("jobs", qstate_command(
+            "job", "tweets", "ads", "--bootstrap", cfg.bootstrap, "--storage", cfg.storage,
+            "--checkpoints", str(cfg.home / "checkpoints"), "--mapping", str(mapping),
+            "--shards", ",".join(s.address for s in shards), "--partitions",
+            str(cfg.partitions), "--no-live"), logs / "jobs.log").start())
+
+    def stop(self) -> None:
+        for child in reversed(self.children):
+            # generators flush on SIGINT; everything else stops on either
+            child.stop(timeout=30, sig=signal.SIGINT if child.name.startswith("generate")
+                       else signal.SIGTERM)
+        if self.broker is not None:
+            self.broker.stop()
+
+    def _failed(self) -> Child | None:
+        return next((c for c in self.children if not c.alive()), None)
+
+    def run(self) -> int:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: self.stop_event.set())
+        try:
+            self.start()
+            return self._watch()
+        finally:
+            console.print("stopping...")
+            self.stop()
+            console.print("all processes stopped")
+
+    def _watch(self) -> int:
+        cfg = self.cfg
+        url = f"http://127.0.0.1:{cfg.http_port}"
+        status = Status(cfg.bootstrap, url)
+        shown = False
+        started = time.monotonic()
+        with Live(Text("starting Spark..."), console=console, refresh_per_second=2) as live:
+            while not self.stop_event.wait(1.0):
+                dead = self._failed()
+                if dead is not None:
+                    console.print(f"[red]{dead.name} exited ({dead.proc.returncode}); "
+                                  f"see {dead.log_path}[/red]")
+                    return 1
+                line, key = status.poll()
+                live.update(line)
+                if key and not shown:
+                    shown = True
+                    console.print(
+                        f"[green]live counts are queryable:[/green]\n"
+                        f"  curl -s {url}/v1/state/tweets/per_tweet_1h/impressions/{key}\n"
+                        f"  curl -s '{url}/v1/state/tweets/per_tweet_1m/impressions/{key}"
+                        f"?from=2020-01-01T00:00:00Z'\n"
+                        f"  .venv/bin/qstate get tweets per_tweet_1h clicks {key}\n"
+                        f"  node clients/node/query.mjs get tweets per_tweet_1h impressions "
+                        f"{key}   # gRPC on 127.0.0.1:{cfg.grpc_port}\n"
+                        f"  API docs: {url}/docs   metrics: {url}/metrics")
+                if cfg.duration_s and time.monotonic() - started > cfg.duration_s:
+                    return 0
+        return 0
+
+
+class Status:
+    """events/s per topic (broker high watermarks), last batch and watermark age per job."""
+
+    def __init__(self, bootstrap: str, url: str) -> None:
+        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "qstate-status"})
+        self.http = httpx.Client(base_url=url, timeout=0.5)
+        self.last: dict[str, tuple[float, int]] = {}
+
+    def _rate(self, topic: str) -> float:
+        try:
+            md = self.consumer.list_topics(topic, timeout=0.5).topics[topic]
+            total = sum(self.consumer.get_watermark_offsets(TopicPartition(topic, p),
+                                                            timeout=0.5)[1]
+                        for p in md.partitions)
+        except Exception:
+            return 0.0
+        now = time.monotonic()
+        prev = self.last.get(topic)
+        self.last[topic] = (now, total)
+        return (total - prev[1]) / (now - prev[0]) if prev and now > prev[0] else 0.0
+
+    def poll(self) -> tuple[Text, str | None]:
+        line = Text()
+        for topic in TOPICS:
+            line.append(f"{topic} {self._rate(topic):,.0f} ev/s  ")
+        key = None
+        for job in ("tweets", "ads"):
+            try:
+                ops = self.http.get(f"/v1/jobs/{job}").json().get("operators", [])
+            except (httpx.HTTPError, ValueError):
+                ops = []
+            for op in ops:
+                if op["last_batch"] >= 0:
+                    age = time.time() - op["watermark"] / 1000
+                    line.append(f"| {job}/{op['name']} batch {op['last_batch']} "
+                                f"watermark {age:,.0f}s ago ", style="cyan")
+        try:
+            r = self.http.get("/v1/state/tweets/per_tweet_1h/impressions/tw-1")
+            if r.status_code == 200:
+                key = "tw-1"
+        except httpx.HTTPError:
+            pass
+        return line, key

@@ -1,0 +1,235 @@
+"""The Node example client (clients/node/query.mjs) against a real router over gRPC.
+
+Its answers must equal both the Python stub's answers for the same requests and the values
+written into the delta files. Needs node and npm; node_modules come from the project's own
+package-lock.json (`npm ci`) when missing or out of date.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pyarrow as pa
+import pytest
+from google.protobuf.json_format import MessageToDict
+
+from jobs.coordinator import Coordinator
+from proto import qstate_pb2 as qpb
+from proto import qstate_pb2_grpc as qpb_grpc
+from service import delta as deltas
+from service.devbroker import free_port
+from service.keys import partition_of
+from service.operator import OperatorSpec, WindowSpec, save_spec
+from service.procs import RouterProcess, ShardProcess
+from service.storage import Storage
+
+NODE_DIR = Path(__file__).resolve().parents[2] / "clients" / "node"
+SCRIPT = NODE_DIR / "query.mjs"
+
+P = 8
+SPEC = OperatorSpec("shop", "views_1m", "page", {"views": "long", "avg_ms": "double"},
+                    partitions=P, window=WindowSpec("tumbling", 60_000))
+BIG = "big-count"  # holds counts past 2**53: exact only if int64 stays a string in JS
+KEYS = [f"page-{i}" for i in range(40)] + ["ünï/cødé key", "a" * 1024, BIG]
+BATCHES = 3
+WINDOW = 60_000
+
+
+def views(key: str, batch: int) -> int:
+    if key == BIG:
+        return 2**62 + 2 * batch + 1
+    return (sum(map(ord, key)) * (batch + 1)) % 1000 + 1
+
+
+def avg_ms(batch: int) -> float:
+    return 0.25 * batch
+
+
+# --- ground truth: exactly what the fixture writes into the delta files --------------------
+
+def truth_window(state: str, key: str, batch: int) -> dict[str, Any]:
+    w: dict[str, Any] = {"start_ms": str(batch * WINDOW), "end_ms": str((batch + 1) * WINDOW)}
+    if state == "views":
+        w["int_value"] = str(views(key, batch))
+    else:
+        w["double_value"] = avg_ms(batch)
+    return w
+
+
+def truth_value(state: str, key: str, batches: range | None = None) -> dict[str, Any]:
+    last = BATCHES - 1
+    found = key in KEYS
+    return {"job": "shop", "operator": "views_1m", "state": state, "key": key,
+            "found": found, "batch": str(last), "watermark_ms": str(last * WINDOW),
+            "windows": [truth_window(state, key, b)
+                        for b in (batches if batches is not None else [last])] if found
+            else []}
+
+
+# --- fixtures -------------------------------------------------------------------------------
+
+def _installed_matches_pins() -> bool:
+    pins = json.loads((NODE_DIR / "package.json").read_text())["dependencies"]
+    for name, version in pins.items():
+        manifest = NODE_DIR / "node_modules" / name / "package.json"
+        if not manifest.exists() or json.loads(manifest.read_text())["version"] != version:
+            return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def node() -> str:
+    """Path of `node`, with clients/node/node_modules installed from the lock file."""
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if node is None or npm is None:
+        pytest.fail("the Node client test needs node and npm on PATH (Node >= 18): "
+                    "install Node.js, then run `make node-setup`")
+    if not _installed_matches_pins():
+        r = subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=NODE_DIR,
+                           capture_output=True, text=True, timeout=600)
+        if r.returncode != 0:
+            pytest.fail(f"`npm ci` in {NODE_DIR} failed (exit {r.returncode}):\n"
+                        f"{r.stdout}\n{r.stderr}")
+        assert _installed_matches_pins(), "npm ci did not install the pinned versions"
+    return node
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    tmp: Path = tmp_path_factory.mktemp("node-client")
+    storage = Storage(str(tmp / "storage"))
+    save_spec(storage, SPEC)
+    shards = [ShardProcess.make(f"n{i}", tmp / "data", storage.uri, tmp / "logs").start_and_wait()
+              for i in range(2)]
+    router = None
+    try:
+        coord = Coordinator(storage, [s.address for s in shards])
+        coord.register(SPEC)
+        # one one-minute window per key per batch
+        for batch in range(BATCHES):
+            written = {}
+            for p in range(P):
+                mine = [k for k in KEYS if partition_of(k, P) == p]
+                t = pa.table({"key": mine, "start": [batch * WINDOW] * len(mine),
+                              "end": [(batch + 1) * WINDOW] * len(mine),
+                              "views": [views(k, batch) for k in mine],
+                              "avg_ms": [avg_ms(batch)] * len(mine)}
+                             ).cast(deltas.delta_schema(SPEC))
+                deltas.write_delta(storage, SPEC, p, batch, t)
+                written[p] = t.num_rows
+            coord.commit(SPEC, batch, batch * WINDOW, written)
+        router = RouterProcess.make(storage.uri, tmp / "logs").start_and_wait()
+        yield router
+    finally:
+        if router is not None:
+            router.stop()
+        for s in shards:
+            s.stop()
+
+
+@pytest.fixture(scope="module")
+def stub(cluster):
+    with grpc.insecure_channel(cluster.grpc_address) as ch:
+        yield qpb_grpc.QueryableStateStub(ch)
+
+
+def run_node(node: str, addr: str, *args: str, via_env: bool = True,
+             ) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "QSTATE_GRPC": addr} if via_env else {
+        k: v for k, v in os.environ.items() if k != "QSTATE_GRPC"}
+    cmd = [node, str(SCRIPT), *args] + ([] if via_env else ["--addr", addr])
+    # run from elsewhere: the script must find the .proto relative to itself
+    return subprocess.run(cmd, env=env, cwd="/", capture_output=True, text=True, timeout=60)
+
+
+def node_json(node: str, addr: str, *args: str, via_env: bool = True) -> dict[str, Any]:
+    r = run_node(node, addr, *args, via_env=via_env)
+    assert r.returncode == 0, f"exit {r.returncode}: {r.stderr}"
+    return json.loads(r.stdout)
+
+
+def as_dict(msg) -> dict[str, Any]:
+    """The Python stub's answer in the Node client's JSON shape (int64 as strings)."""
+    return MessageToDict(msg, preserving_proto_field_name=True,
+                         always_print_fields_with_no_presence=True)
+
+
+# --- tests ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("key", ["page-0", "page-7", "ünï/cødé key", "a" * 1024, BIG])
+@pytest.mark.parametrize("state", ["views", "avg_ms"])
+def test_get_latest_window(node, cluster, stub, state: str, key: str) -> None:
+    got = node_json(node, cluster.grpc_address, "get", "shop", "views_1m", state, key)
+    py = as_dict(stub.Get(qpb.GetRequest(job="shop", operator="views_1m", state=state,
+                                         key=key), timeout=5))
+    assert got == py == truth_value(state, key)
+
+
+def test_get_range_and_exact_int64(node, cluster, stub) -> None:
+    for state, key, lo, hi, batches in [
+        ("views", "page-3", "0", "120000", range(0, 2)),     # [0, 120000): windows 0 and 1
+        ("views", BIG, "60000", "10000000000000", range(1, 3)),
+        ("avg_ms", "page-3", "0", "10000000000000", range(0, 3)),
+    ]:
+        got = node_json(node, cluster.grpc_address, "get", "shop", "views_1m", state, key,
+                        "--from", lo, "--to", hi, via_env=False)
+        py = as_dict(stub.Get(qpb.GetRequest(job="shop", operator="views_1m", state=state,
+                                             key=key, from_ms=int(lo), to_ms=int(hi)),
+                              timeout=5))
+        assert got == py == truth_value(state, key, batches)
+    # the count past 2**53 survives as a decimal string, digit for digit
+    big = node_json(node, cluster.grpc_address, "get", "shop", "views_1m", "views", BIG)
+    assert int(big["windows"][0]["int_value"]) == 2**62 + 2 * (BATCHES - 1) + 1
+
+
+def test_multiget_matches_stub_and_truth_and_marks_misses(node, cluster, stub) -> None:
+    keys = [*KEYS, "nope"]
+    got = node_json(node, cluster.grpc_address, "multiget", "shop", "views_1m", "views", *keys)
+    py = as_dict(stub.MultiGet(qpb.MultiGetRequest(job="shop", operator="views_1m",
+                                                   state="views", keys=keys), timeout=5))
+    assert got == py == {"results": [truth_value("views", k) for k in keys]}
+    assert got["results"][-1]["found"] is False
+
+    ranged = node_json(node, cluster.grpc_address, "multiget", "shop", "views_1m", "avg_ms",
+                       "page-1", "page-2", "--from", "60000", "--to", "180000")
+    py = as_dict(stub.MultiGet(qpb.MultiGetRequest(
+        job="shop", operator="views_1m", state="avg_ms", keys=["page-1", "page-2"],
+        from_ms=60_000, to_ms=180_000), timeout=5))
+    assert ranged == py == {"results": [truth_value("avg_ms", k, range(1, 3))
+                                        for k in ["page-1", "page-2"]]}
+
+
+@pytest.mark.parametrize(("args", "code", "rc"), [
+    (("get", "nojob", "views_1m", "views", "k"), "NOT_FOUND", 2),
+    (("get", "shop", "views_1m", "views", "absent-key"), "NOT_FOUND", 2),
+    (("get", "shop", "views_1m", "clicks", "page-1"), "NOT_FOUND", 2),
+    (("get", "b/d", "views_1m", "views", "k"), "INVALID_ARGUMENT", 4),
+])
+def test_errors_exit_with_documented_code(node, cluster, stub, args, code: str,
+                                          rc: int) -> None:
+    r = run_node(node, cluster.grpc_address, *args)
+    assert r.returncode == rc, (r.returncode, r.stderr)
+    assert r.stdout == ""
+    assert r.stderr.startswith(f"{code}: ")
+    # the Python stub sees the same status for the same request
+    with pytest.raises(grpc.RpcError) as err:
+        stub.Get(qpb.GetRequest(job=args[1], operator=args[2], state=args[3], key=args[4]),
+                 timeout=5)
+    assert err.value.code().name == code
+    assert err.value.details() in r.stderr
+
+
+def test_unreachable_router_is_unavailable(node) -> None:
+    r = run_node(node, f"127.0.0.1:{free_port()}", "get", "shop", "views_1m", "views", "k")
+    assert (r.returncode, r.stderr.split(":")[0]) == (3, "UNAVAILABLE")
+
+
+def test_bad_usage_exits_64(node) -> None:
+    r = run_node(node, "127.0.0.1:1", "get", "shop", "views_1m", "views", "k", "--from", "5")
+    assert r.returncode == 64 and "--from and --to go together" in r.stderr
