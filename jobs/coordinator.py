@@ -13,8 +13,13 @@ from dataclasses import dataclass, field
 import grpc
 
 from proto import shard_pb2 as pb
-from service.assignment import Assignment, assign_operator, list_servers, load_assignment, \
-    save_assignment
+from service.assignment import (
+    Assignment,
+    assign_operator,
+    list_servers,
+    load_assignment,
+    save_assignment,
+)
 from service.operator import OperatorSpec
 from service.shard.client import ShardClients
 from service.storage import Storage

@@ -347,9 +347,9 @@ def read_range(
                 continue
             last_progress = time.monotonic()
             for m in msgs:
-                if m.error() is not None:
-                    _raise_for_error(rng, m.error())
-            offs = [m.offset() for m in msgs]
+                if (err := m.error()) is not None:
+                    _raise_for_error(rng, err)
+            offs: list[int] = [m.offset() or 0 for m in msgs]  # always set on a fetched record
             if offs == list(range(next_offset, next_offset + len(offs))):
                 # The normal case: exactly the next offsets, and want kept them inside the range.
                 pending.extend(msgs)

@@ -10,6 +10,7 @@ of them acknowledged, so Spark's commit log never runs ahead of the served state
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections import deque
@@ -91,7 +92,7 @@ def _write_deltas(spec: OperatorSpec, storage_uri: str, batch: int):
         cuts = [0, *((parts[1:] != parts[:-1]).nonzero()[0] + 1).tolist(), len(parts)]
         out_p, out_n = [], []
         body = table.drop_columns(["_p"]).cast(schema)
-        for lo, hi in zip(cuts[:-1], cuts[1:], strict=True):
+        for lo, hi in itertools.pairwise(cuts):
             p = int(parts[lo])
             deltas.write_delta(storage, spec, p, batch, body.slice(lo, hi - lo))
             out_p.append(p)
@@ -161,7 +162,8 @@ def serve(
     coordinator = Coordinator(store, shards, cfg.commit_timeout_s)
     coordinator.register(spec)
     stats = stats if stats is not None else SinkStats()
-    n_tasks = min(spec.partitions, int(df.sparkSession.conf.get("spark.sql.shuffle.partitions")))
+    n_tasks = min(spec.partitions,
+                  int(df.sparkSession.conf.get("spark.sql.shuffle.partitions") or 200))
 
     def sink_batch(batch_df: DataFrame, batch_id: int) -> None:
         t0 = time.perf_counter()

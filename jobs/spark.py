@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 
@@ -29,6 +30,8 @@ def spark_session(
     extra: dict[str, str] | None = None,
 ) -> SparkSession:
     require_java()
+    # Python workers must run this interpreter (the venv that has pyarrow, confluent-kafka)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = (
         SparkSession.builder.appName(app)
         .master(master)

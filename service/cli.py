@@ -141,7 +141,8 @@ def run(
     code = Demo(DemoConfig(
         home=Path(cfg.home), bootstrap=bootstrap or cfg.kafka_bootstrap,
         storage=cfg.storage_uri, embedded_broker=embedded_broker, http_port=cfg.http_port,
-        grpc_port=cfg.grpc_port, tweets_rate=tweets_rate, tweet_keys=tweet_keys,
+        grpc_port=cfg.grpc_port, shard_base_port=cfg.shard_port, tweets_rate=tweets_rate,
+        tweet_keys=tweet_keys,
         ads_rate=ads_rate, partitions=partitions, duration_s=duration)).run()
     raise typer.Exit(code)
 

@@ -44,7 +44,10 @@ class Settings(BaseSettings):
         30.0, gt=0, description="How long the sink waits for every shard to acknowledge a batch."
     )
     shard_host: str = Field("127.0.0.1", description="Address a shard server binds to.")
-    shard_port: int = Field(7100, description="Internal gRPC port of a shard server (0: any).")
+    shard_port: int = Field(
+        7100, description="Internal gRPC port of a shard server (0: any); `qstate run` uses it "
+        "and the next one for its two shards."
+    )
     shard_metrics_port: int = Field(0, description="HTTP /metrics port of a shard (0: any).")
     shard_id: str = Field("", description="Stable id of a shard server; empty: host-port.")
 
@@ -64,4 +67,4 @@ class Settings(BaseSettings):
 
 @lru_cache(maxsize=1)
 def settings() -> Settings:
-    return Settings()
+    return Settings()  # type: ignore[call-arg]  # every field has a default

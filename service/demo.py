@@ -33,7 +33,7 @@ class DemoConfig:
     embedded_broker: bool = True
     http_port: int = 8000
     grpc_port: int = 50051
-    shard_base_port: int = 7101
+    shard_base_port: int = 7100
     tweets_rate: int = 5000
     tweet_keys: int = 100_000
     ads_rate: int = 1000
@@ -61,11 +61,12 @@ class Demo:
                                     log_path=logs / "broker.log").start()
         else:
             wait_for_port(host, int(port), 10)
-        shards = []
+        shards: list[ShardProcess] = []
         for i in range(2):
             s = ShardProcess.make(f"shard-{i}", cfg.home / "shards", cfg.storage, logs,
                                   port=cfg.shard_base_port + i)
-            shards.append(self._spawn(s.start_and_wait()))
+            self._spawn(s.start_and_wait())
+            shards.append(s)
         router = RouterProcess.make(cfg.storage, logs)
         router.http_port, router.grpc_port = cfg.http_port, cfg.grpc_port
         router.args = qstate_command("router", "--http-port", str(cfg.http_port),
@@ -119,8 +120,8 @@ class Demo:
             while not self.stop_event.wait(1.0):
                 dead = self._failed()
                 if dead is not None:
-                    console.print(f"[red]{dead.name} exited ({dead.proc.returncode}); "
-                                  f"see {dead.log_path}[/red]")
+                    code = dead.proc.returncode if dead.proc else None
+                    console.print(f"[red]{dead.name} exited ({code}); see {dead.log_path}[/red]")
                     return 1
                 line, key = status.poll()
                 live.update(line)

@@ -35,7 +35,8 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def wait_for_port(host: str, port: int, timeout: float, proc: subprocess.Popen | None = None) -> None:
+def wait_for_port(host: str, port: int, timeout: float,
+                  proc: subprocess.Popen | None = None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
@@ -64,7 +65,9 @@ class DevBroker:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if not self.port:
             self.port = free_port(self.host)
-        log = open(self.log_path or self.data_dir / "broker.log", "ab")  # noqa: SIM115
+        log_path = self.log_path or self.data_dir / "broker.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(log_path, "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [str(broker_binary()), "start", "--only", "kafka", "--host", self.host,
              "--kafka-port", str(self.port), "--data-dir", str(self.data_dir)],

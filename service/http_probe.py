@@ -30,7 +30,8 @@ async def serve_probe(app: Starlette, host: str, port: int) -> tuple[uvicorn.Ser
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
                             lifespan="off")
     server = uvicorn.Server(config)
-    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+    # uvicorn captures SIGINT/SIGTERM while it serves and re-raises them on exit, so the
+    # process's own asyncio signal handlers still run after the probe has shut down.
     task = asyncio.create_task(server.serve())
     while not server.started:
         if task.done():

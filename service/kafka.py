@@ -11,7 +11,8 @@ def ensure_topic(bootstrap: str, topic: str, partitions: int = 4, timeout: float
     existing = admin.list_topics(timeout=timeout).topics
     if topic in existing:
         return
-    futures = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])
+    new = NewTopic(topic, num_partitions=partitions, replication_factor=1)
+    futures = admin.create_topics([new])
     for fut in futures.values():
         try:
             fut.result(timeout)

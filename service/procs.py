@@ -1,4 +1,4 @@
-"""Child processes qstate starts (shard servers, routers, jobs): started, awaited, stopped by PID."""
+"""Child processes qstate starts (shards, routers, jobs): started, awaited, stopped by PID."""
 
 from __future__ import annotations
 

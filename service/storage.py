@@ -7,6 +7,7 @@ reads half a delta file and a re-run of a batch simply replaces the file.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from dataclasses import dataclass, field
@@ -55,7 +56,5 @@ class Storage:
         )
 
     def delete(self, path: str) -> None:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             self.fs.delete_file(path)
-        except FileNotFoundError:
-            pass

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,7 +35,6 @@ def topic() -> str:
 def spark(session_dir: Path):
     from jobs.spark import spark_session
 
-    os.environ.setdefault("PYSPARK_PYTHON", os.sys.executable)  # type: ignore[attr-defined]
     s = spark_session("qstate-tests", "local[2]")
     yield s
     s.stop()

@@ -37,7 +37,8 @@ async def serve(host: str, http_port: int, grpc_port: int, storage_uri: str,
                             access_log=False, http="httptools", lifespan="off",
                             timeout_graceful_shutdown=2)
     http = uvicorn.Server(config)
-    http.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+    # uvicorn stops on SIGINT/SIGTERM itself and re-raises the signal when done, which then
+    # reaches the handlers below: gRPC and the routing table stop after HTTP has drained.
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

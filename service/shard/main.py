@@ -11,8 +11,13 @@ from pathlib import Path
 import grpc
 
 from proto import shard_pb2_grpc as pb_grpc
-from service.assignment import ServerInfo, default_server_id, now_ms, register_server, \
-    unregister_server
+from service.assignment import (
+    ServerInfo,
+    default_server_id,
+    now_ms,
+    register_server,
+    unregister_server,
+)
 from service.http_probe import bound_port, probe_app, serve_probe
 from service.shard.partitions import Partitions
 from service.shard.server import ShardService

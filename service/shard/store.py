@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,7 +100,8 @@ class PartitionStore:
         """Delete windows that ended at or before ``cutoff_ms``: one range of the index."""
         hi = INDEX + layout.enc_time(cutoff_ms + 1)
         n = 0
-        for k in self.db.keys(from_key=INDEX):
+        keys: Iterator[bytes] = self.db.keys(from_key=INDEX)  # type: ignore[assignment]  # raw mode
+        for k in keys:
             if k >= hi or not k.startswith(INDEX):
                 break
             wb.delete(layout.data_key_of_index(k))

@@ -58,7 +58,7 @@ def test_sink_is_exact_and_rerun_batch_changes_nothing(spark, tmp_path, storage_
     q.processAllAvailable()
     q.stop()
     keys = sorted(df["k"].unique())
-    got, batches = read_all_windows(storage_uri, "sinktest", "per_key_10s", "n", keys, P)
+    got, _batches = read_all_windows(storage_uri, "sinktest", "per_key_10s", "n", keys, P)
     assert got == truth(df)
     # Crash after the sink ran but before Spark's commit log: the batch runs again.
     commits = sorted((tmp_path / "ckpt" / "commits").glob("[0-9]*"), key=lambda p: int(p.name))

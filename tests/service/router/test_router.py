@@ -144,7 +144,7 @@ def test_grpc_get_multiget_and_errors(cluster) -> None:
 
 
 def test_killed_shard_is_a_fast_503_while_other_shards_answer(cluster) -> None:
-    storage, shards, router, coord = cluster
+    _storage, shards, router, coord = cluster
     victim = shards[1]
     owned = set(coord.assignment.partitions_of("shop", "views_1m")[victim.address])
     dead_key = next(k for k in KEYS if partition_of(k, P) in owned)
