@@ -35,15 +35,16 @@ def _status(jobs: list[RunningJob]) -> Text:
 
 
 def run_jobs(configs: list[JobConfig], metrics_port: int = 0, master: str = "local[2]",
-             shuffle_partitions: int = 4, live: bool = True) -> None:
+             shuffle_partitions: int = 4, live: bool = True,
+             spark_conf: dict[str, str] | None = None, metrics_host: str = "127.0.0.1") -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     if metrics_port:
-        start_http_server(metrics_port, addr="127.0.0.1")
+        start_http_server(metrics_port, addr=metrics_host)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     spark = spark_session("qstate-" + "-".join(c.job for c in configs), master,
-                          shuffle_partitions)
+                          shuffle_partitions, spark_conf)
     running = [start_job(spark, c) for c in configs]
     console.print(f"[green]running[/green] {', '.join(c.job for c in configs)} "
                   f"(checkpoints under {configs[0].checkpoint.parent})")

@@ -30,6 +30,10 @@ def shard(
                                               help="HTTP /metrics /healthz port (0: any).")] = 0,
     server_id: Annotated[str, typer.Option("--id", envvar="QSTATE_SHARD_ID",
                                            help="Stable server id (default host-port).")] = "",
+    advertise: Annotated[str, typer.Option(
+        envvar="QSTATE_SHARD_ADVERTISE",
+        help="host:port that jobs and routers use to reach this server (default: bind address).")
+    ] = "",
     data_dir: Annotated[Path | None, typer.Option(help="RocksDB data (default <home>/shards).")
                         ] = None,
     storage: Annotated[str | None, typer.Option(help="Checkpoint storage path or URI.")] = None,
@@ -39,7 +43,7 @@ def shard(
 
     cfg = settings()
     run(host, port, data_dir or Path(cfg.home) / "shards", storage or cfg.storage_uri,
-        server_id, metrics_port)
+        server_id, metrics_port, advertise)
 
 
 @app.command()
@@ -62,6 +66,8 @@ def job(
     master: Annotated[str, typer.Option(help="Spark master.")] = "local[2]",
     metrics_port: Annotated[int, typer.Option(help="Prometheus port (0: off).")] = 0,
     live: Annotated[bool, typer.Option(help="Show a live status line.")] = True,
+    conf: Annotated[list[str] | None, typer.Option(
+        help="Extra Spark setting KEY=VALUE (repeatable).")] = None,
 ) -> None:
     """Run example jobs (tweets, ads) with the queryable sink until Ctrl-C or SIGTERM."""
     from jobs.main import run_jobs
@@ -77,7 +83,14 @@ def job(
         shards=shards.split(",") if shards else None, partitions=partitions or cfg.partitions,
         trigger_interval=trigger, max_rows_per_trigger=max_rows_per_trigger,
         mapping=mapping or Path(cfg.home) / "ads-campaigns.json") for n in names]
-    run_jobs(configs, metrics_port, master, live=live)
+    extra = {}
+    for item in conf or []:
+        k, sep, v = item.partition("=")
+        if not sep:
+            raise typer.BadParameter(f"--conf {item!r}: expected KEY=VALUE")
+        extra[k] = v
+    run_jobs(configs, metrics_port, master, live=live, spark_conf=extra,
+             metrics_host=cfg.metrics_host)
 
 
 @app.command()

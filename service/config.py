@@ -50,6 +50,12 @@ class Settings(BaseSettings):
     )
     shard_metrics_port: int = Field(0, description="HTTP /metrics port of a shard (0: any).")
     shard_id: str = Field("", description="Stable id of a shard server; empty: host-port.")
+    shard_advertise: str = Field(
+        "", description="host:port others use to reach a shard (default: its bind address)."
+    )
+    metrics_host: str = Field(
+        "127.0.0.1", description="Address of the /metrics endpoint of jobs (0.0.0.0 in pods)."
+    )
 
     router_host: str = Field("127.0.0.1", description="Address the router binds to.")
     http_port: int = Field(8000, description="Router HTTP port.")

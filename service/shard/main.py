@@ -27,7 +27,7 @@ log = logging.getLogger("qstate.shard")
 
 
 async def serve(host: str, port: int, data_dir: Path, storage_uri: str, server_id: str = "",
-                metrics_port: int = 0) -> None:
+                metrics_port: int = 0, advertise: str = "") -> None:
     storage = Storage(storage_uri)
     server_id = server_id or default_server_id(host, port)
     partitions = Partitions(data_dir / server_id, storage)
@@ -35,12 +35,10 @@ async def serve(host: str, port: int, data_dir: Path, storage_uri: str, server_i
         ("grpc.max_receive_message_length", 64 << 20),
         ("grpc.max_send_message_length", 64 << 20),
     ])
-    address = f"{host}:{port}"
-    service = ShardService(partitions, server_id, address)
+    service = ShardService(partitions, server_id, "")
     pb_grpc.add_ShardServicer_to_server(service, server)
-    bound = server.add_insecure_port(address)
-    if not port:
-        address = service.address = f"{host}:{bound}"
+    bound = server.add_insecure_port(f"{host}:{port}")
+    address = service.address = advertise or f"{host}:{bound}"
     await server.start()
     probe, probe_task = await serve_probe(
         probe_app(lambda: True, lambda: {"server_id": server_id, "address": address}),
@@ -63,6 +61,6 @@ async def serve(host: str, port: int, data_dir: Path, storage_uri: str, server_i
 
 
 def run(host: str, port: int, data_dir: Path, storage_uri: str, server_id: str = "",
-        metrics_port: int = 0) -> None:
+        metrics_port: int = 0, advertise: str = "") -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
-    asyncio.run(serve(host, port, data_dir, storage_uri, server_id, metrics_port))
+    asyncio.run(serve(host, port, data_dir, storage_uri, server_id, metrics_port, advertise))
