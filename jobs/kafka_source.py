@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
 import os
 import time
 from collections.abc import Iterator, Mapping
@@ -50,6 +51,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+log = logging.getLogger("qstate.kafka_source")
 SOURCE_NAME = "qstate-kafka"
 
 # Built as a StructType rather than DDL: parsing DDL needs a JVM, and the reader runs in
@@ -446,7 +448,14 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         begin = _as_offsets(start)
         latest = self._available_now
         if latest is None:
-            latest = self._watermarks("high")
+            try:
+                latest = self._watermarks("high")
+            except KafkaException as exc:
+                # Broker down or restarting: no new data this trigger rather than a failed
+                # query; the next trigger asks again.
+                log.warning("%s: cannot read high watermarks (%s); no new data this trigger",
+                            self.opts.topic, exc)
+                return _to_json_offsets(begin)
         # Never move backwards: a partition that shrank (topic recreated) keeps its position and
         # the reader reports the problem if a range over it is ever planned.
         end = {p: max(begin.get(p, 0), latest.get(p, 0)) for p in sorted(set(begin) | set(latest))}

@@ -1,0 +1,172 @@
+"""Router read throughput next to a raw-ASGI dict server, in the same run.
+
+    python -m loadtest.bench_router --keys 100000 --duration 10
+
+Stands up checkpoint storage with one operator of ``--keys`` keys (one window each, written
+as delta files and committed through the coordinator), two shard servers and one router,
+plus ``loadtest.raw_asgi`` on its own port. Then, one after the other: ``wrk -t1 -c32`` GETs
+of random keys against the raw server and the router, and gRPC MultiGet of 100 random keys
+per call against the router with 8 calls in flight. With ``--pipeline`` the tweets job and a
+5K ev/s generator run beside it the whole time. Appends a section to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+import pyarrow as pa
+
+from jobs.coordinator import Coordinator
+from proto import qstate_pb2 as qpb
+from proto import qstate_pb2_grpc as qpb_grpc
+from service import delta as deltas
+from service.devbroker import DevBroker, free_port, wait_for_port
+from service.keys import partition_of
+from service.operator import OperatorSpec, WindowSpec, save_spec
+from service.procs import Child, RouterProcess, ShardProcess, qstate_command
+from service.storage import Storage
+
+P = 16
+SPEC = OperatorSpec("shop", "views_1m", "page", {"views": "long"}, partitions=P,
+                    window=WindowSpec("tumbling", 60_000))
+LUA = """
+math.randomseed(42)
+request = function()
+  return wrk.format("GET", "{prefix}" .. "page-" .. math.random(0, {n}))
+end
+"""
+
+
+def load(storage: Storage, shards: list[ShardProcess], keys: int) -> None:
+    save_spec(storage, SPEC)
+    coord = Coordinator(storage, [s.address for s in shards])
+    coord.register(SPEC)
+    names = [f"page-{i}" for i in range(keys)]
+    by_p: dict[int, list[str]] = {}
+    for k in names:
+        by_p.setdefault(partition_of(k, P), []).append(k)
+    written = {}
+    for p, ks in by_p.items():
+        t = pa.table({"key": ks, "start": [120_000] * len(ks), "end": [180_000] * len(ks),
+                      "views": [int(k[5:]) for k in ks]}).cast(deltas.delta_schema(SPEC))
+        deltas.write_delta(storage, SPEC, p, 0, t)
+        written[p] = t.num_rows
+    coord.commit(SPEC, 0, 120_000, written)
+
+
+def wrk(url: str, keys: int, duration: int, tmp: Path) -> dict[str, float]:
+    script = tmp / "get.lua"
+    script.write_text(LUA.replace("{prefix}", "/v1/state/shop/views_1m/views/")
+                      .replace("{n}", str(keys - 1)))
+    out = subprocess.run(["wrk", "-t1", "-c32", f"-d{duration}s", "--latency", "-s",
+                          str(script), url], capture_output=True, text=True, check=True).stdout
+
+    def ms(label: str) -> float:
+        m = re.search(rf"{label}\s+([\d.]+)(us|ms|s)\b", out)
+        assert m, out
+        return float(m.group(1)) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[m.group(2)]
+
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    return {"rps": rps, "p50": ms("50%"), "p99": ms("99%"),
+            "non2xx": float(errors.group(1)) if errors else 0.0}
+
+
+async def multiget(address: str, keys: int, duration: float) -> float:
+    async with grpc.aio.insecure_channel(address) as ch:
+        stub = qpb_grpc.QueryableStateStub(ch)
+        rng = random.Random(1)
+        done = 0
+        deadline = time.perf_counter() + duration
+
+        async def worker() -> None:
+            nonlocal done
+            while time.perf_counter() < deadline:
+                ks = [f"page-{rng.randrange(keys)}" for _ in range(100)]
+                r = await stub.MultiGet(qpb.MultiGetRequest(
+                    job="shop", operator="views_1m", state="views", keys=ks), timeout=10)
+                assert all(x.found for x in r.results)
+                done += len(ks)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(8)))
+        return done / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--keys", type=int, default=100_000)
+    ap.add_argument("--duration", type=int, default=10)
+    ap.add_argument("--pipeline", action="store_true",
+                    help="run the tweets job and a 5K ev/s generator meanwhile")
+    ap.add_argument("--out", type=Path, default=Path("loadtest/results/router.md"))
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="qstate-router-bench-"))
+    storage = Storage(str(tmp / "storage"))
+    children: list[Child] = []
+    broker = None
+    try:
+        shards = [ShardProcess.make(f"b{i}", tmp / "shards", storage.uri, tmp / "logs")
+                  .start_and_wait() for i in range(2)]
+        children += shards
+        load(storage, shards, args.keys)
+        router = RouterProcess.make(storage.uri, tmp / "logs").start_and_wait()
+        children.append(router)
+        raw_port = free_port()
+        raw = Child("raw", [sys.executable, "-m", "uvicorn", "loadtest.raw_asgi:app",
+                            "--http", "httptools", "--port", str(raw_port), "--log-level",
+                            "warning", "--no-access-log"], tmp / "logs" / "raw.log",
+                    env=None).start()
+        children.append(raw)
+        wait_for_port("127.0.0.1", raw_port, 30, raw.proc)
+        if args.pipeline:
+            broker = DevBroker(tmp / "broker").start()
+            children.append(Child("gen", qstate_command(
+                "generate", "tweets", "--bootstrap", broker.bootstrap, "--rate", "5000",
+                "--keys", "100000", "--no-progress"), tmp / "logs" / "gen.log").start())
+            children.append(Child("job", qstate_command(
+                "job", "tweets", "--bootstrap", broker.bootstrap, "--storage", storage.uri,
+                "--checkpoints", str(tmp / "ckpt"), "--shards",
+                ",".join(s.address for s in shards), "--partitions", "16", "--no-live"),
+                tmp / "logs" / "job.log").start())
+            time.sleep(45)  # past Spark's start-up, into steady batches
+        wrk(router.url, args.keys, 2, tmp)  # warm-up
+        raw_r = wrk(f"http://127.0.0.1:{raw_port}", args.keys, args.duration, tmp)
+        router_r = wrk(router.url, args.keys, args.duration, tmp)
+        mg = asyncio.run(multiget(router.grpc_address, args.keys, args.duration))
+    finally:
+        for c in reversed(children):
+            c.stop()
+        if broker is not None:
+            broker.stop()
+    command = shlex.join(["python", "-m", "loadtest.bench_router", *sys.argv[1:]])
+    text = "\n".join([
+        f"\n## router vs raw ASGI, {args.keys:,} keys, wrk -t1 -c32 -d{args.duration}s"
+        f"{', pipeline running (tweets job + 5K ev/s)' if args.pipeline else ''}\n",
+        f"`{command}` ({time.strftime('%Y-%m-%d %H:%M')}, 2 cores shared by everything)\n",
+        "| server | GET req/s | p50 ms | p99 ms | non-2xx |", "|---|---|---|---|---|",
+        f"| raw ASGI dict (upper bound) | {raw_r['rps']:,.0f} | {raw_r['p50']:.2f} | "
+        f"{raw_r['p99']:.2f} | {raw_r['non2xx']:.0f} |",
+        f"| qstate router -> shard (coalesced MultiGet) | {router_r['rps']:,.0f} | "
+        f"{router_r['p50']:.2f} | {router_r['p99']:.2f} | {router_r['non2xx']:.0f} |",
+        f"\nrouter / raw = {router_r['rps'] / raw_r['rps']:.2f}; "
+        f"gRPC MultiGet through the router (100 keys a call, 8 in flight): "
+        f"**{mg:,.0f} keys/s**\n"])
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with args.out.open("a") as f:
+        f.write(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
