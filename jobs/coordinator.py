@@ -1,32 +1,32 @@
-"""The driver-side coordinator: owns the assignment and commits batches on every shard.
+"""The driver-side coordinator of one job: owns its assignment and commits its batches.
 
-It is the source of truth for which server owns which partition (DESIGN §4) and writes the
-assignment to checkpoint storage for routers and restarted servers.
+It is the source of truth for which server owns which partition (DESIGN §4): it probes the
+registered shard servers (a lease: a server that has not answered for ``lease_s`` is dead),
+moves a dead server's partitions to live ones, gives a (re)joining server its share back,
+and writes every assignment to checkpoint storage with a new epoch. Starting a coordinator
+bumps the epoch too, so a stale driver that still runs is refused by every shard.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 
 import grpc
 
 from proto import shard_pb2 as pb
-from service.assignment import (
-    Assignment,
-    assign_operator,
-    list_servers,
-    load_assignment,
-    save_assignment,
-)
+from service.assignment import Assignment, list_servers, load_assignment, reassign, save_assignment
+from service.batches import BatchManifest, write_manifest
 from service.operator import OperatorSpec
 from service.shard.client import ShardClients
 from service.storage import Storage
 
 log = logging.getLogger("qstate.coordinator")
 
-_RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+_RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+              grpc.StatusCode.FAILED_PRECONDITION}
 
 
 class CommitFailed(RuntimeError):
@@ -38,80 +38,164 @@ class CommitOutcome:
     seconds: float = 0.0
     applied: int = 0  # partitions that applied the batch now
     skipped: int = 0  # partitions that already had it (a re-run batch)
-    caught_up: int = 0  # older deltas replayed by servers that had a gap
+    caught_up: int = 0  # older batches replayed by servers that had a gap
 
 
 @dataclass
 class Coordinator:
     storage: Storage
+    job: str
     shards: list[str] | None = None  # explicit addresses; None: servers registered in storage
     commit_timeout_s: float = 30.0
+    lease_s: float = 3.0
+    heartbeat_s: float = 0.5
     clients: ShardClients = field(default_factory=ShardClients)
-    assignment: Assignment = field(default_factory=Assignment)
+    assignment: Assignment = field(init=False)
+    operators: dict[str, int] = field(default_factory=dict)  # name -> partitions
+    _last_ok: dict[str, float] = field(default_factory=dict)
+    _addresses: dict[str, str] = field(default_factory=dict)
+    _lock: threading.RLock = field(default_factory=threading.RLock)
+    _started: bool = False
+    _stop: threading.Event = field(default_factory=threading.Event)
 
-    def live_servers(self) -> dict[str, str]:
-        """id -> address of the servers that answer Describe now."""
+    def __post_init__(self) -> None:
+        self.assignment = load_assignment(self.storage, self.job)
+
+    # ---- membership -------------------------------------------------------------
+    def probe(self) -> None:
+        """One heartbeat round: Describe every known server."""
         candidates = self.shards or [s.address for s in list_servers(self.storage)]
-        live: dict[str, str] = {}
+        candidates = sorted(set(candidates) | set(self.assignment.servers.values()))
+        now = time.monotonic()
         for addr in candidates:
             try:
-                d = self.clients.describe(addr, timeout=2.0)
-            except grpc.RpcError as exc:
-                log.warning("shard %s does not answer (%s); not assigning to it", addr,
-                            exc.code())
+                d = self.clients.describe(addr, timeout=min(1.0, self.lease_s / 2))
+            except grpc.RpcError:
                 continue
-            live[d.server_id] = d.address
-        return live
+            self._last_ok[d.server_id] = now
+            self._addresses[d.server_id] = d.address
+
+    def live(self) -> dict[str, str]:
+        now = time.monotonic()
+        return {sid: self._addresses[sid] for sid, t in self._last_ok.items()
+                if now - t < self.lease_s}
+
+    def _rebalance(self, bump: bool = False) -> None:
+        with self._lock:
+            live = self.live()
+            if not live:
+                log.warning("%s: no live shard server", self.job)
+                return
+            updated = reassign(self.assignment, self.operators, live, bump)
+            if updated is not self.assignment:
+                save_assignment(self.storage, updated)
+                log.warning("%s: assignment epoch %d over %s", self.job, updated.epoch,
+                            sorted(live))
+                self.assignment = updated
 
     def register(self, spec: OperatorSpec) -> Assignment:
-        servers = self.live_servers()
-        current = load_assignment(self.storage)
-        updated = assign_operator(current, spec.job, spec.operator, spec.partitions, servers)
-        if updated is not current:
-            save_assignment(self.storage, updated)
-            log.warning("assignment epoch %d: %s/%s over %d servers", updated.epoch, spec.job,
-                        spec.operator, len(servers))
-        self.assignment = updated
-        return updated
+        """Add an operator; the first call also fences any older writer (epoch + 1)."""
+        with self._lock:
+            self.operators[spec.operator] = spec.partitions
+            if not self._live_known():
+                self.probe()
+            self._rebalance(bump=not self._started)
+            if not self._started:
+                self._started = True
+                threading.Thread(target=self._monitor, name=f"coordinator-{self.job}",
+                                 daemon=True).start()
+            return self.assignment
 
+    def _live_known(self) -> bool:
+        return bool(self.live())
+
+    def _monitor(self) -> None:
+        while not self._stop.wait(self.heartbeat_s):
+            try:
+                self.probe()
+                self._rebalance()
+            except Exception as exc:  # storage hiccup: try again next beat
+                log.warning("%s: coordinator round failed: %s", self.job, exc)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    # ---- commits ----------------------------------------------------------------
     def commit(self, spec: OperatorSpec, batch: int, watermark_ms: int,
                written: dict[int, int]) -> CommitOutcome:
-        """Commit ``batch`` on every owner. Raises unless every owner acknowledged."""
+        """Record batch ``batch`` and commit it on every owner. Returns once each partition
+        acknowledged; re-plans as partitions move; raises if fenced or out of time."""
         t0 = time.perf_counter()
+        write_manifest(self.storage, spec.job, spec.operator,
+                       BatchManifest(batch, watermark_ms, dict(written)))
         deadline = t0 + self.commit_timeout_s
-        pending = {
-            addr: pb.CommitRequest(
-                job=spec.job, operator=spec.operator, batch=batch, watermark_ms=watermark_ms,
-                epoch=self.assignment.epoch,
-                partitions=[pb.PartitionDelta(partition=p, has_delta=p in written,
-                                              rows=written.get(p, 0)) for p in parts])
-            for addr, parts in self.assignment.partitions_of(spec.job, spec.operator).items()
-        }
-        delay = 0.1
         outcome = CommitOutcome()
-        while pending:
+        acked: set[int] = set()
+        delay = 0.05
+        while len(acked) < spec.partitions:
             remaining = deadline - time.perf_counter()
             if remaining <= 0:
-                raise CommitFailed(f"batch {batch} of {spec.job}/{spec.operator} not acknowledged "
-                                   f"by {sorted(pending)} within {self.commit_timeout_s}s")
-            futures = {a: self.clients.stub(a).Commit.future(r, timeout=remaining)
-                       for a, r in pending.items()}
+                missing = sorted(set(range(spec.partitions)) - acked)
+                raise CommitFailed(f"batch {batch} of {spec.job}/{spec.operator}: partitions "
+                                   f"{missing} not acknowledged within {self.commit_timeout_s}s")
+            with self._lock:
+                epoch = self.assignment.epoch
+                plan = {addr: [p for p in parts if p not in acked]
+                        for addr, parts in self.assignment.partitions_of(spec.operator).items()}
+            futures = {
+                addr: (parts, self.clients.stub(addr).Commit.future(pb.CommitRequest(
+                    job=spec.job, operator=spec.operator, batch=batch,
+                    watermark_ms=watermark_ms, epoch=epoch,
+                    partitions=[pb.PartitionDelta(partition=p, has_delta=p in written,
+                                                  rows=written.get(p, 0)) for p in parts]),
+                    timeout=remaining))
+                for addr, parts in plan.items() if parts}
             errors = {}
-            for addr, fut in futures.items():
+            for addr, (parts, fut) in futures.items():
                 try:
                     reply = fut.result()
-                    del pending[addr]
-                    outcome.applied += len(reply.applied)
-                    outcome.skipped += len(reply.skipped)
-                    outcome.caught_up += reply.caught_up_batches
                 except grpc.RpcError as exc:
                     if exc.code() not in _RETRYABLE:
                         raise CommitFailed(f"shard {addr} refused batch {batch}: "
                                            f"{exc.code().name} {exc.details()}") from exc
+                    if exc.code() == grpc.StatusCode.FAILED_PRECONDITION and \
+                            "stale epoch" in (exc.details() or "") and \
+                            load_assignment(self.storage, self.job).epoch > self.assignment.epoch:
+                        raise CommitFailed(f"fenced: another coordinator of {self.job} took "
+                                           f"over ({exc.details()})") from exc
                     errors[addr] = exc.code().name
-            if pending:
-                log.warning("batch %d: retrying shards %s", batch, errors)
+                    continue
+                acked.update(parts)
+                outcome.applied += len(reply.applied)
+                outcome.skipped += len(reply.skipped)
+                outcome.caught_up += reply.caught_up_batches
+            if len(acked) < spec.partitions:
+                log.warning("batch %d of %s/%s: retrying %s", batch, spec.job, spec.operator,
+                            errors)
                 time.sleep(min(delay, max(0.0, deadline - time.perf_counter())))
-                delay = min(delay * 2, 2.0)
+                delay = min(delay * 2, 1.0)
         outcome.seconds = time.perf_counter() - t0
         return outcome
+
+
+_coordinators: dict[tuple[str, str], Coordinator] = {}
+_registry_lock = threading.Lock()
+
+
+def coordinator_for(storage: Storage, job: str, shards: list[str] | None,
+                    commit_timeout_s: float) -> Coordinator:
+    """One coordinator per job and storage in a driver, shared by the job's operators."""
+    with _registry_lock:
+        key = (storage.uri, job)
+        c = _coordinators.get(key)
+        if c is None or c._stop.is_set():
+            c = _coordinators[key] = Coordinator(storage, job, shards, commit_timeout_s)
+        return c
+
+
+def release(storage_uri: str, job: str) -> None:
+    """Stop the job's coordinator (its heartbeats); the next serve() starts a new one."""
+    with _registry_lock:
+        c = _coordinators.pop((Storage(storage_uri).uri, job), None)
+    if c is not None:
+        c.stop()

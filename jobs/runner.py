@@ -11,6 +11,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from jobs import ads, metrics, tweets
+from jobs.coordinator import release
 from jobs.kafka_source import read_kafka
 from jobs.operators import QueryableOperator
 from jobs.parse import parse_json
@@ -55,6 +56,7 @@ class RunningJob:
         for q in self.queries.values():
             if q.isActive:
                 q.stop()
+        release(self.config.storage, self.config.job)
 
     def process_all_available(self) -> None:
         for q in self.queries.values():

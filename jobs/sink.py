@@ -25,7 +25,7 @@ from pyspark.sql import types as T
 from pyspark.sql.streaming import StreamingQuery
 
 from jobs import metrics
-from jobs.coordinator import Coordinator
+from jobs.coordinator import Coordinator, coordinator_for
 from service import delta as deltas
 from service.config import settings
 from service.operator import OperatorSpec, StateType, WindowSpec, save_spec
@@ -159,7 +159,7 @@ def serve(
     storage_uri = storage or cfg.storage_uri
     store = Storage(storage_uri)
     save_spec(store, spec)
-    coordinator = Coordinator(store, shards, cfg.commit_timeout_s)
+    coordinator: Coordinator = coordinator_for(store, job, shards, cfg.commit_timeout_s)
     coordinator.register(spec)
     stats = stats if stats is not None else SinkStats()
     n_tasks = min(spec.partitions,

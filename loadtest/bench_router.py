@@ -49,7 +49,7 @@ end
 
 def load(storage: Storage, shards: list[ShardProcess], keys: int) -> None:
     save_spec(storage, SPEC)
-    coord = Coordinator(storage, [s.address for s in shards])
+    coord = Coordinator(storage, "shop", [s.address for s in shards])
     coord.register(SPEC)
     names = [f"page-{i}" for i in range(keys)]
     by_p: dict[int, list[str]] = {}

@@ -13,10 +13,12 @@ class KeyStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FOUND: _ClassVar[KeyStatus]
     ABSENT: _ClassVar[KeyStatus]
     NOT_OWNED: _ClassVar[KeyStatus]
+    RESTORING: _ClassVar[KeyStatus]
 KEY_STATUS_UNSPECIFIED: KeyStatus
 FOUND: KeyStatus
 ABSENT: KeyStatus
 NOT_OWNED: KeyStatus
+RESTORING: KeyStatus
 
 class PartitionDelta(_message.Message):
     __slots__ = ("partition", "has_delta", "rows")
@@ -121,20 +123,24 @@ class DescribeRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class PartitionInfo(_message.Message):
-    __slots__ = ("job", "operator", "partition", "last_batch", "watermark_ms", "keys_estimate")
+    __slots__ = ("job", "operator", "partition", "last_batch", "watermark_ms", "keys_estimate", "restoring", "epoch")
     JOB_FIELD_NUMBER: _ClassVar[int]
     OPERATOR_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     LAST_BATCH_FIELD_NUMBER: _ClassVar[int]
     WATERMARK_MS_FIELD_NUMBER: _ClassVar[int]
     KEYS_ESTIMATE_FIELD_NUMBER: _ClassVar[int]
+    RESTORING_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     job: str
     operator: str
     partition: int
     last_batch: int
     watermark_ms: int
     keys_estimate: int
-    def __init__(self, job: _Optional[str] = ..., operator: _Optional[str] = ..., partition: _Optional[int] = ..., last_batch: _Optional[int] = ..., watermark_ms: _Optional[int] = ..., keys_estimate: _Optional[int] = ...) -> None: ...
+    restoring: bool
+    epoch: int
+    def __init__(self, job: _Optional[str] = ..., operator: _Optional[str] = ..., partition: _Optional[int] = ..., last_batch: _Optional[int] = ..., watermark_ms: _Optional[int] = ..., keys_estimate: _Optional[int] = ..., restoring: _Optional[bool] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class DescribeReply(_message.Message):
     __slots__ = ("server_id", "address", "partitions")

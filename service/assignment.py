@@ -1,14 +1,17 @@
 """Which shard server owns which partition (DESIGN §4).
 
-Shard servers register themselves in checkpoint storage; the coordinator (in the job's
-driver) assigns each operator's partitions to them and writes the assignment there too,
-so routers and restarted servers find it without the driver. Every change bumps the epoch.
+Shard servers register themselves in checkpoint storage; each job's coordinator (in its
+driver) assigns the partitions of the job's operators to live servers and writes the
+assignment to ``jobs/{job}/assignment.json``, where routers and shard servers read it without
+the driver. Every change bumps the job's epoch: a writer or reader with an older epoch is
+refused.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 import orjson
@@ -27,22 +30,29 @@ class ServerInfo:
 
 @dataclass
 class Assignment:
+    job: str = ""
     epoch: int = 0
     servers: dict[str, str] = field(default_factory=dict)  # id -> address
-    owners: dict[str, list[str]] = field(default_factory=dict)  # "job/operator" -> id per partition
+    owners: dict[str, list[str]] = field(default_factory=dict)  # operator -> id per partition
 
-    def owner(self, job: str, operator: str, partition: int) -> str | None:
-        ids = self.owners.get(f"{job}/{operator}")
-        if ids is None or partition >= len(ids):
-            return None
-        return self.servers.get(ids[partition])
+    def owner_id(self, operator: str, partition: int) -> str | None:
+        ids = self.owners.get(operator)
+        return ids[partition] if ids is not None and partition < len(ids) else None
 
-    def partitions_of(self, job: str, operator: str) -> dict[str, list[int]]:
+    def owner(self, operator: str, partition: int) -> str | None:
+        sid = self.owner_id(operator, partition)
+        return self.servers.get(sid) if sid is not None else None
+
+    def partitions_of(self, operator: str) -> dict[str, list[int]]:
         """Server address -> partitions it owns, for one operator."""
         out: dict[str, list[int]] = {}
-        for p, sid in enumerate(self.owners.get(f"{job}/{operator}", [])):
+        for p, sid in enumerate(self.owners.get(operator, [])):
             out.setdefault(self.servers[sid], []).append(p)
         return out
+
+    def owned_by(self, server_id: str) -> set[tuple[str, int]]:
+        return {(op, p) for op, ids in self.owners.items()
+                for p, sid in enumerate(ids) if sid == server_id}
 
 
 def _servers_dir(storage: Storage) -> str:
@@ -59,45 +69,68 @@ def unregister_server(storage: Storage, server_id: str) -> None:
 
 def list_servers(storage: Storage) -> list[ServerInfo]:
     d = _servers_dir(storage)
-    return [ServerInfo(**orjson.loads(storage.read_bytes(f"{d}/{n}")))
-            for n in storage.list_names(d) if n.endswith(".json")]
+    out = []
+    for n in storage.list_names(d):
+        if n.endswith(".json"):
+            try:
+                out.append(ServerInfo(**orjson.loads(storage.read_bytes(f"{d}/{n}"))))
+            except FileNotFoundError:  # unregistered while we listed
+                continue
+    return out
 
 
-def _assignment_path(storage: Storage) -> str:
-    return storage.path("cluster", "assignment.json")
+def _assignment_path(storage: Storage, job: str) -> str:
+    return storage.path("jobs", job, "assignment.json")
 
 
-def load_assignment(storage: Storage) -> Assignment:
-    path = _assignment_path(storage)
+def load_assignment(storage: Storage, job: str) -> Assignment:
+    path = _assignment_path(storage, job)
     if not storage.exists(path):
-        return Assignment()
+        return Assignment(job)
     return Assignment(**orjson.loads(storage.read_bytes(path)))
 
 
 def save_assignment(storage: Storage, a: Assignment) -> None:
-    storage.write_bytes(_assignment_path(storage), orjson.dumps(asdict(a)))
+    storage.write_bytes(_assignment_path(storage, a.job), orjson.dumps(asdict(a)))
 
 
-def assign_operator(a: Assignment, job: str, operator: str, partitions: int,
-                    servers: dict[str, str]) -> Assignment:
-    """Keep owners that are still live; give the rest round-robin to live servers.
-
-    Returns a new assignment (epoch + 1) only when something changed.
-    """
-    if not servers:
+def balance(old: list[str], partitions: int, live: list[str]) -> list[str]:
+    """Owners for ``partitions`` over ``live`` servers: as even as possible, moving as few
+    partitions as possible (an owner that is live and not over its share keeps its own)."""
+    if not live:
         raise RuntimeError("no live shard server to assign partitions to")
-    name = f"{job}/{operator}"
-    old = a.owners.get(name, [])
-    ids = sorted(servers)
-    new = [old[p] if p < len(old) and old[p] in servers else ids[p % len(ids)]
-           for p in range(partitions)]
-    if new == old and all(a.servers.get(i) == servers[i] for i in set(new)):
+    ids = sorted(live)
+    q, r = divmod(partitions, len(ids))
+    cap = {sid: q + (1 if i < r else 0) for i, sid in enumerate(ids)}
+    load: Counter[str] = Counter()
+    new: list[str | None] = [None] * partitions
+    for p in range(partitions):
+        sid = old[p] if p < len(old) else None
+        if sid in cap and load[sid] < cap[sid]:
+            new[p] = sid
+            load[sid] += 1
+    for p in range(partitions):
+        if new[p] is None:
+            sid = min(ids, key=lambda s: (load[s] - cap[s], load[s], s))
+            new[p] = sid
+            load[sid] += 1
+    return [s for s in new if s is not None]
+
+
+def reassign(a: Assignment, operators: dict[str, int], live: dict[str, str],
+             bump: bool = False) -> Assignment:
+    """The assignment of ``operators`` (name -> partitions) over ``live`` (id -> address).
+
+    Returns ``a`` itself when nothing changed and no ``bump`` is asked for, else a new
+    assignment with the next epoch.
+    """
+    owners = {**a.owners}
+    for op, n in operators.items():
+        owners[op] = balance(a.owners.get(op, []), n, list(live))
+    servers = {sid: live[sid] for ids in owners.values() for sid in ids}
+    if not bump and owners == a.owners and servers == a.servers:
         return a
-    return Assignment(
-        epoch=a.epoch + 1,
-        servers={**a.servers, **servers},
-        owners={**a.owners, name: new},
-    )
+    return Assignment(a.job, a.epoch + 1, servers, owners)
 
 
 def now_ms() -> int:

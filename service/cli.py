@@ -43,7 +43,7 @@ def shard(
 
     cfg = settings()
     run(host, port, data_dir or Path(cfg.home) / "shards", storage or cfg.storage_uri,
-        server_id, metrics_port, advertise)
+        server_id, metrics_port, advertise, cfg.snapshot_every)
 
 
 @app.command()

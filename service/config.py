@@ -53,6 +53,9 @@ class Settings(BaseSettings):
     shard_advertise: str = Field(
         "", description="host:port others use to reach a shard (default: its bind address)."
     )
+    snapshot_every: int = Field(
+        10, ge=1, description="A shard snapshots a partition to checkpoint storage every N batches."
+    )
     metrics_host: str = Field(
         "127.0.0.1", description="Address of the /metrics endpoint of jobs (0.0.0.0 in pods)."
     )

@@ -55,6 +55,11 @@ class Storage:
             if i.type == pafs.FileType.File and not i.base_name.startswith(".")
         )
 
+    def list_dirs(self, path: str) -> list[str]:
+        sel = pafs.FileSelector(path, allow_not_found=True)
+        return sorted(i.base_name for i in self.fs.get_file_info(sel)
+                      if i.type == pafs.FileType.Directory and not i.base_name.startswith("."))
+
     def delete(self, path: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             self.fs.delete_file(path)

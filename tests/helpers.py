@@ -12,12 +12,12 @@ from service.storage import Storage
 def read_all_windows(storage_uri: str, job: str, operator: str, state: str, keys: list[str],
                      partitions: int) -> tuple[dict[tuple[str, int], int | float], set[int]]:
     """(key, window start) -> value for every window of every key, plus the batches seen."""
-    a = load_assignment(Storage(storage_uri))
+    a = load_assignment(Storage(storage_uri), job)
     clients = ShardClients()
     by_addr: dict[str, list[pb.KeyQuery]] = {}
     for k in keys:
         p = partition_of(k, partitions)
-        addr = a.owner(job, operator, p)
+        addr = a.owner(operator, p)
         assert addr is not None, f"partition {p} has no owner"
         by_addr.setdefault(addr, []).append(pb.KeyQuery(key=k, partition=p))
     out: dict[tuple[str, int], int | float] = {}

@@ -60,7 +60,7 @@ class ErrorOut(BaseModel):
     message: str
 
 
-def _state(a: Answer) -> dict[str, Any]:
+def state_body(a: Answer) -> dict[str, Any]:
     return {"job": a.job, "operator": a.operator, "state": a.state, "key": a.key,
             "batch": a.batch, "watermark": a.watermark_ms,
             "windows": [{"start": w.start, "end": w.end, "value": w.value} for w in a.windows]}
@@ -102,10 +102,15 @@ def time_range(from_: str | None, to: str | None) -> tuple[int, int] | None:
     return (lo if lo is not None else -(1 << 62), hi if hi is not None else 1 << 62)
 
 
+def retry_after(exc: QueryError) -> int:
+    """Whole seconds for the Retry-After header (HTTP has no finer unit)."""
+    return max(1, round(getattr(exc, "retry_after_s", 1.0)))
+
+
 def _error(exc: QueryError) -> ORJSONResponse:
     headers = {}
     if exc.http_status == 503:
-        headers["Retry-After"] = str(max(1, round(getattr(exc, "retry_after_s", 1.0))))
+        headers["Retry-After"] = str(retry_after(exc))
     return ORJSONResponse(exc.body(), status_code=exc.http_status, headers=headers)
 
 
@@ -155,7 +160,7 @@ def create_app(query: QueryService, ready: Any = lambda: True) -> FastAPI:
         if not a.found:
             raise NotFound(f"key {key[:200]!r} has no data in {job}/{operator}/{state} as of "
                            f"batch {a.batch}", batch=a.batch, watermark=a.watermark_ms)
-        return Response(orjson.dumps(_state(a)), media_type="application/json")
+        return Response(orjson.dumps(state_body(a)), media_type="application/json")
 
     @app.post("/v1/state/{job}/{operator}/{state}:batchGet", response_model=BatchGetOut,
               responses=ERRORS, summary="Many keys of one state; misses are marked")
@@ -164,7 +169,7 @@ def create_app(query: QueryService, ready: Any = lambda: True) -> FastAPI:
                         from_: Annotated[str | None, Query(alias="from")] = None,
                         to: Annotated[str | None, Query()] = None) -> Any:
         answers = await query.multi_get(job, operator, state, body.keys, time_range(from_, to))
-        return Response(orjson.dumps({"results": [{**_state(a), "found": a.found}
+        return Response(orjson.dumps({"results": [{**state_body(a), "found": a.found}
                                                   for a in answers]}),
                         media_type="application/json")
 

@@ -11,6 +11,7 @@ import uvicorn
 
 from proto import qstate_pb2_grpc as pb_grpc
 from service.router.coalesce import ShardCaller
+from service.router.fastpath import with_fast_get
 from service.router.grpc_api import QueryableStateService
 from service.router.http import create_app
 from service.router.query import QueryService
@@ -32,7 +33,7 @@ async def serve(host: str, http_port: int, grpc_port: int, storage_uri: str,
     grpc_server.add_insecure_port(f"{host}:{grpc_port}")
     await grpc_server.start()
 
-    app = create_app(query, ready=lambda: bool(routing.specs))
+    app = with_fast_get(create_app(query, ready=lambda: bool(routing.specs)), query)
     config = uvicorn.Config(app, host=host, port=http_port, log_level="warning",
                             access_log=False, http="httptools", lifespan="off",
                             timeout_graceful_shutdown=2)

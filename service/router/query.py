@@ -109,6 +109,9 @@ class QueryService:
                 if exc.code() == grpc.StatusCode.NOT_FOUND:
                     raise NotFound(exc.details() or "not found") from None
                 raise
+            if r.status == pb.RESTORING:
+                raise Unavailable(f"partition {p} of {spec.job}/{spec.operator} is being "
+                                  f"restored on {address}", self.retry_after_s, partition=p)
             if r.status != pb.NOT_OWNED:
                 return r
             await self.routing.refresh(force=True)
@@ -138,7 +141,7 @@ class QueryService:
 
     async def operator_status(self, spec: OperatorSpec) -> OperatorStatus:
         """Lowest last batch and watermark over the operator's partitions (shard Describe)."""
-        by_addr = self.routing.assignment.partitions_of(spec.job, spec.operator)
+        by_addr = self.routing.partitions_of(spec.job, spec.operator)
         replies = await asyncio.gather(
             *(self.caller.stub(a).Describe(pb.DescribeRequest(), timeout=self.caller.timeout_s)
               for a in by_addr), return_exceptions=True)
@@ -147,7 +150,7 @@ class QueryService:
             if isinstance(rep, BaseException):
                 continue
             held = {p.partition: p for p in rep.partitions
-                    if p.job == spec.job and p.operator == spec.operator}
+                    if p.job == spec.job and p.operator == spec.operator and not p.restoring}
             for p in parts:
                 if p in held:
                     available += 1

@@ -24,22 +24,22 @@ class RoutingTable:
         self.storage = storage
         self.refresh_s = refresh_s
         self.min_interval_s = min_interval_s
-        self.assignment = Assignment()
+        self.assignments: dict[str, Assignment] = {}
         self.specs: dict[tuple[str, str], OperatorSpec] = {}
         self._loaded_at = 0.0
         self._lock = asyncio.Lock()
         self._task: asyncio.Task | None = None
 
-    def _load(self) -> tuple[Assignment, dict[tuple[str, str], OperatorSpec]]:
+    def _load(self) -> tuple[dict[str, Assignment], dict[tuple[str, str], OperatorSpec]]:
         specs = {(s.job, s.operator): s for s in list_specs(self.storage)}
-        return load_assignment(self.storage), specs
+        return {job: load_assignment(self.storage, job) for job, _ in specs}, specs
 
     async def refresh(self, force: bool = False) -> None:
         async with self._lock:
             if not force and time.monotonic() - self._loaded_at < self.min_interval_s:
                 return
             try:
-                self.assignment, self.specs = await asyncio.to_thread(self._load)
+                self.assignments, self.specs = await asyncio.to_thread(self._load)
             except Exception as exc:  # storage hiccup: keep serving the last table
                 log.warning("routing refresh failed: %s", exc)
                 return
@@ -81,4 +81,9 @@ class RoutingTable:
         return spec
 
     def owner(self, job: str, operator: str, partition: int) -> str | None:
-        return self.assignment.owner(job, operator, partition)
+        a = self.assignments.get(job)
+        return a.owner(operator, partition) if a is not None else None
+
+    def partitions_of(self, job: str, operator: str) -> dict[str, list[int]]:
+        a = self.assignments.get(job)
+        return a.partitions_of(operator) if a is not None else {}

@@ -26,11 +26,21 @@ from service.storage import Storage
 log = logging.getLogger("qstate.shard")
 
 
+async def _follow_assignments(partitions: Partitions, every_s: float) -> None:
+    while True:
+        try:
+            await asyncio.to_thread(partitions.sync)
+        except Exception as exc:  # storage hiccup: keep serving what we have
+            log.warning("assignment sync failed: %s", exc)
+        await asyncio.sleep(every_s)
+
+
 async def serve(host: str, port: int, data_dir: Path, storage_uri: str, server_id: str = "",
-                metrics_port: int = 0, advertise: str = "") -> None:
+                metrics_port: int = 0, advertise: str = "", snapshot_every: int = 10,
+                poll_s: float = 0.5) -> None:
     storage = Storage(storage_uri)
     server_id = server_id or default_server_id(host, port)
-    partitions = Partitions(data_dir / server_id, storage)
+    partitions = Partitions(data_dir / server_id, storage, server_id, snapshot_every)
     server = grpc.aio.server(options=[
         ("grpc.max_receive_message_length", 64 << 20),
         ("grpc.max_send_message_length", 64 << 20),
@@ -45,6 +55,7 @@ async def serve(host: str, port: int, data_dir: Path, storage_uri: str, server_i
         host, metrics_port)
     info = ServerInfo(server_id, address, f"{host}:{bound_port(probe)}", os.getpid(), now_ms())
     register_server(storage, info)
+    follow = asyncio.create_task(_follow_assignments(partitions, poll_s))
     log.warning("shard %s serving on %s (metrics on %s)", server_id, address, info.metrics)
     print(f"qstate shard {server_id} ready grpc={address} metrics={info.metrics}", flush=True)
 
@@ -53,6 +64,7 @@ async def serve(host: str, port: int, data_dir: Path, storage_uri: str, server_i
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    follow.cancel()
     unregister_server(storage, server_id)
     await server.stop(grace=2)
     probe.should_exit = True
@@ -61,6 +73,7 @@ async def serve(host: str, port: int, data_dir: Path, storage_uri: str, server_i
 
 
 def run(host: str, port: int, data_dir: Path, storage_uri: str, server_id: str = "",
-        metrics_port: int = 0, advertise: str = "") -> None:
+        metrics_port: int = 0, advertise: str = "", snapshot_every: int = 10) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
-    asyncio.run(serve(host, port, data_dir, storage_uri, server_id, metrics_port, advertise))
+    asyncio.run(serve(host, port, data_dir, storage_uri, server_id, metrics_port, advertise,
+                      snapshot_every))

@@ -11,7 +11,13 @@ from proto import shard_pb2 as pb
 from proto import shard_pb2_grpc as pb_grpc
 from service.keys import InvalidAddress, check_key, check_name, partition_of
 from service.shard import metrics
-from service.shard.partitions import DeltaMismatch, PartitionCommit, Partitions, UnknownOperator
+from service.shard.partitions import (
+    DeltaMismatch,
+    NotOwner,
+    PartitionCommit,
+    Partitions,
+    UnknownOperator,
+)
 from service.shard.store import StaleEpoch, WindowValue
 
 MAX_KEYS = 10_000
@@ -57,7 +63,7 @@ class ShardService(pb_grpc.ShardServicer):
             res = await asyncio.to_thread(
                 self.partitions.commit, request.job, request.operator, request.batch,
                 request.watermark_ms, request.epoch, parts)
-        except StaleEpoch as exc:
+        except (StaleEpoch, NotOwner) as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         except DeltaMismatch as exc:
             await context.abort(grpc.StatusCode.DATA_LOSS, str(exc))
@@ -100,12 +106,19 @@ class ShardService(pb_grpc.ShardServicer):
         limit = min(request.limit or MAX_WINDOWS, MAX_WINDOWS)
         reply = pb.LookupReply()
         for kq in request.keys:
-            store = self.partitions.get(request.job, request.operator, kq.partition)
+            held = self.partitions.lookup(request.job, request.operator, kq.partition)
             r = reply.results.add(key=kq.key)
-            if store is None:
+            if held is None:
                 r.status = pb.NOT_OWNED
                 continue
-            meta, windows = store.read(kq.key, rng, limit)
+            if not held.ready.is_set():
+                r.status = pb.RESTORING
+                continue
+            try:
+                meta, windows = held.store.read(kq.key, rng, limit)
+            except Exception:  # closed under us: the partition just moved away
+                r.status = pb.NOT_OWNED
+                continue
             r.batch, r.watermark_ms = meta.last_batch, meta.watermark_ms
             r.status = pb.FOUND if windows else pb.ABSENT
             r.windows.extend(_window(w, idx, is_long) for w in windows)
@@ -117,8 +130,10 @@ class ShardService(pb_grpc.ShardServicer):
     async def Describe(self, request: pb.DescribeRequest, context: grpc.aio.ServicerContext
                        ) -> pb.DescribeReply:
         reply = pb.DescribeReply(server_id=self.server_id, address=self.address)
-        for (job, op, p), store in self.partitions.held():
-            reply.partitions.add(job=job, operator=op, partition=p,
-                                 last_batch=store.meta.last_batch,
-                                 watermark_ms=store.meta.watermark_ms)
+        for (job, op, p), held in self.partitions.held():
+            meta = held.store.meta
+            reply.partitions.add(job=job, operator=op, partition=p, last_batch=meta.last_batch,
+                                 watermark_ms=meta.watermark_ms,
+                                 restoring=not held.ready.is_set(),
+                                 epoch=self.partitions.epochs.get(job, 0))
         return reply

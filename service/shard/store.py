@@ -52,12 +52,20 @@ class PartitionStore:
         self.db = Rdict(str(path), _options())
         self._sync = WriteOptions()
         self._sync.sync = True  # WAL synced at each commit (DESIGN §4)
-        self.lock = threading.Lock()  # one writer at a time; readers use snapshots
+        self.lock = threading.RLock()  # one writer at a time; readers use snapshots
+        self.meta = self._load_meta()
+
+    def _load_meta(self) -> Meta:
         raw = self.db.get(META)
-        self.meta = Meta(**orjson.loads(raw)) if raw is not None else Meta()
+        return Meta(**orjson.loads(raw)) if raw is not None else Meta()
 
     def close(self) -> None:
         self.db.close()
+
+    def reopen(self) -> None:
+        """Open again after the directory was replaced (a snapshot was restored into it)."""
+        self.db = Rdict(str(self.path), _options())
+        self.meta = self._load_meta()
 
     # ---- write path -------------------------------------------------------------
     def apply(self, batch: int, watermark_ms: int, epoch: int, delta: pa.Table | None,

@@ -109,7 +109,7 @@ def cluster(tmp_path_factory):
               for i in range(2)]
     router = None
     try:
-        coord = Coordinator(storage, [s.address for s in shards])
+        coord = Coordinator(storage, "shop", [s.address for s in shards])
         coord.register(SPEC)
         # one one-minute window per key per batch
         for batch in range(BATCHES):
@@ -126,6 +126,7 @@ def cluster(tmp_path_factory):
             coord.commit(SPEC, batch, batch * WINDOW, written)
         router = RouterProcess.make(storage.uri, tmp / "logs").start_and_wait()
         yield router
+        coord.stop()
     finally:
         if router is not None:
             router.stop()

@@ -37,7 +37,7 @@ def cluster(tmp_path_factory):
     save_spec(storage, SPEC)
     shards = [ShardProcess.make(f"r{i}", tmp / "data", storage.uri, tmp / "logs").start_and_wait()
               for i in range(2)]
-    coord = Coordinator(storage, [s.address for s in shards])
+    coord = Coordinator(storage, "shop", [s.address for s in shards])
     coord.register(SPEC)
     # three one-minute windows per key, one batch each
     for batch in range(3):
@@ -53,6 +53,7 @@ def cluster(tmp_path_factory):
         coord.commit(SPEC, batch, batch * 60_000, written)
     router = RouterProcess.make(storage.uri, tmp / "logs").start_and_wait()
     yield storage, shards, router, coord
+    coord.stop()
     router.stop()
     for s in shards:
         s.stop()
@@ -146,7 +147,7 @@ def test_grpc_get_multiget_and_errors(cluster) -> None:
 def test_killed_shard_is_a_fast_503_while_other_shards_answer(cluster) -> None:
     _storage, shards, router, coord = cluster
     victim = shards[1]
-    owned = set(coord.assignment.partitions_of("shop", "views_1m")[victim.address])
+    owned = set(coord.assignment.partitions_of("views_1m")[victim.address])
     dead_key = next(k for k in KEYS if partition_of(k, P) in owned)
     live_key = next(k for k in KEYS if partition_of(k, P) not in owned)
     victim.kill()

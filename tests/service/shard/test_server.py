@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import grpc
@@ -10,6 +11,8 @@ import pytest
 
 from proto import shard_pb2 as pb
 from service import delta as deltas
+from service.assignment import Assignment, save_assignment
+from service.batches import BatchManifest, write_manifest
 from service.keys import partition_of
 from service.operator import OperatorSpec, WindowSpec, save_spec
 from service.procs import ShardProcess
@@ -35,8 +38,10 @@ def env(tmp_path: Path):
     storage = Storage(str(tmp_path / "storage"))
     save_spec(storage, SPEC)
     shard = ShardProcess.make("t0", tmp_path / "data", storage.uri, tmp_path / "logs")
+    save_assignment(storage, Assignment("j", 1, {"t0": shard.address}, {"op": ["t0"] * 4}))
     shard.start_and_wait()
     clients = ShardClients()
+    wait_ready(clients.stub(shard.address), 4)
     yield storage, shard, clients.stub(shard.address)
     clients.close()
     shard.stop()
@@ -45,13 +50,34 @@ def env(tmp_path: Path):
 KEYS = [f"k{i}" for i in range(40)]
 
 
-def commit(stub, storage: Storage, batch: int, parts=range(4), write=True, rows=None):
-    req = pb.CommitRequest(job="j", operator="op", batch=batch, watermark_ms=batch * 10, epoch=1)
+def wait_ready(stub, n: int, timeout: float = 10.0) -> None:
+    """Until the server has taken up its ``n`` assigned partitions."""
+    deadline = time.monotonic() + timeout
+    while True:
+        d = stub.Describe(pb.DescribeRequest(), timeout=5)
+        if len(d.partitions) == n and not any(p.restoring for p in d.partitions):
+            return
+        assert time.monotonic() < deadline, d
+        time.sleep(0.05)
+
+
+def write_batch(storage: Storage, batch: int, parts=range(4)) -> dict[int, int]:
+    """What the job's executors and driver write before a commit: deltas + the manifest."""
+    written = {}
     for p in parts:
         t = delta_for(p, batch, KEYS)
-        if write:
-            deltas.write_delta(storage, SPEC, p, batch, t)
-        req.partitions.add(partition=p, has_delta=True, rows=t.num_rows if rows is None else rows)
+        deltas.write_delta(storage, SPEC, p, batch, t)
+        written[p] = t.num_rows
+    write_manifest(storage, "j", "op", BatchManifest(batch, batch * 10, written))
+    return written
+
+
+def commit(stub, storage: Storage, batch: int, parts=range(4), rows=None, epoch=1):
+    written = write_batch(storage, batch, parts)
+    req = pb.CommitRequest(job="j", operator="op", batch=batch, watermark_ms=batch * 10,
+                           epoch=epoch)
+    for p in parts:
+        req.partitions.add(partition=p, has_delta=True, rows=written[p] if rows is None else rows)
     return stub.Commit(req, timeout=10)
 
 
@@ -94,21 +120,38 @@ def test_bad_requests_get_clear_status_codes(env) -> None:
         with pytest.raises(grpc.RpcError) as err:
             stub.MultiGet(pb.LookupRequest(**req), timeout=5)
         assert err.value.code() == code and text in err.value.details()
-    # a partition this server never received is NOT_OWNED, so routers refresh
-    k = next(k for k in KEYS if partition_of(k, 4) != 0)
-    assert lookup(stub, [k]).results[0].status == pb.NOT_OWNED
+    # a stale writer (an older epoch than the assignment's) is refused
+    with pytest.raises(grpc.RpcError) as err:
+        commit(stub, storage, 1, parts=[0], epoch=0)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "stale epoch" in err.value.details()
     # the committer announced rows the delta file does not have
     with pytest.raises(grpc.RpcError) as err:
         commit(stub, storage, 1, parts=[0], rows=12345)
     assert err.value.code() == grpc.StatusCode.DATA_LOSS
 
 
+def test_moved_partition_is_not_owned_any_more(env) -> None:
+    storage, shard, stub = env
+    commit(stub, storage, 0)
+    save_assignment(storage, Assignment("j", 2, {"t0": shard.address, "other": "x:1"},
+                                        {"op": ["t0", "t0", "t0", "other"]}))
+    k = next(k for k in KEYS if partition_of(k, 4) == 3)
+    deadline = time.monotonic() + 5
+    while lookup(stub, [k]).results[0].status != pb.NOT_OWNED:
+        assert time.monotonic() < deadline, "the shard did not follow the new assignment"
+        time.sleep(0.1)
+    with pytest.raises(grpc.RpcError) as err:
+        commit(stub, storage, 1, epoch=2)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "not owned" in err.value.details()
+
+
 def test_gap_is_closed_from_deltas_and_kill9_keeps_committed_state(env, tmp_path) -> None:
     storage, shard, stub = env
     commit(stub, storage, 0)
     for b in (1, 2):  # written by the job while this server missed the commits
-        for p in range(4):
-            deltas.write_delta(storage, SPEC, p, b, delta_for(p, b, KEYS))
+        write_batch(storage, b)
     rep = commit(stub, storage, 3)
     assert rep.caught_up_batches == 4 * 2
     got = lookup(stub, KEYS, range=True, from_ms=0, to_ms=1000)
@@ -116,5 +159,6 @@ def test_gap_is_closed_from_deltas_and_kill9_keeps_committed_state(env, tmp_path
     shard.kill()
     shard.start_and_wait()
     stub = ShardClients().stub(shard.address)
+    wait_ready(stub, 4)
     after = lookup(stub, KEYS, range=True, from_ms=0, to_ms=1000)
     assert after == got
