@@ -26,6 +26,8 @@ class ServerInfo:
     metrics: str = ""  # host:port of /metrics
     pid: int = 0
     started_ms: int = 0
+    hostname: str = ""  # with data_dir: lets a router on the same host read in-process
+    data_dir: str = ""
 
 
 @dataclass

@@ -99,13 +99,17 @@ def router(
     http_port: Annotated[int | None, typer.Option(envvar="QSTATE_HTTP_PORT")] = None,
     grpc_port: Annotated[int | None, typer.Option(envvar="QSTATE_GRPC_PORT")] = None,
     storage: Annotated[str | None, typer.Option(help="Checkpoint storage path or URI.")] = None,
+    local_reads: Annotated[bool | None, typer.Option(
+        envvar="QSTATE_LOCAL_READS",
+        help="Read co-located shards in-process instead of over gRPC.")] = None,
 ) -> None:
     """Run a router: HTTP and gRPC queries, routed to the shard owning each key."""
     from service.router.main import run
 
     cfg = settings()
     run(host or cfg.router_host, http_port or cfg.http_port, grpc_port or cfg.grpc_port,
-        storage or cfg.storage_uri, cfg.shard_timeout_s, cfg.retry_after_s)
+        storage or cfg.storage_uri, cfg.shard_timeout_s, cfg.retry_after_s,
+        cfg.local_reads if local_reads is None else local_reads)
 
 
 @app.command()

@@ -67,6 +67,10 @@ class Settings(BaseSettings):
         1.0, gt=0, description="Router: deadline of a shard lookup before answering 503."
     )
     retry_after_s: float = Field(1.0, gt=0, description="Retry-After sent with a 503.")
+    local_reads: bool = Field(
+        True, description="Router: read partitions of shards on the same host in-process "
+        "(RocksDB secondary instances) instead of over gRPC."
+    )
     router_url: str = Field("http://127.0.0.1:8000", description="Where `qstate get` asks.")
 
     @property

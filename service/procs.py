@@ -99,10 +99,10 @@ class RouterProcess(Child):
 
     @classmethod
     def make(cls, storage: str, log_dir: Path, name: str = "router",
-             env: dict[str, str] | None = None) -> RouterProcess:
+             env: dict[str, str] | None = None, *extra: str) -> RouterProcess:
         http_port, grpc_port = free_port(), free_port()
         args = qstate_command("router", "--http-port", str(http_port), "--grpc-port",
-                              str(grpc_port), "--storage", storage)
+                              str(grpc_port), "--storage", storage, *extra)
         return cls(name, args, log_dir / f"{name}.log", env, http_port=http_port,
                    grpc_port=grpc_port)
 

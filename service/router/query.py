@@ -7,15 +7,20 @@ import time
 from dataclasses import dataclass, field
 
 import grpc
+from prometheus_client import Counter
 
 from proto import shard_pb2 as pb
 from service.errors import InvalidRequest, NotFound, Unavailable
 from service.keys import InvalidAddress, check_key, check_name, partition_of
 from service.operator import OperatorSpec
 from service.router.coalesce import ShardCaller
+from service.router.local import LocalReader
 from service.router.routing import RoutingTable
 
 MAX_BATCH_KEYS = 1000
+READS = Counter("qstate_router_shard_reads_total",
+                "Key lookups by path: in-process from a co-located shard, or over gRPC", ["path"])
+LOCAL, REMOTE = READS.labels("local"), READS.labels("grpc")
 
 
 @dataclass(frozen=True)
@@ -72,15 +77,50 @@ def check_range(rng: tuple[int, int] | None) -> None:
         raise InvalidRequest(f"empty time range: 'to' ({rng[1]}) must be after 'from' ({rng[0]})")
 
 
+@dataclass(frozen=True)
+class Hit:
+    found: bool
+    batch: int
+    watermark_ms: int
+    windows: list[WindowAnswer]
+
+
+def _from_pb(r: pb.KeyResult) -> Hit:
+    return Hit(r.status == pb.FOUND, r.batch, r.watermark_ms, _windows(r))
+
+
 class QueryService:
     def __init__(self, routing: RoutingTable, caller: ShardCaller,
-                 retry_after_s: float = 1.0) -> None:
+                 retry_after_s: float = 1.0, local: LocalReader | None = None) -> None:
         self.routing = routing
         self.caller = caller
         self.retry_after_s = retry_after_s
+        self.local = local
+
+    def _local(self, spec: OperatorSpec, state: str, key: str,
+               rng: tuple[int, int] | None) -> Hit | None:
+        if self.local is None:
+            return None
+        p = partition_of(key, spec.partitions)
+        address = self.routing.owner(spec.job, spec.operator, p)
+        res = address and self.local.read(address, spec.job, spec.operator, p, key, rng)
+        if not res:
+            return None
+        LOCAL.inc()
+        meta, ws = res
+        i = spec.state_names.index(state)
+        return Hit(bool(ws), meta.last_batch, meta.watermark_ms,
+                   [WindowAnswer(w.start, w.end, w.values[i]) for w in ws])
 
     async def _one(self, spec: OperatorSpec, state: str, key: str,
-                   rng: tuple[int, int] | None) -> pb.KeyResult:
+                   rng: tuple[int, int] | None) -> Hit:
+        hit = self._local(spec, state, key, rng)
+        if hit is not None:
+            return hit
+        return await self._remote(spec, state, key, rng)
+
+    async def _remote(self, spec: OperatorSpec, state: str, key: str,
+                      rng: tuple[int, int] | None) -> Hit:
         p = partition_of(key, spec.partitions)
         for attempt in (0, 1):
             address = self.routing.owner(spec.job, spec.operator, p)
@@ -90,6 +130,7 @@ class QueryService:
             if address is None:
                 raise Unavailable(f"partition {p} of {spec.job}/{spec.operator} has no "
                                   f"shard server yet", self.retry_after_s, partition=p)
+            REMOTE.inc()
             try:
                 r = await self.caller.lookup(address, spec.job, spec.operator, state,
                                              pb.KeyQuery(key=key, partition=p), rng)
@@ -113,14 +154,14 @@ class QueryService:
                 raise Unavailable(f"partition {p} of {spec.job}/{spec.operator} is being "
                                   f"restored on {address}", self.retry_after_s, partition=p)
             if r.status != pb.NOT_OWNED:
-                return r
+                return _from_pb(r)
             await self.routing.refresh(force=True)
         raise Unavailable(f"partition {p} of {spec.job}/{spec.operator} is moving between "
                           f"shard servers", self.retry_after_s, partition=p)
 
-    def _answer(self, spec: OperatorSpec, state: str, key: str, r: pb.KeyResult) -> Answer:
-        return Answer(spec.job, spec.operator, state, key, r.status == pb.FOUND, r.batch,
-                      r.watermark_ms, _windows(r))
+    def _answer(self, spec: OperatorSpec, state: str, key: str, h: Hit) -> Answer:
+        return Answer(spec.job, spec.operator, state, key, h.found, h.batch, h.watermark_ms,
+                      h.windows)
 
     async def get(self, job: str, operator: str, state: str, key: str,
                   rng: tuple[int, int] | None = None) -> Answer:
@@ -136,8 +177,15 @@ class QueryService:
         validate(job, operator, state, keys)
         check_range(rng)
         spec = await self.routing.spec(job, operator, state)
-        results = await asyncio.gather(*(self._one(spec, state, k, rng) for k in keys))
-        return [self._answer(spec, state, k, r) for k, r in zip(keys, results, strict=True)]
+        hits = [self._local(spec, state, k, rng) for k in keys]
+        missing = [i for i, h in enumerate(hits) if h is None]
+        if missing:
+            remote = await asyncio.gather(*(self._remote(spec, state, keys[i], rng)
+                                            for i in missing))
+            for i, h in zip(missing, remote, strict=True):
+                hits[i] = h
+        return [self._answer(spec, state, k, h) for k, h in zip(keys, hits, strict=True)
+                if h is not None]
 
     async def operator_status(self, spec: OperatorSpec) -> OperatorStatus:
         """Lowest last batch and watermark over the operator's partitions (shard Describe)."""

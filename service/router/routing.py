@@ -10,7 +10,7 @@ import asyncio
 import logging
 import time
 
-from service.assignment import Assignment, load_assignment
+from service.assignment import Assignment, ServerInfo, list_servers, load_assignment
 from service.errors import NotFound
 from service.operator import OperatorSpec, list_specs
 from service.storage import Storage
@@ -21,6 +21,7 @@ log = logging.getLogger("qstate.router")
 class RoutingTable:
     def __init__(self, storage: Storage, refresh_s: float = 1.0,
                  min_interval_s: float = 0.1) -> None:
+        self.servers: list[ServerInfo] = []
         self.storage = storage
         self.refresh_s = refresh_s
         self.min_interval_s = min_interval_s
@@ -30,16 +31,19 @@ class RoutingTable:
         self._lock = asyncio.Lock()
         self._task: asyncio.Task | None = None
 
-    def _load(self) -> tuple[dict[str, Assignment], dict[tuple[str, str], OperatorSpec]]:
+    def _load(self) -> tuple[dict[str, Assignment], dict[tuple[str, str], OperatorSpec],
+                             list[ServerInfo]]:
         specs = {(s.job, s.operator): s for s in list_specs(self.storage)}
-        return {job: load_assignment(self.storage, job) for job, _ in specs}, specs
+        assignments = {job: load_assignment(self.storage, job) for job, _ in specs}
+        return assignments, specs, list_servers(self.storage)
 
     async def refresh(self, force: bool = False) -> None:
         async with self._lock:
             if not force and time.monotonic() - self._loaded_at < self.min_interval_s:
                 return
             try:
-                self.assignments, self.specs = await asyncio.to_thread(self._load)
+                self.assignments, self.specs, self.servers = await asyncio.to_thread(
+                    self._load)
             except Exception as exc:  # storage hiccup: keep serving the last table
                 log.warning("routing refresh failed: %s", exc)
                 return

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 from pathlib import Path
 
 import grpc
@@ -53,7 +54,8 @@ async def serve(host: str, port: int, data_dir: Path, storage_uri: str, server_i
     probe, probe_task = await serve_probe(
         probe_app(lambda: True, lambda: {"server_id": server_id, "address": address}),
         host, metrics_port)
-    info = ServerInfo(server_id, address, f"{host}:{bound_port(probe)}", os.getpid(), now_ms())
+    info = ServerInfo(server_id, address, f"{host}:{bound_port(probe)}", os.getpid(), now_ms(),
+                      socket.gethostname(), str((data_dir / server_id).resolve()))
     register_server(storage, info)
     follow = asyncio.create_task(_follow_assignments(partitions, poll_s))
     log.warning("shard %s serving on %s (metrics on %s)", server_id, address, info.metrics)

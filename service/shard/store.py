@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import threading
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +31,9 @@ class WindowValue:
     values: list[int | float | None]
 
 
+MARKER = "QSTATE_COMMITTED"
+
+
 class StaleEpoch(RuntimeError):
     pass
 
@@ -47,6 +52,7 @@ def _options() -> Options:
 class PartitionStore:
     def __init__(self, path: Path, state_names: list[str]) -> None:
         path.mkdir(parents=True, exist_ok=True)
+        self.token = uuid.uuid4().hex[:12]
         self.path = path
         self.state_names = state_names
         self.db = Rdict(str(path), _options())
@@ -54,6 +60,14 @@ class PartitionStore:
         self._sync.sync = True  # WAL synced at each commit (DESIGN §4)
         self.lock = threading.RLock()  # one writer at a time; readers use snapshots
         self.meta = self._load_meta()
+        self._mark()
+
+    def _mark(self) -> None:
+        """Publish "incarnation batch" for same-host readers (secondary instances): a cheap
+        file read tells them when to catch up with the WAL, or to reopen after a restore."""
+        tmp = self.path / f".{MARKER}.tmp"
+        tmp.write_text(f"{self.token} {self.meta.last_batch}")
+        os.replace(tmp, self.path / MARKER)
 
     def _load_meta(self) -> Meta:
         raw = self.db.get(META)
@@ -65,7 +79,9 @@ class PartitionStore:
     def reopen(self) -> None:
         """Open again after the directory was replaced (a snapshot was restored into it)."""
         self.db = Rdict(str(self.path), _options())
+        self.token = uuid.uuid4().hex[:12]  # a new incarnation: readers must reopen
         self.meta = self._load_meta()
+        self._mark()
 
     # ---- write path -------------------------------------------------------------
     def apply(self, batch: int, watermark_ms: int, epoch: int, delta: pa.Table | None,
@@ -86,6 +102,7 @@ class PartitionStore:
             wb.put(META, orjson.dumps(meta.__dict__))
             self.db.write(wb, self._sync)
             self.meta = meta
+            self._mark()
             return True
 
     def _upsert(self, wb: WriteBatch, delta: pa.Table) -> None:
@@ -119,39 +136,46 @@ class PartitionStore:
         return n
 
     # ---- read path --------------------------------------------------------------
-    def _decode(self, k: bytes, v: bytes) -> WindowValue:
-        end, *vals = orjson.loads(v)
-        start = layout.start_of(k)
-        return WindowValue(None if start == NO_WINDOW else start, end, vals)
-
     def read(self, key: str, range_ms: tuple[int, int] | None = None,
              limit: int = 1000) -> tuple[Meta, list[WindowValue]]:
-        """The key's latest window, or its windows starting in ``[from, to)`` oldest first,
-        with the meta of the batch they belong to (one snapshot: read-committed)."""
-        snap = self.db.snapshot()
-        it = snap.iter()
-        it.seek(META)
-        meta = Meta(**orjson.loads(it.value())) if it.valid() and it.key() == META else Meta()
-        prefix = layout.key_prefix(key)
-        out: list[WindowValue] = []
-        if range_ms is None:
-            it.seek_for_prev(prefix + b"\xff" * 8)
-            if it.valid() and it.key().startswith(prefix) and len(it.key()) == len(prefix) + 8:
-                out.append(self._decode(it.key(), it.value()))
-            return meta, out
-        lo, hi = range_ms
-        it.seek(prefix + layout.enc_time(lo))
-        stop = prefix + layout.enc_time(hi)
-        while it.valid() and len(out) < limit:
-            k = it.key()
-            if k >= stop or not k.startswith(prefix):
-                break
-            out.append(self._decode(k, it.value()))
-            it.next()
-        return meta, out
+        return read_windows(self.db, key, range_ms, limit)
 
     def approximate_keys(self) -> int:
         try:
             return int(self.db.property_int_value("rocksdb.estimate-num-keys") or 0)
         except Exception:  # property missing on some builds: an estimate is optional
             return 0
+
+
+def _decode(k: bytes, v: bytes) -> WindowValue:
+    end, *vals = orjson.loads(v)
+    start = layout.start_of(k)
+    return WindowValue(None if start == NO_WINDOW else start, end, vals)
+
+
+def read_windows(db: Rdict, key: str, range_ms: tuple[int, int] | None = None,
+                 limit: int = 1000) -> tuple[Meta, list[WindowValue]]:
+    """The key's latest window, or its windows starting in ``[from, to)`` oldest first, with
+    the meta of the batch they belong to. One snapshot: read-committed. Works on a primary
+    and on a secondary instance alike."""
+    snap = db.snapshot()
+    it = snap.iter()
+    it.seek(META)
+    meta = Meta(**orjson.loads(it.value())) if it.valid() and it.key() == META else Meta()
+    prefix = layout.key_prefix(key)
+    out: list[WindowValue] = []
+    if range_ms is None:
+        it.seek_for_prev(prefix + b"\xff" * 8)
+        if it.valid() and it.key().startswith(prefix):
+            out.append(_decode(it.key(), it.value()))
+        return meta, out
+    lo, hi = range_ms
+    it.seek(prefix + layout.enc_time(lo))
+    stop = prefix + layout.enc_time(hi)
+    while it.valid() and len(out) < limit:
+        k = it.key()
+        if k >= stop or not k.startswith(prefix):
+            break
+        out.append(_decode(k, it.value()))
+        it.next()
+    return meta, out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -84,6 +85,9 @@ def test_http_latest_range_and_batch_get(cluster) -> None:
         "jobs": [{"name": "shop", "operators": ["views_1m"]}]}
     metrics = httpx.get(f"{router.url}/metrics").text
     assert "qstate_router_http_requests_total" in metrics
+    # the shards run on this host: lookups are read in-process, not over gRPC
+    local = re.search(r'qstate_router_shard_reads_total\{path="local"\} ([\d.e+]+)', metrics)
+    assert local and float(local.group(1)) >= len(KEYS)
     assert httpx.get(f"{router.url}/openapi.json").json()["paths"]
 
 

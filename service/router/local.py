@@ -1,0 +1,114 @@
+"""In-process reads of partitions whose shard server runs on this host (DESIGN §5).
+
+A unary Python gRPC hop costs ~280 µs of CPU a side; a RocksDB read ~2 µs. For a shard on
+the same host the router opens each partition as a RocksDB *secondary* instance and reads
+it directly. Freshness: the shard rewrites a small marker file ("incarnation batch") after
+every commit; a read compares it (one small file read) and catches the secondary up with
+the WAL only when it changed, or reopens it after a restore. Safety: only partitions the
+owner reports ready (Describe, every ``ping_s``) and only while the owner's process is
+alive; anything else goes over gRPC, which gives the right 503.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from rocksdict import AccessType, Options, Rdict
+
+from service.assignment import ServerInfo
+from service.shard.store import MARKER, Meta, WindowValue, read_windows
+
+log = logging.getLogger("qstate.router.local")
+Key = tuple[str, str, str, int]  # address, job, operator, partition
+
+
+@dataclass
+class _Secondary:
+    db: Rdict
+    marker: bytes
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class LocalReader:
+    def __init__(self, scratch: Path) -> None:
+        self.hostname = socket.gethostname()
+        self.scratch = scratch
+        self.servers: dict[str, ServerInfo] = {}  # address -> co-located server
+        self.ready: dict[str, set[tuple[str, str, int]]] = {}
+        self._dbs: dict[Key, _Secondary] = {}
+        self.hits = 0
+
+    def set_servers(self, infos: list[ServerInfo]) -> None:
+        local = {i.address: i for i in infos
+                 if i.hostname == self.hostname and i.data_dir and Path(i.data_dir).is_dir()}
+        for k in [k for k in self._dbs if k[0] not in local
+                  or local[k[0]].pid != self.servers.get(k[0], local[k[0]]).pid]:
+            self._close(k)
+        self.servers = local
+
+    def set_ready(self, address: str, partitions: set[tuple[str, str, int]]) -> None:
+        self.ready[address] = partitions
+        for k in [k for k in self._dbs if k[0] == address and k[1:] not in partitions]:
+            self._close(k)
+
+    def _close(self, k: Key) -> None:
+        sec = self._dbs.pop(k, None)
+        if sec is not None:
+            sec.db.close()
+
+    def close(self) -> None:
+        for k in list(self._dbs):
+            self._close(k)
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+    def _open(self, k: Key, path: Path, marker: bytes) -> _Secondary:
+        self._close(k)
+        opts = Options(raw_mode=True)
+        opts.set_max_open_files(-1)  # required by secondary instances
+        secondary = self.scratch / k[0].replace(":", "_") / k[1] / k[2] / str(k[3])
+        secondary.mkdir(parents=True, exist_ok=True)
+        sec = _Secondary(Rdict(str(path), opts,
+                               access_type=AccessType.secondary(str(secondary))), marker)
+        self._dbs[k] = sec
+        return sec
+
+    def read(self, address: str, job: str, operator: str, partition: int, key: str,
+             rng: tuple[int, int] | None, limit: int = 10_000
+             ) -> tuple[Meta, list[WindowValue]] | None:
+        """The answer from the owner's files, or None: ask the owner over gRPC."""
+        info = self.servers.get(address)
+        if info is None or (job, operator, partition) not in self.ready.get(address, ()):
+            return None
+        if not _pid_alive(info.pid):
+            return None
+        path = Path(info.data_dir) / job / operator / f"p{partition:05d}"
+        k = (address, job, operator, partition)
+        try:
+            marker = (path / MARKER).read_bytes()
+            sec = self._dbs.get(k)
+            if sec is None or sec.marker.split(b" ", 1)[0] != marker.split(b" ", 1)[0]:
+                sec = self._open(k, path, marker)  # first read, or a new incarnation
+            elif sec.marker != marker:
+                sec.db.try_catch_up_with_primary()
+                sec.marker = marker
+            result = read_windows(sec.db, key, rng, limit)
+        except Exception as exc:  # files moving under us (restore, drop): use gRPC
+            log.debug("local read of %s failed: %s", k, exc)
+            self._close(k)
+            return None
+        self.hits += 1
+        return result
