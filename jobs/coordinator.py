@@ -18,9 +18,10 @@ import grpc
 
 from proto import shard_pb2 as pb
 from service.assignment import Assignment, list_servers, load_assignment, reassign, save_assignment
-from service.batches import BatchManifest, write_manifest
+from service.batches import BatchManifest, delete_manifests_through, write_manifest
 from service.operator import OperatorSpec
 from service.shard.client import ShardClients
+from service.shard.snapshot import list_snapshots
 from service.storage import Storage
 
 log = logging.getLogger("qstate.coordinator")
@@ -49,6 +50,7 @@ class Coordinator:
     commit_timeout_s: float = 30.0
     lease_s: float = 3.0
     heartbeat_s: float = 0.5
+    gc_every: int = 20  # batches between collections of old batch manifests
     clients: ShardClients = field(default_factory=ShardClients)
     assignment: Assignment = field(init=False)
     operators: dict[str, int] = field(default_factory=dict)  # name -> partitions
@@ -175,7 +177,20 @@ class Coordinator:
                 time.sleep(min(delay, max(0.0, deadline - time.perf_counter())))
                 delay = min(delay * 2, 1.0)
         outcome.seconds = time.perf_counter() - t0
+        if batch % self.gc_every == 0:
+            self.collect_manifests(spec)
         return outcome
+
+    def collect_manifests(self, spec: OperatorSpec) -> int:
+        """Delete batch manifests no restore can need: those at or before the oldest kept
+        snapshot of every partition (a partition with no snapshot yet keeps them all)."""
+        oldest = []
+        for p in range(spec.partitions):
+            snaps = list_snapshots(self.storage, spec.job, spec.operator, p)
+            if not snaps:
+                return 0
+            oldest.append(snaps[0])
+        return delete_manifests_through(self.storage, spec.job, spec.operator, min(oldest))
 
 
 _coordinators: dict[tuple[str, str], Coordinator] = {}

@@ -164,6 +164,55 @@ def run(
     raise typer.Exit(code)
 
 
+state_app = typer.Typer(help="Inspect served state.", no_args_is_help=True)
+app.add_typer(state_app, name="state")
+
+
+@state_app.command("inspect")
+def state_inspect(
+    job: Annotated[str | None, typer.Argument(help="Only this job.")] = None,
+    storage: Annotated[str | None, typer.Option(help="Checkpoint storage path or URI.")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="JSON lines instead of a table.")
+                        ] = False,
+) -> None:
+    """Per operator and partition: owner, state, last batch, watermark, snapshot, deltas.
+
+    Exit code 1 when a partition is down, restoring or unassigned.
+    """
+    from dataclasses import asdict
+
+    import orjson
+    from rich.console import Console
+    from rich.table import Table
+
+    from service.inspect import inspect
+    from service.storage import Storage
+
+    rows, summary = inspect(Storage(storage or settings().storage_uri), job)
+    if json_out:
+        for r in rows:
+            typer.echo(orjson.dumps(asdict(r)).decode())
+    else:
+        console = Console()
+        for name, s in summary.items():
+            console.print(f"[bold]{name}[/bold] epoch {s['epoch']}, {s['partitions']} "
+                          f"partitions, newest batch {s['newest_batch']}, "
+                          f"{s['manifests']} batch manifests kept")
+        table = Table("job", "operator", "partition", "owner", "state", "last batch",
+                      "watermark", "snapshot", "deltas")
+        for r in rows:
+            style = None if r.state == "ready" else "red"
+            table.add_row(r.job, r.operator, str(r.partition), r.owner, r.state,
+                          str(r.last_batch if r.last_batch is not None else "-"),
+                          str(r.watermark_ms if r.watermark_ms is not None else "-"),
+                          str(r.snapshot_batch if r.snapshot_batch is not None else "-"),
+                          str(r.delta_files), style=style)
+        console.print(table)
+    if not rows:
+        typer.echo("no queryable operators in storage", err=True)
+    raise typer.Exit(1 if any(r.state != "ready" for r in rows) else 0)
+
+
 def _mount_generate() -> None:
     from loadtest.generate import generate
 

@@ -18,9 +18,11 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
+import orjson
 from rocksdict import AccessType, Options, Rdict
 
 from service.assignment import ServerInfo
+from service.shard.layout import META
 from service.shard.store import MARKER, Meta, WindowValue, read_windows
 
 log = logging.getLogger("qstate.router.local")
@@ -31,6 +33,11 @@ Key = tuple[str, str, str, int]  # address, job, operator, partition
 class _Secondary:
     db: Rdict
     marker: bytes
+
+
+def _batch_of(db: Rdict) -> int:
+    raw = db.get(META)
+    return int(orjson.loads(raw)["last_batch"]) if raw is not None else -1
 
 
 def _pid_alive(pid: int) -> bool:
@@ -105,6 +112,10 @@ class LocalReader:
             elif sec.marker != marker:
                 sec.db.try_catch_up_with_primary()
                 sec.marker = marker
+                if _batch_of(sec.db) < int(marker.split(b" ", 1)[1]):
+                    # seen after a flush+checkpoint on a restored primary: the WAL tail
+                    # was not followed; a fresh secondary sees everything
+                    sec = self._open(k, path, marker)
             result = read_windows(sec.db, key, rng, limit)
         except Exception as exc:  # files moving under us (restore, drop): use gRPC
             log.debug("local read of %s failed: %s", k, exc)

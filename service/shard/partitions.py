@@ -125,6 +125,7 @@ class Partitions:
     def _drop(self, k: Key) -> None:
         held = self._held.pop(k)
         with held.store.lock:  # after any batch being applied
+            held.store.retire()
             held.store.close()
 
     def _bring_up(self, k: Key, held: Held) -> None:

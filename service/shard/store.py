@@ -69,6 +69,10 @@ class PartitionStore:
         tmp.write_text(f"{self.token} {self.meta.last_batch}")
         os.replace(tmp, self.path / MARKER)
 
+    def retire(self) -> None:
+        """No longer ours: same-host readers must stop reading these files at once."""
+        (self.path / MARKER).unlink(missing_ok=True)
+
     def _load_meta(self) -> Meta:
         raw = self.db.get(META)
         return Meta(**orjson.loads(raw)) if raw is not None else Meta()
