@@ -99,7 +99,7 @@ class Coordinator:
         """Add an operator; the first call also fences any older writer (epoch + 1)."""
         with self._lock:
             self.operators[spec.operator] = spec.partitions
-            if not self._live_known():
+            if not self.live():
                 self.probe()
             self._rebalance(bump=not self._started)
             if not self._started:
@@ -107,9 +107,6 @@ class Coordinator:
                 threading.Thread(target=self._monitor, name=f"coordinator-{self.job}",
                                  daemon=True).start()
             return self.assignment
-
-    def _live_known(self) -> bool:
-        return bool(self.live())
 
     def _monitor(self) -> None:
         while not self._stop.wait(self.heartbeat_s):

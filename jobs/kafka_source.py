@@ -295,7 +295,33 @@ def _raise_for_error(rng: KafkaRange, err: KafkaError) -> None:
         return
     if err.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
         raise KafkaRangeUnavailable(f"{_describe(rng)}: {err.str()}")
+    if err.retriable() or err.code() in _TRANSIENT:
+        # a broker restarting or a leader moving: keep polling; the stall timeout bounds it
+        log.warning("%s: %s; still reading", _describe(rng), err.str())
+        return
     raise KafkaException(err)
+
+
+_TRANSIENT = {KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN,
+              KafkaError._UNKNOWN_PARTITION, KafkaError.UNKNOWN_TOPIC_OR_PART,
+              KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE}
+
+
+def _watermarks_retrying(consumer: Consumer, tp: TopicPartition,
+                         timeout: float) -> tuple[int, int]:
+    """A broker that is restarting answers "unknown partition" or nothing for a while: wait
+    for it (up to ``timeout``) rather than fail the task, which a local master won't retry."""
+    deadline = time.monotonic() + timeout
+    delay = 0.1
+    while True:
+        try:
+            return consumer.get_watermark_offsets(tp, timeout=METADATA_TIMEOUT_S, cached=False)
+        except KafkaException as exc:
+            if time.monotonic() + delay > deadline:
+                raise
+            log.warning("%s[%d]: %s; retrying", tp.topic, tp.partition, exc)
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
 
 
 def read_range(
@@ -314,8 +340,7 @@ def read_range(
         return
     consumer = _worker_consumer(opts.consumer_conf())
     tp = TopicPartition(rng.topic, rng.partition)
-    # A KafkaException here (broker unreachable) is transient: let the task fail and retry.
-    low, high = consumer.get_watermark_offsets(tp, timeout=METADATA_TIMEOUT_S, cached=False)
+    low, high = _watermarks_retrying(consumer, tp, stall_timeout)
     # Checked up front so a lost range fails in milliseconds with a clear reason instead of
     # after a fetch error or a stall timeout.
     if rng.start < low:

@@ -63,7 +63,8 @@ def job(
         help="Cap rows read per batch (per query).")] = None,
     mapping: Annotated[Path | None, typer.Option(
         help="ads: ad_id -> campaign_id JSON (written by `qstate generate ads`).")] = None,
-    master: Annotated[str, typer.Option(help="Spark master.")] = "local[2]",
+    master: Annotated[str, typer.Option(
+        help="Spark master; local[2,4] retries a failed task up to 4 times.")] = "local[2,4]",
     metrics_port: Annotated[int, typer.Option(help="Prometheus port (0: off).")] = 0,
     live: Annotated[bool, typer.Option(help="Show a live status line.")] = True,
     conf: Annotated[list[str] | None, typer.Option(

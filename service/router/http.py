@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import orjson
@@ -90,7 +90,6 @@ def parse_time(name: str, value: str | None) -> int | None:
         raise InvalidRequest(f"'{name}' must be epoch milliseconds or ISO-8601 "
                              f"(e.g. 2026-01-01T10:00:00Z), not {value!r}") from None
     if dt.tzinfo is None:
-        from datetime import UTC
         dt = dt.replace(tzinfo=UTC)
     return int(dt.timestamp() * 1000)
 

@@ -108,11 +108,11 @@ class Partitions:
                 return
             mine = {(a.job, op, p) for op, p in a.owned_by(self.server_id)}
             current = {k for k in self._held if k[0] == a.job}
+            self.epochs[a.job] = a.epoch  # before acquiring: catch-up writes at this epoch
             for k in current - mine:
                 self._drop(k)
             for k in sorted(mine - current):
                 self._acquire(k)
-            self.epochs[a.job] = a.epoch
             log.warning("epoch %d of %s: %d partitions here (+%d -%d)", a.epoch, a.job,
                         len(mine), len(mine - current), len(current - mine))
 
@@ -129,14 +129,18 @@ class Partitions:
             held.store.close()
 
     def _bring_up(self, k: Key, held: Held) -> None:
-        """Catch up to the newest batch in storage, then serve (restore on a new server)."""
-        try:
-            batches = manifest_batches(self.storage, k[0], k[1])
-            if batches:
-                self._catch_up(k, held, batches[-1], batches)
-            held.ready.set()
-        except Exception:
-            log.exception("bringing up %s failed; will retry on the next commit", k)
+        """Catch up to the newest batch in storage, then serve (restore on a new server).
+        Retried until it works or the partition moves away."""
+        while self._held.get(k) is held:
+            try:
+                batches = manifest_batches(self.storage, k[0], k[1])
+                if batches:
+                    self._catch_up(k, held, batches[-1], batches)
+                held.ready.set()
+                return
+            except Exception:
+                log.exception("bringing up %s failed; retrying", k)
+                time.sleep(1.0)
 
     def _catch_up(self, k: Key, held: Held, upto: int, batches: list[int] | None = None) -> int:
         """Apply batches ``last_batch+1 .. upto`` from storage, from a snapshot if the
@@ -146,14 +150,19 @@ class Partitions:
             return 0
         spec = self.spec(k[0], k[1])
         have = set(batches if batches is not None else manifest_batches(self.storage, k[0], k[1]))
+        snaps = snapshot.list_snapshots(self.storage, k[0], k[1], k[2])
         needed = range(store.meta.last_batch + 1, upto + 1)
-        if not all(b in have for b in needed):
+        # Behind the newest snapshot: the deltas before it may be pruned, so start from it
+        # (also the cheaper way: one download instead of many batches).
+        if (snaps and snaps[-1] > store.meta.last_batch and snaps[-1] <= upto) or \
+                not all(b in have for b in needed):
             t0 = time.perf_counter()
             held.ready.clear()  # readers get RESTORING, never a half-restored partition
             with store.lock:
                 store.close()
                 try:
-                    snapshot.restore(self.storage, k[0], k[1], k[2], self._path(k))
+                    snapshot.restore(self.storage, k[0], k[1], k[2], self._path(k),
+                                     max((b for b in snaps if b <= upto), default=None))
                 finally:
                     store.reopen()
             held.ready.set()

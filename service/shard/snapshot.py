@@ -133,7 +133,7 @@ def restore(storage: Storage, job: str, operator: str, partition: int, dest: Pat
     """Download the latest snapshot (or the one at ``batch``) into ``dest``; None if none."""
     snaps = list_snapshots(storage, job, operator, partition)
     if batch is not None:
-        snaps = [b for b in snaps if b == batch]
+        snaps = [b for b in snaps if b <= batch]
     if not snaps:
         return None
     info = read_snapshot(storage, job, operator, partition, snaps[-1])

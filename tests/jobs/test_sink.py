@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 from pyspark.sql import functions as F
 
+from jobs.coordinator import release
 from jobs.sink import SinkStats, serve
 from service.operator import WindowSpec
 from tests.helpers import read_all_windows
@@ -74,3 +75,4 @@ def test_sink_is_exact_and_rerun_batch_changes_nothing(spark, tmp_path, storage_
     again, _ = read_all_windows(storage_uri, "sinktest", "per_key_10s", "n", keys, P)
     assert again == got
     assert (tmp_path / "ckpt" / "commits" / last.name).exists()
+    release(storage_uri, "sinktest")

@@ -1,0 +1,62 @@
+"""Repeat the chaos scenarios and tabulate them: lost, doubled, time to answer again.
+
+    python -m loadtest.chaos --repeats 3
+
+Runs ``pytest tests/chaos -s`` ``--repeats`` times (each a fresh deployment) and appends a
+table (scenario, repeats, lost, doubled, p50 and max seconds until every partition answers
+again) to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+LINE = re.compile(r"^chaos (.+?): (\{.*\}), answering again after ([\d.]+)s$")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", type=Path, default=Path("loadtest/results/chaos.md"))
+    args = ap.parse_args()
+    runs: dict[str, list[tuple[dict, float]]] = defaultdict(list)
+    failed = 0
+    for i in range(args.repeats):
+        p = subprocess.run([sys.executable, "-m", "pytest", "tests/chaos", "-s", "-q", "-p",
+                            "no:cacheprovider"], capture_output=True, text=True)
+        failed += p.returncode != 0
+        for line in p.stdout.splitlines():
+            m = LINE.match(line.strip())
+            if m:
+                runs[m.group(1)].append((ast.literal_eval(m.group(2)), float(m.group(3))))
+        print(f"run {i + 1}/{args.repeats}: exit {p.returncode}", file=sys.stderr)
+    command = shlex.join(["python", "-m", "loadtest.chaos", *sys.argv[1:]])
+    lines = [f"\n## chaos, {args.repeats} runs ({failed} failed)\n",
+             f"`{command}` ({time.strftime('%Y-%m-%d %H:%M')}; ~5K tweet events/s over 100K "
+             "ids, ≤3 s out of order, 1% late; P=8, 2 shards, local[2])\n",
+             "| scenario | repeats | windows compared | lost | doubled "
+             "| answering again p50 / max |",
+             "|---|---|---|---|---|---|"]
+    for name, rs in runs.items():
+        t = [x[1] for x in rs]
+        lines.append(f"| {name} | {len(rs)} | {sum(x[0]['windows'] for x in rs):,} | "
+                     f"{sum(x[0]['lost'] for x in rs)} | {sum(x[0]['doubled'] for x in rs)} | "
+                     f"{statistics.median(t):.2f}s / {max(t):.2f}s |")
+    text = "\n".join(lines) + "\n"
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with args.out.open("a") as f:
+        f.write(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,205 @@
+"""A whole qstate deployment under failure: broker, 2 shards, router, the tweets job as a
+separate process (so its driver can be killed), and a generator that keeps sending."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import orjson
+from confluent_kafka import Consumer, TopicPartition
+
+from loadtest.generate import produce
+from loadtest.truth import load_events, window_counts
+from service.devbroker import DevBroker
+from service.keys import partition_of
+from service.procs import Child, RouterProcess, ShardProcess, qstate_command
+from tests.helpers import http_windows
+
+HOUR = 3_600_000
+BOUNDARY = 1_767_229_200_000  # 2026-01-01T01:00Z
+ORIGIN = BOUNDARY + 5 * 60_000  # event time of the first event; runs < 55 min stay in this hour
+LATE_AT = BOUNDARY - 4 * 60_000  # late events: an hour and minutes long closed
+TOPIC = "tweet-events"
+P = 8
+
+
+class Generator(threading.Thread):
+    """~rate events/s over ``keys`` tweet ids, event time = ORIGIN + elapsed, up to 3 s out
+    of order; once ``late`` is set, 1% of events are late (in windows already closed)."""
+
+    def __init__(self, bootstrap: str, log: Path, rate: int = 5000, keys: int = 100_000) -> None:
+        super().__init__(daemon=True)
+        self.bootstrap, self.log, self.rate, self.keys = bootstrap, log, rate, keys
+        self.running = threading.Event()
+        self.late = threading.Event()
+        self.stopped = threading.Event()
+        self.idle = threading.Event()
+        self.rng = random.Random(7)
+        self.t0 = time.monotonic()
+        self.sent = 0
+        self.error: Exception | None = None
+
+    def events(self):
+        while not self.stopped.is_set():
+            if not self.running.is_set():
+                return
+            now = ORIGIN + int((time.monotonic() - self.t0) * 1000)
+            late = self.late.is_set() and self.rng.random() < 0.01
+            t = LATE_AT - self.rng.randint(0, 60_000) if late else now - self.rng.randint(0, 3000)
+            kind = "url-click" if self.rng.random() < 0.1 else "impression"
+            self.sent += 1
+            yield {"tweet_id": f"tw-{self.rng.randrange(self.keys)}", "event": kind, "time": t}
+
+    def run(self) -> None:
+        while not self.stopped.is_set():
+            self.running.wait(0.2)
+            if self.running.is_set():
+                self.idle.clear()
+                try:
+                    produce(self.bootstrap, TOPIC, self.events(), rate=self.rate,
+                            log_path=self.log, progress=False)
+                except Exception as exc:  # the truth would be unknowable: fail the test
+                    self.error = exc
+                    self.running.clear()
+            self.idle.set()
+
+    def pause(self) -> None:
+        self.running.clear()
+        self.idle.wait(180)
+
+
+@dataclass
+class Deployment:
+    root: Path
+    broker: DevBroker
+    shards: list[ShardProcess] = field(default_factory=list)
+    router: RouterProcess | None = None
+    job: Child | None = None
+
+    @property
+    def storage(self) -> str:
+        return str(self.root / "storage")
+
+    def shard(self, i: int) -> ShardProcess:
+        env = {**os.environ, "QSTATE_SNAPSHOT_EVERY": "5"}
+        return ShardProcess.make(f"c{i}", self.root / "shards", self.storage, self.root / "logs",
+                                 port=self.shards[i].port if len(self.shards) > i else 0,
+                                 env=env)
+
+    def start(self) -> None:
+        self.shards = [self.shard(i).start_and_wait() for i in range(2)]
+        self.router = RouterProcess.make(self.storage, self.root / "logs").start_and_wait()
+        self.start_job()
+
+    def start_job(self) -> None:
+        self.job = Child("job", qstate_command(
+            "job", "tweets", "--bootstrap", self.broker.bootstrap, "--storage", self.storage,
+            "--checkpoints", str(self.root / "ckpt"), "--partitions", str(P),
+            "--shards", ",".join(s.address for s in self.shards), "--no-live",
+            "--max-rows-per-trigger", "50000"), self.root / "logs" / "job.log").start()
+
+    def kill_job(self) -> None:
+        assert self.job is not None and self.job.proc is not None
+        os.killpg(self.job.pid, signal.SIGKILL)  # the driver and its JVM, no clean-up
+        self.job.proc.wait()
+
+    def stop(self) -> None:
+        for c in [self.job, self.router, *self.shards]:
+            if c is not None:
+                c.stop()
+
+    # ---- observation ------------------------------------------------------------
+    def committed_offsets(self, op: str) -> dict[int, int]:
+        d = self.root / "ckpt" / "tweets" / op
+        commits = [int(p.name) for p in (d / "commits").glob("[0-9]*")] if d.exists() else []
+        if not commits:
+            return {}
+        lines = (d / "offsets" / str(max(commits))).read_bytes().split(b"\n")
+        return {int(k): v for k, v in orjson.loads(lines[2]).items()}
+
+    def topic_ends(self) -> dict[int, int]:
+        c = Consumer({"bootstrap.servers": self.broker.bootstrap, "group.id": "chaos"})
+        try:
+            md = c.list_topics(TOPIC, timeout=10).topics[TOPIC]
+            return {p: c.get_watermark_offsets(TopicPartition(TOPIC, p), timeout=10)[1]
+                    for p in md.partitions}
+        finally:
+            c.close()
+
+    def drain(self, timeout: float = 300) -> None:
+        """Until both queries committed every offset of the topic."""
+        ends = self.topic_ends()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.job is not None and not self.job.alive():
+                raise AssertionError(f"the job died: {(self.root / 'logs' / 'job.log')}")
+            if all(self.committed_offsets(op) == ends for op in ("per_tweet_1h", "per_tweet_1m")):
+                return
+            time.sleep(0.5)
+        raise AssertionError(f"not drained in {timeout}s: {ends} vs "
+                             f"{self.committed_offsets('per_tweet_1h')}")
+
+    def sample_keys(self, keys: int = 100_000) -> list[str]:
+        """Two keys per partition: answering again means every partition answers."""
+        out: dict[int, list[str]] = {}
+        for i in range(keys):
+            k = f"tw-{i}"
+            out.setdefault(partition_of(k, P), [])
+            if len(out[partition_of(k, P)]) < 2:
+                out[partition_of(k, P)].append(k)
+            if len(out) == P and all(len(v) == 2 for v in out.values()):
+                break
+        return [k for v in out.values() for k in v]
+
+    def time_to_answer(self, since: float, timeout: float = 120) -> float:
+        """Seconds from ``since`` until every sampled key answers (200, or 404 with a batch)."""
+        keys = self.sample_keys()
+        assert self.router is not None
+        deadline = time.monotonic() + timeout
+        with httpx.Client(base_url=self.router.url, timeout=2) as c:
+            while time.monotonic() < deadline:
+                try:
+                    codes = [c.get(f"/v1/state/tweets/per_tweet_1h/impressions/{k}").status_code
+                             for k in keys]
+                except httpx.HTTPError:
+                    codes = [0]
+                if all(code in (200, 404) for code in codes):
+                    return time.monotonic() - since
+                time.sleep(0.1)
+        raise AssertionError("keys did not answer again")
+
+
+def truth(log: Path) -> tuple[dict, dict, dict, list[str]]:
+    events = load_events(log)
+    on_time = events[events["time"] >= BOUNDARY]  # late ones were all before BOUNDARY - 3 min
+    as_map = lambda df: {(k, int(s)): int(n) for k, s, n in  # noqa: E731
+                         zip(df["tweet_id"], df["start"], df["count"], strict=True)}
+    imp = window_counts(on_time, "tweet_id", "time", HOUR, where={"event": "impression"})
+    clk = window_counts(on_time, "tweet_id", "time", HOUR, where={"event": "url-click"})
+    minute = window_counts(on_time, "tweet_id", "time", 60_000, 10_000,
+                           where={"event": "impression"})
+    return as_map(imp), as_map(clk), as_map(minute), sorted(events["tweet_id"].unique())
+
+
+def compare(d: Deployment, log: Path) -> dict[str, int]:
+    """Every (key, window) of every state against ground truth: counts lost and doubled."""
+    assert d.router is not None
+    want_imp, want_clk, want_min, keys = truth(log)
+    result = {"lost": 0, "doubled": 0, "windows": 0}
+    for op, state, want in (("per_tweet_1h", "impressions", want_imp),
+                            ("per_tweet_1h", "clicks", want_clk),
+                            ("per_tweet_1m", "impressions", want_min)):
+        got = {k: v for k, v in http_windows(d.router.url, "tweets", op, state, keys).items()
+               if v}
+        for w in set(want) | set(got):
+            diff = got.get(w, 0) - want.get(w, 0)
+            result["lost" if diff < 0 else "doubled"] += abs(diff)
+        result["windows"] += len(want)
+    return result
