@@ -13,9 +13,7 @@ Appends a section to ``--out``.
 from __future__ import annotations
 
 import argparse
-import shlex
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -24,6 +22,7 @@ from rich.console import Console
 
 from jobs.runner import JobConfig, start_job
 from jobs.spark import spark_session
+from loadtest import results
 from loadtest.generate import produce
 from service.devbroker import DevBroker
 from service.procs import ShardProcess
@@ -85,7 +84,7 @@ def main() -> None:
             s.stop()
         broker.stop()
 
-    command = shlex.join(["python", "-m", "loadtest.bench_pipeline", *sys.argv[1:]])
+    command = results.command("loadtest.bench_pipeline")
     lines = [f"\n## tweets job, {args.keys:,} keys, {args.events:,} events, "
              f"maxRowsPerTrigger {args.max_rows:,}, P={args.partitions}\n",
              f"`{command}` ({time.strftime('%Y-%m-%d %H:%M')}, local[2], 2 shard servers, "
@@ -116,10 +115,7 @@ def main() -> None:
             f"{max((r.commit_s for r in stats), default=0) * 1000:.0f} ms | "
             f"{statistics.median(other):.0f} |")
     text = "\n".join(lines) + "\n"
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("a") as f:
-        f.write(text)
-    print(text)
+    results.append(args.out, text)
 
 
 if __name__ == "__main__":

@@ -11,14 +11,13 @@ and checks the restored state equals the original. Appends a section to ``--out`
 from __future__ import annotations
 
 import argparse
-import shlex
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import pyarrow as pa
 
+from loadtest import results
 from service import delta as deltas
 from service.assignment import Assignment, save_assignment
 from service.batches import BatchManifest, write_manifest
@@ -77,7 +76,7 @@ def main() -> None:
     replayed = args.batches - 1 - snaps[-1]
     a.close()
     fresh.close()
-    command = shlex.join(["python", "-m", "loadtest.bench_restore", *sys.argv[1:]])
+    command = results.command("loadtest.bench_restore")
     text = "\n".join([
         f"\n## snapshot + restore, one partition of {args.keys:,} keys\n",
         f"`{command}` ({time.strftime('%Y-%m-%d %H:%M')})\n",
@@ -87,10 +86,7 @@ def main() -> None:
         f"SSTs kept on storage {sst_bytes / 1e6:.1f} MB; snapshots kept {snaps}",
         f"- restore on a fresh server: **{restore_s:.2f}s** (download the latest snapshot, "
         f"then replay {replayed} batches of {args.keys:,} rows after it); state verified\n"])
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("a") as f:
-        f.write(text)
-    print(text)
+    results.append(args.out, text)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import random
 import re
-import shlex
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,7 @@ import grpc
 import pyarrow as pa
 
 from jobs.coordinator import Coordinator
+from loadtest import results
 from proto import qstate_pb2 as qpb
 from proto import qstate_pb2_grpc as qpb_grpc
 from service import delta as deltas
@@ -154,7 +154,7 @@ def main() -> None:
             c.stop()
         if broker is not None:
             broker.stop()
-    command = shlex.join(["python", "-m", "loadtest.bench_router", *sys.argv[1:]])
+    command = results.command("loadtest.bench_router")
     text = "\n".join([
         f"\n## router vs raw ASGI, {args.keys:,} keys, wrk -t1 -c32 -d{args.duration}s"
         f"{', pipeline running (tweets job + 5K ev/s)' if args.pipeline else ''}\n",
@@ -170,10 +170,7 @@ def main() -> None:
         f"{hop_r['rps'] / raw_r['rps']:.2f} over the hop. gRPC MultiGet through the router "
         f"(100 keys a call, 8 in flight): **{mg:,.0f} keys/s** in-process, "
         f"{mg_hop:,.0f} keys/s over the hop\n"])
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("a") as f:
-        f.write(text)
-    print(text)
+    results.append(args.out, text)
 
 
 if __name__ == "__main__":

@@ -12,13 +12,14 @@ from __future__ import annotations
 import argparse
 import ast
 import re
-import shlex
 import statistics
 import subprocess
 import sys
 import time
 from collections import defaultdict
 from pathlib import Path
+
+from loadtest import results
 
 LINE = re.compile(r"^chaos (.+?): (\{.*\}), answering again after ([\d.]+)s$")
 
@@ -39,7 +40,7 @@ def main() -> None:
             if m:
                 runs[m.group(1)].append((ast.literal_eval(m.group(2)), float(m.group(3))))
         print(f"run {i + 1}/{args.repeats}: exit {p.returncode}", file=sys.stderr)
-    command = shlex.join(["python", "-m", "loadtest.chaos", *sys.argv[1:]])
+    command = results.command("loadtest.chaos")
     lines = [f"\n## chaos, {args.repeats} runs ({failed} failed)\n",
              f"`{command}` ({time.strftime('%Y-%m-%d %H:%M')}; ~5K tweet events/s over 100K "
              "ids, ≤3 s out of order, 1% late; P=8, 2 shards, local[2])\n",
@@ -52,10 +53,7 @@ def main() -> None:
                      f"{sum(x[0]['lost'] for x in rs)} | {sum(x[0]['doubled'] for x in rs)} | "
                      f"{statistics.median(t):.2f}s / {max(t):.2f}s |")
     text = "\n".join(lines) + "\n"
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("a") as f:
-        f.write(text)
-    print(text)
+    results.append(args.out, text)
 
 
 if __name__ == "__main__":
