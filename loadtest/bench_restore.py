@@ -54,13 +54,6 @@ def main() -> None:
         apply_s.append(time.perf_counter() - t0)
     a._bg.shutdown(wait=True)  # let the last snapshot finish
     snaps = list_snapshots(storage, "bench", "counts", 0)
-    held = a.lookup("bench", "counts", 0)
-    assert held is not None
-    t0 = time.perf_counter()
-    a._snapshots.take(held.store, "bench", "counts", 0)
-    snap_s = time.perf_counter() - t0
-    sst_bytes = sum(f.stat().st_size for f in (Path(storage.uri) / "jobs" / "bench" / "counts"
-                                                / "snapshots" / "00000" / "sst").iterdir())
     # a fresh server (disk lost) restores: snapshot + the deltas after it
     save_assignment(storage, Assignment("bench", 2, {"b": "x:2"}, {"counts": ["b"]}))
     t0 = time.perf_counter()
@@ -74,6 +67,13 @@ def main() -> None:
         assert w[0].values == [args.batches], (k, w)
     assert h.store.meta.last_batch == args.batches - 1
     replayed = args.batches - 1 - snaps[-1]
+    held = a.lookup("bench", "counts", 0)
+    assert held is not None
+    t0 = time.perf_counter()
+    a._snapshots.take(held.store, "bench", "counts", 0)
+    snap_s = time.perf_counter() - t0
+    sst_bytes = sum(f.stat().st_size for f in (Path(storage.uri) / "jobs" / "bench" / "counts"
+                                                / "snapshots" / "00000" / "sst").iterdir())
     a.close()
     fresh.close()
     command = results.command("loadtest.bench_restore")

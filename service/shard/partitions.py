@@ -157,6 +157,7 @@ class Partitions:
         if (snaps and snaps[-1] > store.meta.last_batch and snaps[-1] <= upto) or \
                 not all(b in have for b in needed):
             t0 = time.perf_counter()
+            was_ready = held.ready.is_set()
             held.ready.clear()  # readers get RESTORING, never a half-restored partition
             with store.lock:
                 store.close()
@@ -165,7 +166,8 @@ class Partitions:
                                      max((b for b in snaps if b <= upto), default=None))
                 finally:
                     store.reopen()
-            held.ready.set()
+            if was_ready:  # in a commit: serve the restored state; bring-up sets it when done
+                held.ready.set()
             held.snapshot_batch = store.meta.last_batch
             log.warning("%s restored from snapshot at batch %d in %.2fs", k,
                         store.meta.last_batch, time.perf_counter() - t0)
