@@ -143,8 +143,9 @@ class Partitions:
                 time.sleep(1.0)
 
     def _catch_up(self, k: Key, held: Held, upto: int, batches: list[int] | None = None) -> int:
-        """Apply batches ``last_batch+1 .. upto`` from storage, from a snapshot if the
-        batch manifests after our last batch are gone. Returns batches replayed."""
+        """Apply batches ``last_batch+1 .. upto`` from storage, starting from the newest
+        snapshot when we are behind it (or the manifests we need are gone). Returns the
+        number of batches replayed."""
         store = held.store
         if store.meta.last_batch >= upto:
             return 0
