@@ -69,7 +69,8 @@ class RunningJob:
                 raise RuntimeError(f"query {name} failed: {q.exception()}")
 
     def export_metrics(self) -> None:
-        """Copy new StreamingQueryProgress and sink reports into the Prometheus metrics."""
+        """Copy new StreamingQueryProgress into the Prometheus metrics (the sink exports its
+        own commit metrics as it goes)."""
         job = self.config.job
         for name, q in self.queries.items():
             for p in q.recentProgress:
