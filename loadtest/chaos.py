@@ -21,7 +21,8 @@ from pathlib import Path
 
 from loadtest import results
 
-LINE = re.compile(r"^chaos (.+?): (\{.*\}), answering again after ([\d.]+)s$")
+# pytest's progress dots may precede the first line on the same line: search, not match
+LINE = re.compile(r"chaos (.+?): (\{.*?\}), answering again after ([\d.]+)s")
 
 
 def main() -> None:
@@ -36,7 +37,7 @@ def main() -> None:
                             "no:cacheprovider"], capture_output=True, text=True)
         failed += p.returncode != 0
         for line in p.stdout.splitlines():
-            m = LINE.match(line.strip())
+            m = LINE.search(line)
             if m:
                 runs[m.group(1)].append((ast.literal_eval(m.group(2)), float(m.group(3))))
         print(f"run {i + 1}/{args.repeats}: exit {p.returncode}", file=sys.stderr)
