@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass, field
 
 import grpc
@@ -220,6 +219,3 @@ class QueryService:
             raise NotFound(f"unknown job {job!r}", job=job)
         return list(await asyncio.gather(*(self.operator_status(s) for s in specs)))
 
-
-def now_ms() -> int:
-    return int(time.time() * 1000)

@@ -144,12 +144,6 @@ class PartitionStore:
              limit: int = 1000) -> tuple[Meta, list[WindowValue]]:
         return read_windows(self.db, key, range_ms, limit)
 
-    def approximate_keys(self) -> int:
-        try:
-            return int(self.db.property_int_value("rocksdb.estimate-num-keys") or 0)
-        except Exception:  # property missing on some builds: an estimate is optional
-            return 0
-
 
 def _decode(k: bytes, v: bytes) -> WindowValue:
     end, *vals = orjson.loads(v)
