@@ -36,8 +36,6 @@ class ShardCaller:
         self._stubs: dict[str, pb_grpc.ShardStub] = {}
         self._channels: list[grpc.aio.Channel] = []
         self._groups: dict[Group, _Pending] = {}
-        self.calls = 0  # MultiGet calls made, for tests and metrics
-        self.keys = 0
 
     def stub(self, address: str) -> pb_grpc.ShardStub:
         stub = self._stubs.get(address)
@@ -81,8 +79,6 @@ class ShardCaller:
         address, job, operator, state, lo, hi, is_range = group
         req = pb.LookupRequest(job=job, operator=operator, state=state, keys=keys,
                                range=is_range, from_ms=lo, to_ms=hi)
-        self.calls += 1
-        self.keys += len(keys)
         try:
             reply = await self.stub(address).MultiGet(req, timeout=self.timeout_s)
         except grpc.aio.AioRpcError as exc:

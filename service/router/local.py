@@ -57,7 +57,6 @@ class LocalReader:
         self.servers: dict[str, ServerInfo] = {}  # address -> co-located server
         self.ready: dict[str, set[tuple[str, str, int]]] = {}
         self._dbs: dict[Key, _Secondary] = {}
-        self.hits = 0
 
     def set_servers(self, infos: list[ServerInfo]) -> None:
         local = {i.address: i for i in infos
@@ -121,5 +120,4 @@ class LocalReader:
             log.debug("local read of %s failed: %s", k, exc)
             self._close(k)
             return None
-        self.hits += 1
         return result
