@@ -17,21 +17,28 @@ from dataclasses import dataclass, field
 import grpc
 
 from proto import shard_pb2 as pb
-from service.assignment import Assignment, list_servers, load_assignment, reassign, save_assignment
-from service.batches import BatchManifest, delete_manifests_through, write_manifest
-from service.operator import OperatorSpec
-from service.shard.client import ShardClients
-from service.shard.snapshot import list_snapshots
-from service.storage import Storage
+from service.core.address import PartitionId
+from service.core.assignment import (
+    Assignment,
+    list_servers,
+    load_assignment,
+    reassign,
+    save_assignment,
+)
+from service.core.catalog import snapshot_batches
+from service.core.config import DEFAULTS
+from service.core.errors import CommitFailed, Fenced, NotOwner, StaleEpoch, from_grpc
+from service.core.manifest import BatchManifest, delete_manifests_through, write_manifest
+from service.core.operator import OperatorSpec
+from service.core.shard_client import ShardClients
+from service.core.storage import Storage
 
-log = logging.getLogger("qstate.coordinator")
+__all__ = ["CommitOutcome", "Coordinator", "coordinator_for", "release"]
 
-_RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
-              grpc.StatusCode.FAILED_PRECONDITION}
+log = logging.getLogger(__name__)
 
-
-class CommitFailed(RuntimeError):
-    pass
+# A shard that is down, busy, or not yet aware of the newest assignment: try again.
+_TRANSPORT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 
 
 @dataclass
@@ -47,10 +54,10 @@ class Coordinator:
     storage: Storage
     job: str
     shards: list[str] | None = None  # explicit addresses; None: servers registered in storage
-    commit_timeout_s: float = 30.0
-    lease_s: float = 3.0
-    heartbeat_s: float = 0.5
-    gc_every: int = 20  # batches between collections of old batch manifests
+    commit_timeout_s: float = DEFAULTS.commit_timeout_s
+    lease_s: float = DEFAULTS.lease_s
+    heartbeat_s: float = DEFAULTS.heartbeat_s
+    gc_every: int = DEFAULTS.manifest_gc_every  # batches between collections of manifests
     clients: ShardClients = field(default_factory=ShardClients)
     assignment: Assignment = field(init=False)
     operators: dict[str, int] = field(default_factory=dict)  # name -> partitions
@@ -154,15 +161,18 @@ class Coordinator:
                 try:
                     reply = fut.result()
                 except grpc.RpcError as exc:
-                    if exc.code() not in _RETRYABLE:
-                        raise CommitFailed(f"shard {addr} refused batch {batch}: "
-                                           f"{exc.code().name} {exc.details()}") from exc
-                    if exc.code() == grpc.StatusCode.FAILED_PRECONDITION and \
-                            "stale epoch" in (exc.details() or "") and \
+                    err = from_grpc(exc)
+                    if isinstance(err, StaleEpoch) and \
                             load_assignment(self.storage, self.job).epoch > self.assignment.epoch:
-                        raise CommitFailed(f"fenced: another coordinator of {self.job} took "
-                                           f"over ({exc.details()})") from exc
-                    errors[addr] = exc.code().name
+                        raise Fenced(f"fenced: another coordinator of {self.job} took over "
+                                     f"({err.message})") from exc
+                    if err is not None and not isinstance(err, NotOwner | StaleEpoch):
+                        raise CommitFailed(f"shard {addr} refused batch {batch}: "
+                                           f"{type(err).__name__}: {err.message}") from exc
+                    if err is None and exc.code() not in _TRANSPORT:  # type: ignore[attr-defined]
+                        raise CommitFailed(f"shard {addr} failed batch {batch}: "
+                                           f"{exc.code().name} {exc.details()}") from exc  # type: ignore[attr-defined]
+                    errors[addr] = type(err).__name__ if err else exc.code().name  # type: ignore[attr-defined]
                     continue
                 acked.update(parts)
                 outcome.applied += len(reply.applied)
@@ -183,7 +193,8 @@ class Coordinator:
         snapshot of every partition (a partition with no snapshot yet keeps them all)."""
         oldest = []
         for p in range(spec.partitions):
-            snaps = list_snapshots(self.storage, spec.job, spec.operator, p)
+            pid = PartitionId(spec.job, spec.operator, p)
+            snaps = snapshot_batches(self.storage, pid)
             if not snaps:
                 return 0
             oldest.append(snaps[0])

@@ -1,62 +1,63 @@
-"""Run an example job: Kafka source -> JSON parse (+DLQ) -> aggregations -> queryable sink."""
+"""Start a job module's operators with the queryable sink, watch them, stop them."""
 
 from __future__ import annotations
 
+import importlib
 import logging
-import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from jobs import ads, metrics, tweets
+from jobs import metrics
 from jobs.coordinator import release
-from jobs.kafka_source import read_kafka
-from jobs.operators import QueryableOperator
-from jobs.parse import parse_json
+from jobs.job import JobContext, JobDefinition
 from jobs.sink import SinkStats, serve
-from service.kafka import ensure_topic
+from service.core.errors import InvalidRequest
+from service.core.kafka import ensure_topic
 
-log = logging.getLogger("qstate.job")
-JOBS = {"tweets": tweets, "ads": ads}
+__all__ = ["EXAMPLES", "Builder", "RunningJob", "load_builder", "start_job"]
+
+log = logging.getLogger(__name__)
+
+Builder = Callable[[SparkSession, JobContext], JobDefinition]
+EXAMPLES = {"tweets": "jobs.examples.tweets:build", "ads": "jobs.examples.ads:build"}
 
 
-@dataclass
-class JobConfig:
-    name: str  # which example: tweets | ads
-    bootstrap: str
-    checkpoint: Path
-    storage: str
-    topic: str = ""
-    job: str = ""  # the served job name; default the example's (tweets, ads)
-    shards: list[str] | None = None
-    partitions: int = 64
-    trigger_interval: str = "1 second"
-    max_rows_per_trigger: int | None = None
-    starting_offsets: str = "earliest"
-    mapping: Path | None = None
-    retention_ms: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.name not in JOBS:
-            raise ValueError(f"unknown job {self.name!r}: choose one of {sorted(JOBS)}")
-        self.topic = self.topic or JOBS[self.name].TOPIC
-        self.job = self.job or JOBS[self.name].JOB
+def load_builder(name: str) -> Builder:
+    """``module:function``, or the name of an example job (tweets, ads)."""
+    target = EXAMPLES.get(name, name)
+    module, sep, func = target.partition(":")
+    if not sep or not module or not func:
+        raise InvalidRequest(f"job {name!r}: expected MODULE:FUNCTION (e.g. mypkg.myjob:build) "
+                             f"or one of the examples {sorted(EXAMPLES)}")
+    try:
+        builder = getattr(importlib.import_module(module), func)
+    except (ImportError, AttributeError) as exc:
+        raise InvalidRequest(f"job {name!r}: cannot load {target}: {exc}") from exc
+    if not callable(builder):
+        raise InvalidRequest(f"job {name!r}: {target} is not a function")
+    return builder  # type: ignore[no-any-return]
 
 
 @dataclass
 class RunningJob:
-    config: JobConfig
+    definition: JobDefinition
+    context: JobContext
     queries: dict[str, StreamingQuery]
     stats: dict[str, SinkStats]
     _seen: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.definition.name
 
     def stop(self) -> None:
         for q in self.queries.values():
             if q.isActive:
                 q.stop()
-        release(self.config.storage, self.config.job)
+        release(self.context.storage, self.name)
 
     def process_all_available(self) -> None:
         for q in self.queries.values():
@@ -71,55 +72,40 @@ class RunningJob:
     def export_metrics(self) -> None:
         """Copy new StreamingQueryProgress into the Prometheus metrics (the sink exports its
         own commit metrics as it goes)."""
-        job = self.config.job
         for name, q in self.queries.items():
             for p in q.recentProgress:
                 if p.batchId <= self._seen.get(name, -1):
                     continue
                 self._seen[name] = p.batchId
-                metrics.INPUT_RATE.labels(job, name).set(p.inputRowsPerSecond or 0.0)
-                metrics.PROCESSED_RATE.labels(job, name).set(p.processedRowsPerSecond or 0.0)
-                metrics.BATCH_SECONDS.labels(job, name).observe(
+                metrics.INPUT_RATE.labels(self.name, name).set(p.inputRowsPerSecond or 0.0)
+                metrics.PROCESSED_RATE.labels(self.name, name).set(
+                    p.processedRowsPerSecond or 0.0)
+                metrics.BATCH_SECONDS.labels(self.name, name).observe(
                     p.durationMs.get("triggerExecution", 0) / 1000)
                 obs = (p.observedMetrics or {}).get("qstate_parse")
                 if obs is not None:
-                    metrics.DEAD_LETTERED.labels(job, self.config.topic).inc(
+                    metrics.DEAD_LETTERED.labels(self.name, self.definition.topic).inc(
                         obs["dead_lettered"] or 0)
 
 
-def build_operators(spark: SparkSession, cfg: JobConfig, dlq: bool) -> list[QueryableOperator]:
-    module = JOBS[cfg.name]
-    raw = read_kafka(spark, cfg.bootstrap, cfg.topic, starting_offsets=cfg.starting_offsets,
-                     max_rows_per_trigger=cfg.max_rows_per_trigger)
-    events = parse_json(raw, module.FIELDS, dlq_topic=f"{cfg.topic}.dlq" if dlq else None,
-                        bootstrap=cfg.bootstrap)
-    if cfg.name == "ads":
-        mapping = ads.load_mapping(cfg.mapping or Path(".qstate/ads-campaigns.json"))
-        return ads.operators(events, mapping)
-    return tweets.operators(events)
-
-
-def start_job(spark: SparkSession, cfg: JobConfig) -> RunningJob:
-    ensure_topic(cfg.bootstrap, cfg.topic)
-    queries: dict[str, StreamingQuery] = {}
-    stats: dict[str, SinkStats] = {}
+def start_job(spark: SparkSession, builder: str | Builder, ctx: JobContext) -> RunningJob:
+    build = load_builder(builder) if isinstance(builder, str) else builder
+    definition = build(spark, ctx)
+    ensure_topic(ctx.bootstrap, definition.topic)
     # Each operator is its own streaming query over the topic; only the first one sends
     # bad records to the dead-letter topic, so each lands there once.
-    ops = build_operators(spark, cfg, dlq=True)
+    ops = definition.operators
     if len(ops) > 1:
-        ops = ops[:1] + build_operators(spark, cfg, dlq=False)[1:]
+        ops = ops[:1] + build(spark, ctx.without_dead_letters()).operators[1:]
+    queries: dict[str, StreamingQuery] = {}
+    stats: dict[str, SinkStats] = {}
     for op in ops:
         stats[op.name] = SinkStats()
         queries[op.name] = serve(
-            op.frame, job=cfg.job, operator=op.name, key=op.key, states=op.states,
-            window=op.window, partitions=cfg.partitions, checkpoint=str(cfg.checkpoint / op.name),
-            storage=cfg.storage, shards=cfg.shards, retention_ms=cfg.retention_ms,
-            trigger_interval=cfg.trigger_interval, stats=stats[op.name])
-    return RunningJob(cfg, queries, stats)
+            op.frame, job=definition.name, operator=op.name, key=op.key, states=op.states,
+            window=op.window, partitions=ctx.partitions,
+            checkpoint=str(ctx.checkpoint / op.name), storage=ctx.storage, shards=ctx.shards,
+            retention_ms=ctx.retention_ms, trigger_interval=ctx.trigger_interval,
+            stats=stats[op.name])
+    return RunningJob(definition, ctx, queries, stats)
 
-
-def wait_until_stopped(job: RunningJob, should_stop, poll_s: float = 1.0) -> None:
-    while not should_stop():
-        job.check()
-        job.export_metrics()
-        time.sleep(poll_s)

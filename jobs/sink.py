@@ -26,12 +26,14 @@ from pyspark.sql.streaming import StreamingQuery
 
 from jobs import metrics
 from jobs.coordinator import Coordinator, coordinator_for
-from service import delta as deltas
-from service.config import settings
-from service.operator import OperatorSpec, StateType, WindowSpec, save_spec
-from service.storage import Storage
+from service.core import delta as deltas
+from service.core.address import PartitionId
+from service.core.config import settings
+from service.core.errors import InvalidRequest
+from service.core.operator import OperatorSpec, StateType, WindowSpec, save_spec
+from service.core.storage import Storage
 
-log = logging.getLogger("qstate.sink")
+log = logging.getLogger(__name__)
 
 WINDOW_COLUMNS = ("window", "session_window")
 
@@ -63,14 +65,13 @@ def _state_type(dtype: T.DataType, name: str) -> StateType:
         return "long"
     if isinstance(dtype, T.DoubleType | T.FloatType | T.DecimalType):
         return "double"
-    raise TypeError(f"state column {name!r} is {dtype.simpleString()}: "
+    raise InvalidRequest(f"state column {name!r} is {dtype.simpleString()}: "
                     f"only integral (exact counts) and floating aggregates are queryable")
 
 
 def batch_watermark_ms(checkpoint: str, batch: int) -> int:
     """The watermark Spark used for ``batch``: recorded in its offset log before the batch ran."""
-    st = Storage(checkpoint)
-    lines = st.read_bytes(st.path("offsets", str(batch))).split(b"\n")
+    lines = Storage(checkpoint).read_bytes(f"offsets/{batch}").split(b"\n")
     return int(orjson.loads(lines[1]).get("batchWatermarkMs", 0))
 
 
@@ -94,7 +95,8 @@ def _write_deltas(spec: OperatorSpec, storage_uri: str, batch: int):
         body = table.drop_columns(["_p"]).cast(schema)
         for lo, hi in itertools.pairwise(cuts):
             p = int(parts[lo])
-            deltas.write_delta(storage, spec, p, batch, body.slice(lo, hi - lo))
+            deltas.write_delta(storage, PartitionId(spec.job, spec.operator, p), batch,
+                               body.slice(lo, hi - lo))
             out_p.append(p)
             out_n.append(hi - lo)
         yield pa.RecordBatch.from_arrays(
@@ -142,17 +144,17 @@ def serve(
     window_col = next((c for c in WINDOW_COLUMNS if c in df.columns), None)
     types = {f.name: f.dataType for f in df.schema.fields}
     if key not in types:
-        raise ValueError(f"key column {key!r} is not in {df.columns}")
+        raise InvalidRequest(f"key column {key!r} is not in {df.columns}")
     state_types = (states if isinstance(states, dict)
                    else {s: _state_type(types[s], s) for s in states if s in types})
     missing = [s for s in state_types if s not in types]
     if missing or len(state_types) != len(states):
-        raise ValueError(f"state columns {missing or states} are not all in {df.columns}")
+        raise InvalidRequest(f"state columns {missing or states} are not all in {df.columns}")
     if window is None:
         window = WindowSpec("session" if window_col == "session_window" else
                             "tumbling" if window_col else "none")
     if (window.kind == "none") != (window_col is None):
-        raise ValueError(f"window {window.kind!r} does not match the columns {df.columns}")
+        raise InvalidRequest(f"window {window.kind!r} does not match the columns {df.columns}")
     spec = OperatorSpec(job=job, operator=operator, key=key, states=dict(state_types),
                         partitions=partitions or cfg.partitions, window=window,
                         retention_ms=cfg.retention_ms if retention_ms is None else retention_ms)

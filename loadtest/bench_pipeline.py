@@ -20,12 +20,13 @@ from pathlib import Path
 
 from rich.console import Console
 
-from jobs.runner import JobConfig, start_job
+from jobs.job import JobContext
+from jobs.runner import start_job
 from jobs.spark import spark_session
 from loadtest import results
-from loadtest.generate import produce
-from service.devbroker import DevBroker
-from service.procs import ShardProcess
+from service.embedded.broker import DevBroker
+from service.embedded.generate import produce
+from service.embedded.procs import ShardProcess
 
 console = Console(stderr=True)
 T0 = 1_767_225_600_000
@@ -61,11 +62,11 @@ def main() -> None:
                 total=args.events)
         produce_s = time.perf_counter() - t
         spark = spark_session("bench", "local[2]")
-        cfg = JobConfig("tweets", broker.bootstrap, tmp / "ckpt", str(tmp / "storage"),
-                        shards=[s.address for s in shards], partitions=args.partitions,
-                        trigger_interval="0 seconds", max_rows_per_trigger=args.max_rows)
+        cfg = JobContext(broker.bootstrap, str(tmp / "storage"), tmp / "ckpt", args.partitions,
+                         "0 seconds", max_rows_per_trigger=args.max_rows,
+                         shards=[s.address for s in shards])
         t = time.perf_counter()
-        job = start_job(spark, cfg)
+        job = start_job(spark, "tweets", cfg)
         with console.status("processing...") as status:
             while True:
                 job.check()

@@ -18,13 +18,14 @@ from pathlib import Path
 import pyarrow as pa
 
 from loadtest import results
-from service import delta as deltas
-from service.assignment import Assignment, save_assignment
-from service.batches import BatchManifest, write_manifest
-from service.operator import OperatorSpec, WindowSpec, save_spec
+from service.core import delta as deltas
+from service.core.address import PartitionId
+from service.core.assignment import Assignment, save_assignment
+from service.core.catalog import snapshot_batches
+from service.core.manifest import BatchManifest, write_manifest
+from service.core.operator import OperatorSpec, WindowSpec, save_spec
+from service.core.storage import Storage
 from service.shard.partitions import PartitionCommit, Partitions
-from service.shard.snapshot import list_snapshots
-from service.storage import Storage
 
 
 def main() -> None:
@@ -47,13 +48,13 @@ def main() -> None:
     for b in range(args.batches):
         t = pa.table({"key": keys, "start": [0] * len(keys), "end": [60_000] * len(keys),
                       "n": [b + 1] * len(keys)}).cast(deltas.delta_schema(spec))
-        deltas.write_delta(storage, spec, 0, b, t)
+        deltas.write_delta(storage, PartitionId(spec.job, spec.operator, 0), b, t)
         write_manifest(storage, "bench", "counts", BatchManifest(b, b, {0: len(keys)}))
         t0 = time.perf_counter()
         a.commit("bench", "counts", b, b, 1, [PartitionCommit(0, True, len(keys))])
         apply_s.append(time.perf_counter() - t0)
     a._bg.shutdown(wait=True)  # let the last snapshot finish
-    snaps = list_snapshots(storage, "bench", "counts", 0)
+    snaps = snapshot_batches(storage, PartitionId("bench", "counts", 0))
     # a fresh server (disk lost) restores: snapshot + the deltas after it
     save_assignment(storage, Assignment("bench", 2, {"b": "x:2"}, {"counts": ["b"]}))
     t0 = time.perf_counter()

@@ -29,12 +29,12 @@ from jobs.coordinator import Coordinator
 from loadtest import results
 from proto import qstate_pb2 as qpb
 from proto import qstate_pb2_grpc as qpb_grpc
-from service import delta as deltas
-from service.devbroker import DevBroker, free_port, wait_for_port
-from service.keys import partition_of
-from service.operator import OperatorSpec, WindowSpec, save_spec
-from service.procs import Child, RouterProcess, ShardProcess, qstate_command
-from service.storage import Storage
+from service.core import delta as deltas
+from service.core.address import PartitionId, partition_of
+from service.core.operator import OperatorSpec, WindowSpec, save_spec
+from service.core.storage import Storage
+from service.embedded.broker import DevBroker, free_port, wait_for_port
+from service.embedded.procs import Child, RouterProcess, ShardProcess, qstate_command
 
 P = 16
 SPEC = OperatorSpec("shop", "views_1m", "page", {"views": "long"}, partitions=P,
@@ -59,7 +59,7 @@ def load(storage: Storage, shards: list[ShardProcess], keys: int) -> None:
     for p, ks in by_p.items():
         t = pa.table({"key": ks, "start": [120_000] * len(ks), "end": [180_000] * len(ks),
                       "views": [int(k[5:]) for k in ks]}).cast(deltas.delta_schema(SPEC))
-        deltas.write_delta(storage, SPEC, p, 0, t)
+        deltas.write_delta(storage, PartitionId(SPEC.job, SPEC.operator, p), 0, t)
         written[p] = t.num_rows
     coord.commit(SPEC, 0, 120_000, written)
 

@@ -1,4 +1,8 @@
-"""The `qstate` command line."""
+"""The `qstate` command line.
+
+Every option that is a setting defaults to its effective value (flag > QSTATE_* environment
+> QSTATE_CONFIG file > default, see ``service.core.config``), and ``--help`` shows it.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,9 @@ from typing import Annotated
 
 import typer
 
-from service.config import settings
+from service.cli_options import S, option
+
+__all__ = ["app", "main"]
 
 app = typer.Typer(
     help="qstate: queryable state for Spark Structured Streaming.",
@@ -21,96 +27,91 @@ def _root() -> None:
     """Settings come from flags, QSTATE_* environment variables or the QSTATE_CONFIG file."""
 
 
+def _pairs(items: list[str] | None, flag: str) -> dict[str, str]:
+    out = {}
+    for item in items or []:
+        k, sep, v = item.partition("=")
+        if not sep or not k:
+            raise typer.BadParameter(f"{flag} {item!r}: expected KEY=VALUE")
+        out[k] = v
+    return out
+
+
 @app.command()
 def shard(
-    host: Annotated[str, typer.Option(envvar="QSTATE_SHARD_HOST")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(envvar="QSTATE_SHARD_PORT",
-                                      help="Internal gRPC port (0: any free port).")] = 7100,
-    metrics_port: Annotated[int, typer.Option(envvar="QSTATE_SHARD_METRICS_PORT",
-                                              help="HTTP /metrics /healthz port (0: any).")] = 0,
-    server_id: Annotated[str, typer.Option("--id", envvar="QSTATE_SHARD_ID",
-                                           help="Stable server id (default host-port).")] = "",
-    advertise: Annotated[str, typer.Option(
-        envvar="QSTATE_SHARD_ADVERTISE",
-        help="host:port that jobs and routers use to reach this server (default: bind address).")
-    ] = "",
-    data_dir: Annotated[Path | None, typer.Option(help="RocksDB data (default <home>/shards).")
-                        ] = None,
-    storage: Annotated[str | None, typer.Option(help="Checkpoint storage path or URI.")] = None,
+    host: Annotated[str, option("shard_host", "--host")] = S.shard_host,
+    port: Annotated[int, option("shard_port", "--port")] = S.shard_port,
+    metrics_port: Annotated[int, option("shard_metrics_port", "--metrics-port")
+                            ] = S.shard_metrics_port,
+    server_id: Annotated[str, option("shard_id", "--id")] = S.shard_id,
+    advertise: Annotated[str, option("shard_advertise", "--advertise")] = S.shard_advertise,
+    data_dir: Annotated[Path, option("shard_data_dir", "--data-dir")] = Path(S.shard_data),
+    storage: Annotated[str, option("storage", "--storage")] = S.storage_uri,
 ) -> None:
     """Run a shard server: RocksDB partitions behind the internal gRPC API."""
-    from service.shard.main import run
+    from service.shard.main import ShardOptions, run
 
-    cfg = settings()
-    run(host, port, data_dir or Path(cfg.home) / "shards", storage or cfg.storage_uri,
-        server_id, metrics_port, advertise, cfg.snapshot_every)
+    run(ShardOptions(host, port, data_dir, storage, server_id, metrics_port, advertise, S))
 
 
 @app.command()
 def job(
-    names: Annotated[list[str], typer.Argument(help="Example jobs to run: tweets, ads.")],
-    bootstrap: Annotated[str | None, typer.Option(envvar="QSTATE_KAFKA_BOOTSTRAP",
-                                                  help="Kafka bootstrap servers.")] = None,
-    storage: Annotated[str | None, typer.Option(help="Checkpoint storage path or URI.")] = None,
-    checkpoints: Annotated[Path | None, typer.Option(
-        help="Spark checkpoint root (default <home>/checkpoints).")] = None,
+    names: Annotated[list[str], typer.Argument(
+        help="Jobs to run: MODULE:FUNCTION (a function build(spark, ctx) -> JobDefinition, "
+             "see jobs/job.py), or an example: tweets, ads.")],
+    bootstrap: Annotated[str, option("kafka_bootstrap", "--bootstrap")] = S.kafka_bootstrap,
+    storage: Annotated[str, option("storage", "--storage")] = S.storage_uri,
+    checkpoints: Annotated[Path, option("checkpoints", "--checkpoints")
+                           ] = Path(S.checkpoints_dir),
     shards: Annotated[str | None, typer.Option(
         help="Comma-separated shard addresses (default: servers registered in storage).")
     ] = None,
-    partitions: Annotated[int | None, typer.Option(help="Partitions per operator.")] = None,
-    trigger: Annotated[str, typer.Option(help="Trigger interval.")] = "1 second",
-    max_rows_per_trigger: Annotated[int | None, typer.Option(
-        help="Cap rows read per batch (per query).")] = None,
-    mapping: Annotated[Path | None, typer.Option(
-        help="ads: ad_id -> campaign_id JSON (written by `qstate generate ads`).")] = None,
-    master: Annotated[str, typer.Option(
-        help="Spark master; local[2,4] retries a failed task up to 4 times.")] = "local[2,4]",
-    metrics_port: Annotated[int, typer.Option(help="Prometheus port (0: off).")] = 0,
+    partitions: Annotated[int, option("partitions", "--partitions")] = S.partitions,
+    trigger: Annotated[str, option("trigger_interval", "--trigger")] = S.trigger_interval,
+    max_rows_per_trigger: Annotated[int, option(
+        "max_rows_per_trigger", "--max-rows-per-trigger")] = S.max_rows_per_trigger,
+    master: Annotated[str, option("spark_master", "--master")] = S.spark_master,
+    metrics_port: Annotated[int, option("job_metrics_port", "--metrics-port")
+                            ] = S.job_metrics_port,
     live: Annotated[bool, typer.Option(help="Show a live status line.")] = True,
+    options: Annotated[list[str] | None, typer.Option(
+        "--option", help="A job's own setting KEY=VALUE (repeatable), e.g. "
+                         "mapping=PATH for the ads example.")] = None,
     conf: Annotated[list[str] | None, typer.Option(
         help="Extra Spark setting KEY=VALUE (repeatable).")] = None,
 ) -> None:
-    """Run example jobs (tweets, ads) with the queryable sink until Ctrl-C or SIGTERM."""
-    from jobs.main import run_jobs
-    from jobs.runner import JOBS, JobConfig
+    """Run jobs with the queryable sink until Ctrl-C or SIGTERM."""
+    from jobs.job import JobContext
+    from jobs.run import run_jobs
+    from jobs.runner import load_builder
+    from service.core.errors import InvalidRequest
 
-    cfg = settings()
-    unknown = [n for n in names if n not in JOBS]
-    if unknown:
-        raise typer.BadParameter(f"unknown job(s) {unknown}: choose from {sorted(JOBS)}")
-    root = checkpoints or Path(cfg.home) / "checkpoints"
-    configs = [JobConfig(
-        n, bootstrap or cfg.kafka_bootstrap, root / n, storage or cfg.storage_uri,
-        shards=shards.split(",") if shards else None, partitions=partitions or cfg.partitions,
-        trigger_interval=trigger, max_rows_per_trigger=max_rows_per_trigger,
-        mapping=mapping or Path(cfg.home) / "ads-campaigns.json") for n in names]
-    extra = {}
-    for item in conf or []:
-        k, sep, v = item.partition("=")
-        if not sep:
-            raise typer.BadParameter(f"--conf {item!r}: expected KEY=VALUE")
-        extra[k] = v
-    run_jobs(configs, metrics_port, master, live=live, spark_conf=extra,
-             metrics_host=cfg.metrics_host)
+    for name in names:
+        try:
+            load_builder(name)
+        except InvalidRequest as exc:
+            raise typer.BadParameter(exc.message) from None
+    ctx = JobContext(bootstrap, storage, checkpoints, partitions, trigger,
+                     max_rows_per_trigger or None,
+                     shards=shards.split(",") if shards else None,
+                     options=_pairs(options, "--option"))
+    run_jobs(names, ctx, metrics_port, master, live=live, spark_conf=_pairs(conf, "--conf"),
+             metrics_host=S.metrics_host)
 
 
 @app.command()
 def router(
-    host: Annotated[str | None, typer.Option(envvar="QSTATE_ROUTER_HOST")] = None,
-    http_port: Annotated[int | None, typer.Option(envvar="QSTATE_HTTP_PORT")] = None,
-    grpc_port: Annotated[int | None, typer.Option(envvar="QSTATE_GRPC_PORT")] = None,
-    storage: Annotated[str | None, typer.Option(help="Checkpoint storage path or URI.")] = None,
-    local_reads: Annotated[bool | None, typer.Option(
-        envvar="QSTATE_LOCAL_READS",
-        help="Read co-located shards in-process instead of over gRPC.")] = None,
+    host: Annotated[str, option("router_host", "--host")] = S.router_host,
+    http_port: Annotated[int, option("http_port", "--http-port")] = S.http_port,
+    grpc_port: Annotated[int, option("grpc_port", "--grpc-port")] = S.grpc_port,
+    storage: Annotated[str, option("storage", "--storage")] = S.storage_uri,
+    local_reads: Annotated[bool, option("local_reads", "--local-reads/--no-local-reads")
+                           ] = S.local_reads,
 ) -> None:
     """Run a router: HTTP and gRPC queries, routed to the shard owning each key."""
-    from service.router.main import run
+    from service.router.main import RouterOptions, run
 
-    cfg = settings()
-    run(host or cfg.router_host, http_port or cfg.http_port, grpc_port or cfg.grpc_port,
-        storage or cfg.storage_uri, cfg.shard_timeout_s, cfg.retry_after_s,
-        cfg.local_reads if local_reads is None else local_reads)
+    run(RouterOptions(host, http_port, grpc_port, storage, local_reads, S))
 
 
 @app.command()
@@ -118,30 +119,30 @@ def get(
     job: str, operator: str, state: str, key: str,
     from_: Annotated[str | None, typer.Option("--from", help="Epoch ms or ISO-8601.")] = None,
     to: Annotated[str | None, typer.Option(help="Epoch ms or ISO-8601 (exclusive).")] = None,
-    url: Annotated[str | None, typer.Option(envvar="QSTATE_ROUTER_URL")] = None,
+    url: Annotated[str, option("router_url", "--url")] = S.router_url,
 ) -> None:
     """Print one key's latest window (or windows in --from/--to) as JSON.
 
     Exit codes: 0 found, 1 no data for the key, 2 bad request, 3 unavailable.
     """
-    import orjson
-
-    from service.client import Client, QStateError
+    from service.client import Client
+    from service.core.errors import InvalidRequest, NotFound, QStateError
 
     try:
-        with Client(url or settings().router_url) as c:
+        with Client(url) as c:
             v = c.get(job, operator, state, key, from_=from_, to=to)
     except QStateError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit({404: 1, 400: 2}.get(exc.status, 3)) from None
-    typer.echo(orjson.dumps(v.as_dict(), option=orjson.OPT_INDENT_2).decode())
+        typer.echo(f"error: {exc.message}", err=True)
+        code = 1 if isinstance(exc, NotFound) else 2 if isinstance(exc, InvalidRequest) else 3
+        raise typer.Exit(code) from None
+    typer.echo(v.model_dump_json(indent=2))
 
 
 @app.command()
 def run(
-    bootstrap: Annotated[str | None, typer.Option(envvar="QSTATE_KAFKA_BOOTSTRAP")] = None,
+    bootstrap: Annotated[str, option("kafka_bootstrap", "--bootstrap")] = S.kafka_bootstrap,
     embedded_broker: Annotated[bool, typer.Option(
-        help="Start the dev broker (noida-db) at --bootstrap; off: use a running Kafka.")
+        help="Start the embedded broker at --bootstrap; off: use a running Kafka.")
     ] = True,
     tweets_rate: Annotated[int, typer.Option(help="Tweet events/s to generate.")] = 5000,
     tweet_keys: Annotated[int, typer.Option(help="Distinct tweet ids.")] = 100_000,
@@ -153,14 +154,12 @@ def run(
 
     Ctrl-C or SIGTERM stops every process it started.
     """
-    from service.demo import Demo, DemoConfig
+    from service.embedded.demo import Demo, DemoConfig
 
-    cfg = settings()
     code = Demo(DemoConfig(
-        home=Path(cfg.home), bootstrap=bootstrap or cfg.kafka_bootstrap,
-        storage=cfg.storage_uri, embedded_broker=embedded_broker, http_port=cfg.http_port,
-        grpc_port=cfg.grpc_port, shard_base_port=cfg.shard_port, tweets_rate=tweets_rate,
-        tweet_keys=tweet_keys,
+        home=Path(S.home), bootstrap=bootstrap, storage=S.storage_uri,
+        embedded_broker=embedded_broker, http_port=S.http_port, grpc_port=S.grpc_port,
+        shard_base_port=S.shard_port, tweets_rate=tweets_rate, tweet_keys=tweet_keys,
         ads_rate=ads_rate, partitions=partitions, duration_s=duration)).run()
     raise typer.Exit(code)
 
@@ -172,7 +171,7 @@ app.add_typer(state_app, name="state")
 @state_app.command("inspect")
 def state_inspect(
     job: Annotated[str | None, typer.Argument(help="Only this job.")] = None,
-    storage: Annotated[str | None, typer.Option(help="Checkpoint storage path or URI.")] = None,
+    storage: Annotated[str, option("storage", "--storage")] = S.storage_uri,
     json_out: Annotated[bool, typer.Option("--json", help="JSON lines instead of a table.")
                         ] = False,
 ) -> None:
@@ -186,10 +185,10 @@ def state_inspect(
     from rich.console import Console
     from rich.table import Table
 
+    from service.core.storage import Storage
     from service.inspect import inspect
-    from service.storage import Storage
 
-    rows, summary = inspect(Storage(storage or settings().storage_uri), job)
+    rows, summary = inspect(Storage(storage), job)
     if json_out:
         for r in rows:
             typer.echo(orjson.dumps(asdict(r)).decode())
@@ -215,7 +214,7 @@ def state_inspect(
 
 
 def _mount_generate() -> None:
-    from loadtest.generate import generate
+    from service.embedded.generate import generate
 
     app.command("generate", no_args_is_help=True)(generate)
 

@@ -1,9 +1,11 @@
-"""Python client of the qstate HTTP API, sync (`Client`) and async (`AsyncClient`).
+"""Python client of the qstate HTTP API, sync (``Client``) and async (``AsyncClient``).
 
     with Client("http://127.0.0.1:8000") as qs:
         v = qs.get("tweets", "per_tweet_1h", "impressions", "tw-42")
         print(v.latest.value, "as of batch", v.batch)
 
+Answers are ``service.core.answer`` models, the ones the router serializes. Errors are the
+classes of ``service.core.errors`` (``NotFound``, ``InvalidRequest``, ``Unavailable`` ...).
 A 503 (shard unavailable or restoring) is retried with backoff, honouring Retry-After.
 """
 
@@ -11,52 +13,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 
+from service.core.answer import BatchAnswer, JobInfo, JobList, StateAnswer
+from service.core.errors import QStateError, from_http
 
-class QStateError(Exception):
-    def __init__(self, status: int, message: str, body: dict[str, Any] | None = None) -> None:
-        super().__init__(f"{status}: {message}")
-        self.status = status
-        self.message = message
-        self.body = body or {}
-
-
-@dataclass(frozen=True)
-class Window:
-    start: int | None
-    end: int | None
-    value: int | float | None
-
-
-@dataclass(frozen=True)
-class StateValue:
-    job: str
-    operator: str
-    state: str
-    key: str
-    batch: int
-    watermark: int
-    windows: list[Window] = field(default_factory=list)
-    found: bool = True
-
-    @property
-    def latest(self) -> Window | None:
-        return self.windows[-1] if self.windows else None
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def parse(cls, d: dict[str, Any]) -> StateValue:
-        return cls(d["job"], d["operator"], d["state"], d["key"], d["batch"], d["watermark"],
-                   [Window(**w) for w in d["windows"]], d.get("found", True))
-
+__all__ = ["AsyncClient", "Client", "QStateError", "StateAnswer", "TimeArg"]
 
 TimeArg = int | str | datetime | None
 
@@ -73,8 +39,12 @@ def _params(from_: TimeArg, to: TimeArg) -> dict[str, str]:
     return {k: s for k, v in (("from", from_), ("to", to)) if (s := _t(v)) is not None}
 
 
-def _path(job: str, operator: str, state: str) -> str:
+def _state_path(job: str, operator: str, state: str) -> str:
     return f"/v1/state/{quote(job, safe='')}/{quote(operator, safe='')}/{quote(state, safe='')}"
+
+
+def _key_path(job: str, operator: str, state: str, key: str) -> str:
+    return f"{_state_path(job, operator, state)}/{quote(key, safe='')}"
 
 
 def _raise(r: httpx.Response) -> None:
@@ -84,7 +54,7 @@ def _raise(r: httpx.Response) -> None:
         body = r.json()
     except ValueError:
         body = {"message": r.text}
-    raise QStateError(r.status_code, body.get("message") or str(body.get("detail")), body)
+    raise from_http(r.status_code, body if isinstance(body, dict) else {"message": str(body)})
 
 
 def _delay(r: httpx.Response, attempt: int, backoff: float) -> float:
@@ -95,12 +65,24 @@ def _delay(r: httpx.Response, attempt: int, backoff: float) -> float:
     return max(hinted if attempt == 0 else 0.0, backoff * (2 ** attempt))
 
 
-class Client:
-    def __init__(self, url: str = "http://127.0.0.1:8000", timeout: float = 5.0,
-                 retries: int = 3, backoff_s: float = 0.2) -> None:
-        self._http = httpx.Client(base_url=url, timeout=timeout)
+class _Base:
+    def __init__(self, retries: int, backoff_s: float) -> None:
         self.retries = retries
         self.backoff_s = backoff_s
+
+    def _retry(self, r: httpx.Response, attempt: int) -> float | None:
+        """Seconds to wait before asking again, or None: this is the answer."""
+        if r.status_code != 503 or attempt == self.retries:
+            _raise(r)
+            return None
+        return _delay(r, attempt, self.backoff_s)
+
+
+class Client(_Base):
+    def __init__(self, url: str = "http://127.0.0.1:8000", timeout: float = 5.0,
+                 retries: int = 3, backoff_s: float = 0.2) -> None:
+        super().__init__(retries, backoff_s)
+        self._http = httpx.Client(base_url=url, timeout=timeout)
 
     def __enter__(self) -> Client:
         return self
@@ -112,43 +94,44 @@ class Client:
         self._http.close()
 
     def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
-        for attempt in range(self.retries + 1):
+        attempt = 0
+        while True:
             r = self._http.request(method, path, **kw)
-            if r.status_code != 503 or attempt == self.retries:
-                break
-            time.sleep(_delay(r, attempt, self.backoff_s))
-        _raise(r)
-        return r
+            wait = self._retry(r, attempt)
+            if wait is None:
+                return r
+            time.sleep(wait)
+            attempt += 1
 
     def get(self, job: str, operator: str, state: str, key: str, *, from_: TimeArg = None,
-            to: TimeArg = None) -> StateValue:
-        r = self._request("GET", f"{_path(job, operator, state)}/{quote(key, safe='')}",
+            to: TimeArg = None) -> StateAnswer:
+        r = self._request("GET", _key_path(job, operator, state, key),
                           params=_params(from_, to))
-        return StateValue.parse(r.json())
+        return StateAnswer.model_validate_json(r.content)
 
     def history(self, job: str, operator: str, state: str, key: str, from_: TimeArg,
-                to: TimeArg) -> StateValue:
+                to: TimeArg) -> StateAnswer:
         return self.get(job, operator, state, key, from_=from_, to=to)
 
     def multi_get(self, job: str, operator: str, state: str, keys: list[str], *,
-                  from_: TimeArg = None, to: TimeArg = None) -> list[StateValue]:
-        r = self._request("POST", f"{_path(job, operator, state)}:batchGet",
+                  from_: TimeArg = None, to: TimeArg = None) -> list[StateAnswer]:
+        r = self._request("POST", f"{_state_path(job, operator, state)}:batchGet",
                           json={"keys": keys}, params=_params(from_, to))
-        return [StateValue.parse(d) for d in r.json()["results"]]
+        return BatchAnswer.model_validate_json(r.content).results
 
-    def jobs(self) -> list[dict[str, Any]]:
-        return self._request("GET", "/v1/jobs").json()["jobs"]
+    def jobs(self) -> JobList:
+        return JobList.model_validate_json(self._request("GET", "/v1/jobs").content)
 
-    def describe(self, job: str) -> dict[str, Any]:
-        return self._request("GET", f"/v1/jobs/{quote(job, safe='')}").json()
+    def describe(self, job: str) -> JobInfo:
+        r = self._request("GET", f"/v1/jobs/{quote(job, safe='')}")
+        return JobInfo.model_validate_json(r.content)
 
 
-class AsyncClient:
+class AsyncClient(_Base):
     def __init__(self, url: str = "http://127.0.0.1:8000", timeout: float = 5.0,
                  retries: int = 3, backoff_s: float = 0.2) -> None:
+        super().__init__(retries, backoff_s)
         self._http = httpx.AsyncClient(base_url=url, timeout=timeout)
-        self.retries = retries
-        self.backoff_s = backoff_s
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -160,26 +143,34 @@ class AsyncClient:
         await self._http.aclose()
 
     async def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
-        for attempt in range(self.retries + 1):
+        attempt = 0
+        while True:
             r = await self._http.request(method, path, **kw)
-            if r.status_code != 503 or attempt == self.retries:
-                break
-            await asyncio.sleep(_delay(r, attempt, self.backoff_s))
-        _raise(r)
-        return r
+            wait = self._retry(r, attempt)
+            if wait is None:
+                return r
+            await asyncio.sleep(wait)
+            attempt += 1
 
     async def get(self, job: str, operator: str, state: str, key: str, *,
-                  from_: TimeArg = None, to: TimeArg = None) -> StateValue:
-        r = await self._request("GET", f"{_path(job, operator, state)}/{quote(key, safe='')}",
+                  from_: TimeArg = None, to: TimeArg = None) -> StateAnswer:
+        r = await self._request("GET", _key_path(job, operator, state, key),
                                 params=_params(from_, to))
-        return StateValue.parse(r.json())
+        return StateAnswer.model_validate_json(r.content)
 
     async def history(self, job: str, operator: str, state: str, key: str, from_: TimeArg,
-                      to: TimeArg) -> StateValue:
+                      to: TimeArg) -> StateAnswer:
         return await self.get(job, operator, state, key, from_=from_, to=to)
 
     async def multi_get(self, job: str, operator: str, state: str, keys: list[str], *,
-                        from_: TimeArg = None, to: TimeArg = None) -> list[StateValue]:
-        r = await self._request("POST", f"{_path(job, operator, state)}:batchGet",
+                        from_: TimeArg = None, to: TimeArg = None) -> list[StateAnswer]:
+        r = await self._request("POST", f"{_state_path(job, operator, state)}:batchGet",
                                 json={"keys": keys}, params=_params(from_, to))
-        return [StateValue.parse(d) for d in r.json()["results"]]
+        return BatchAnswer.model_validate_json(r.content).results
+
+    async def jobs(self) -> JobList:
+        return JobList.model_validate_json((await self._request("GET", "/v1/jobs")).content)
+
+    async def describe(self, job: str) -> JobInfo:
+        r = await self._request("GET", f"/v1/jobs/{quote(job, safe='')}")
+        return JobInfo.model_validate_json(r.content)

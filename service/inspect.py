@@ -10,13 +10,14 @@ from dataclasses import dataclass
 
 import grpc
 
-from service import delta as deltas
-from service.assignment import load_assignment
-from service.batches import manifest_batches
-from service.operator import list_specs
-from service.shard.client import ShardClients
-from service.shard.snapshot import list_snapshots
-from service.storage import Storage
+from service.core.address import PartitionId
+from service.core.assignment import load_assignment
+from service.core.catalog import delta_batches, manifest_batches, snapshot_batches
+from service.core.operator import list_specs
+from service.core.shard_client import ShardClients
+from service.core.storage import Storage
+
+__all__ = ["PartitionRow", "inspect"]
 
 
 @dataclass
@@ -61,12 +62,13 @@ def inspect(storage: Storage, job: str | None = None) -> tuple[list[PartitionRow
                     info = described[addr].get((spec.job, spec.operator, p))
                 state = ("unassigned" if addr is None else "down" if info is None
                          else "restoring" if info.restoring else "ready")
-                snaps = list_snapshots(storage, spec.job, spec.operator, p)
+                pid = PartitionId(spec.job, spec.operator, p)
+                snaps = snapshot_batches(storage, pid)
                 rows.append(PartitionRow(
                     spec.job, spec.operator, p, sid or "-", state,
                     info.last_batch if info else None, info.watermark_ms if info else None,
                     snaps[-1] if snaps else None,
-                    len(deltas.delta_batches(storage, spec.job, spec.operator, p))))
+                    len(delta_batches(storage, pid))))
     finally:
         clients.close()
     return rows, summary

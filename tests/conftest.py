@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from service.devbroker import DevBroker
+from service.embedded.broker import DevBroker
 
 
 @pytest.fixture(scope="session")
@@ -48,7 +48,7 @@ def storage_uri(session_dir: Path) -> str:
 @pytest.fixture(scope="session")
 def shards(session_dir: Path, storage_uri: str):
     """Two shard server processes over real sockets, shared by the session."""
-    from service.procs import ShardProcess
+    from service.embedded.procs import ShardProcess
 
     procs = [ShardProcess.make(f"s{i}", session_dir / "shards", storage_uri,
                                session_dir / "logs").start_and_wait() for i in range(2)]
@@ -62,7 +62,7 @@ def shards(session_dir: Path, storage_uri: str):
 @pytest.fixture(scope="session")
 def router(session_dir: Path, storage_uri: str, shards):
     """One router process (HTTP + gRPC) over the session's storage and shards."""
-    from service.procs import RouterProcess
+    from service.embedded.procs import RouterProcess
 
     r = RouterProcess.make(storage_uri, session_dir / "logs").start_and_wait()
     try:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from proto import shard_pb2 as pb
-from service.assignment import load_assignment
-from service.keys import partition_of
-from service.shard.client import ShardClients
-from service.storage import Storage
+from service.core.address import partition_of
+from service.core.assignment import load_assignment
+from service.core.shard_client import ShardClients
+from service.core.storage import Storage
 
 
 def read_all_windows(storage_uri: str, job: str, operator: str, state: str, keys: list[str],

@@ -15,7 +15,11 @@ import grpc
 
 from proto import shard_pb2 as pb
 from proto import shard_pb2_grpc as pb_grpc
-from service.shard.client import CHANNEL_OPTIONS
+from service.core.address import PartitionId
+from service.core.config import DEFAULTS
+from service.core.shard_client import CHANNEL_OPTIONS
+
+__all__ = ["MAX_BATCH", "ShardCaller"]
 
 Group = tuple[str, str, str, str, int, int, bool]  # address, job, op, state, from, to, range
 MAX_BATCH = 2000
@@ -30,7 +34,7 @@ class _Pending:
 
 
 class ShardCaller:
-    def __init__(self, timeout_s: float = 1.0, max_inflight: int = 2) -> None:
+    def __init__(self, timeout_s: float = DEFAULTS.shard_timeout_s, max_inflight: int = 2) -> None:
         self.timeout_s = timeout_s
         self.max_inflight = max_inflight
         self._stubs: dict[str, pb_grpc.ShardStub] = {}
@@ -49,10 +53,10 @@ class ShardCaller:
         for ch in self._channels:
             await ch.close()
 
-    def lookup(self, address: str, job: str, operator: str, state: str, key: pb.KeyQuery,
+    def lookup(self, address: str, pid: PartitionId, state: str, key: pb.KeyQuery,
                rng: tuple[int, int] | None) -> asyncio.Future:
         """A future of the key's ``KeyResult``; fails with ``grpc.aio.AioRpcError``."""
-        group: Group = (address, job, operator, state, *(rng or (0, 0)), rng is not None)
+        group: Group = (address, pid.job, pid.operator, state, *(rng or (0, 0)), rng is not None)
         p = self._groups.get(group)
         if p is None:
             p = self._groups[group] = _Pending()

@@ -5,21 +5,22 @@ from __future__ import annotations
 import time
 
 import grpc
-from prometheus_client import Counter, Histogram
 
 from proto import qstate_pb2 as pb
 from proto import qstate_pb2_grpc as pb_grpc
-from service.errors import NotFound, QueryError, Unavailable
-from service.router.query import Answer, QueryService
+from service.core.answer import StateAnswer
+from service.core.errors import QStateError, Unavailable
+from service.router.http import FAR
+from service.router.metrics import GRPC_LATENCY as RPC_LATENCY
+from service.router.metrics import GRPC_REQUESTS as RPCS
+from service.router.query import QueryService, absent
 
-RPCS = Counter("qstate_router_grpc_requests_total", "gRPC requests", ["method", "code"])
-RPC_LATENCY = Histogram("qstate_router_grpc_request_seconds", "gRPC latency", ["method"],
-                        buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1))
+__all__ = ["QueryableStateService"]
 
 
-def _value(a: Answer) -> pb.StateValue:
+def _value(a: StateAnswer) -> pb.StateValue:
     out = pb.StateValue(job=a.job, operator=a.operator, state=a.state, key=a.key, found=a.found,
-                        batch=a.batch, watermark_ms=a.watermark_ms)
+                        batch=a.batch, watermark_ms=a.watermark)
     for w in a.windows:
         pw = out.windows.add()
         if w.start is not None:
@@ -36,10 +37,10 @@ def _range(req: pb.GetRequest | pb.MultiGetRequest) -> tuple[int, int] | None:
     has_from, has_to = req.HasField("from_ms"), req.HasField("to_ms")
     if not has_from and not has_to:
         return None
-    return (req.from_ms if has_from else -(1 << 62), req.to_ms if has_to else 1 << 62)
+    return (req.from_ms if has_from else -FAR, req.to_ms if has_to else FAR)
 
 
-async def _fail(context: grpc.aio.ServicerContext, method: str, exc: QueryError) -> None:
+async def _fail(context: grpc.aio.ServicerContext, method: str, exc: QStateError) -> None:
     RPCS.labels(method, exc.grpc_code.name).inc()
     if isinstance(exc, Unavailable):
         context.set_trailing_metadata((("retry-after-ms", str(int(exc.retry_after_s * 1000))),))
@@ -57,9 +58,8 @@ class QueryableStateService(pb_grpc.QueryableStateServicer):
             a = await self.query.get(request.job, request.operator, request.state, request.key,
                                      _range(request))
             if not a.found:
-                raise NotFound(f"key {request.key[:200]!r} has no data in {request.job}/"
-                               f"{request.operator}/{request.state} as of batch {a.batch}")
-        except QueryError as exc:
+                raise absent(a)
+        except QStateError as exc:
             await _fail(context, "Get", exc)
         RPCS.labels("Get", "OK").inc()
         RPC_LATENCY.labels("Get").observe(time.perf_counter() - t0)
@@ -71,7 +71,7 @@ class QueryableStateService(pb_grpc.QueryableStateServicer):
         try:
             answers = await self.query.multi_get(request.job, request.operator, request.state,
                                                  list(request.keys), _range(request))
-        except QueryError as exc:
+        except QStateError as exc:
             await _fail(context, "MultiGet", exc)
         RPCS.labels("MultiGet", "OK").inc()
         RPC_LATENCY.labels("MultiGet").observe(time.perf_counter() - t0)
@@ -88,7 +88,7 @@ class QueryableStateService(pb_grpc.QueryableStateServicer):
                           context: grpc.aio.ServicerContext) -> pb.JobInfo:
         try:
             ops = await self.query.describe_job(request.job)
-        except QueryError as exc:
+        except QStateError as exc:
             await _fail(context, "DescribeJob", exc)
         out = pb.JobInfo(name=request.job)
         for s in ops:

@@ -1,80 +1,51 @@
-"""HTTP front end (FastAPI): GET a key, batchGet many, list and describe jobs."""
+"""HTTP front end (FastAPI): GET a key, batchGet many, list and describe jobs.
+
+Bodies are the models of ``service.core.answer``, serialized by those models; errors are
+``ErrorBody`` with the status of their class (``service.core.errors``) and, for a 503, a
+Retry-After header.
+"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-import orjson
-from fastapi import Body, FastAPI, Query, Request
+from fastapi import Body, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import ORJSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field
 
-from service.errors import InvalidRequest, NotFound, QueryError
-from service.router.query import Answer, OperatorStatus, QueryService
+from service.core.address import MAX_KEY_BYTES, NAME_PATTERN
+from service.core.answer import (
+    BatchAnswer,
+    JobInfo,
+    JobList,
+    JobSummary,
+    OperatorInfo,
+    StateAnswer,
+    StateInfo,
+    WindowInfo,
+    error_responses,
+)
+from service.core.config import DEFAULTS
+from service.core.errors import InvalidRequest, QStateError
+from service.router.metrics import HTTP_LATENCY, HTTP_REQUESTS
+from service.router.query import OperatorStatus, QueryService, absent
 
-REQUESTS = Counter("qstate_router_http_requests_total", "HTTP requests", ["route", "status"])
-LATENCY = Histogram("qstate_router_http_request_seconds", "HTTP request latency", ["route"],
-                    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1))
+__all__ = ["create_app", "error_response", "json_response", "time_range"]
 
-
-class WindowOut(BaseModel):
-    start: int | None = Field(description="Window start, epoch ms (null: not windowed)")
-    end: int | None = Field(description="Window end, epoch ms, exclusive")
-    value: int | float | None = Field(description="The aggregate; counts are exact integers")
-
-
-class StateOut(BaseModel):
-    job: str
-    operator: str
-    state: str
-    key: str
-    batch: int = Field(description="The job's batch this answer reflects")
-    watermark: int = Field(description="The event-time watermark at that batch, epoch ms")
-    windows: list[WindowOut]
-
-    model_config = {"json_schema_extra": {"examples": [{
-        "job": "tweets", "operator": "per_tweet_1h", "state": "impressions", "key": "tw-42",
-        "batch": 311, "watermark": 1767225590000,
-        "windows": [{"start": 1767225600000, "end": 1767229200000, "value": 17}]}]}}
-
-
-class BatchItem(StateOut):
-    found: bool
+JSON = "application/json"
+FAR = 1 << 62  # an open end of a time range
 
 
 class BatchGetIn(BaseModel):
-    keys: list[str] = Field(max_length=1000, description="At most 1000 keys")
-    model_config = {"json_schema_extra": {"examples": [{"keys": ["tw-1", "tw-2", "tw-404"]}]}}
-
-
-class BatchGetOut(BaseModel):
-    results: list[BatchItem]
-
-
-class ErrorOut(BaseModel):
-    error: str
-    message: str
-
-
-def state_body(a: Answer) -> dict[str, Any]:
-    return {"job": a.job, "operator": a.operator, "state": a.state, "key": a.key,
-            "batch": a.batch, "watermark": a.watermark_ms,
-            "windows": [{"start": w.start, "end": w.end, "value": w.value} for w in a.windows]}
-
-
-def _operator(s: OperatorStatus) -> dict[str, Any]:
-    sp = s.spec
-    return {"name": sp.operator, "key": sp.key,
-            "states": [{"name": n, "type": t} for n, t in sp.states.items()],
-            "window": {"kind": sp.window.kind, "size_ms": sp.window.size_ms,
-                       "slide_ms": sp.window.slide_ms, "gap_ms": sp.window.gap_ms},
-            "partitions": sp.partitions, "partitions_available": s.partitions_available,
-            "retention_ms": sp.retention_ms, "last_batch": s.last_batch,
-            "watermark": s.watermark_ms}
+    keys: list[str] = Field(max_length=DEFAULTS.max_batch_keys,
+                            description=f"At most {DEFAULTS.max_batch_keys} keys")
+    model_config = {"extra": "forbid",
+                    "json_schema_extra": {"examples": [{"keys": ["tw-1", "tw-2", "tw-404"]}]}}
 
 
 def parse_time(name: str, value: str | None) -> int | None:
@@ -98,33 +69,52 @@ def time_range(from_: str | None, to: str | None) -> tuple[int, int] | None:
     lo, hi = parse_time("from", from_), parse_time("to", to)
     if lo is None and hi is None:
         return None
-    return (lo if lo is not None else -(1 << 62), hi if hi is not None else 1 << 62)
+    return (lo if lo is not None else -FAR, hi if hi is not None else FAR)
 
 
-def retry_after(exc: QueryError) -> int:
+def retry_after(exc: QStateError) -> int:
     """Whole seconds for the Retry-After header (HTTP has no finer unit)."""
-    return max(1, round(getattr(exc, "retry_after_s", 1.0)))
+    return max(1, round(float(exc.detail.get("retry_after_s", 1.0))))
 
 
-def _error(exc: QueryError) -> ORJSONResponse:
-    headers = {}
+def error_response(exc: QStateError) -> tuple[int, bytes, dict[str, str]]:
+    """Status, body and headers of an error answer: the one place they are decided."""
+    headers = {"content-type": JSON}
     if exc.http_status == 503:
-        headers["Retry-After"] = str(retry_after(exc))
-    return ORJSONResponse(exc.body(), status_code=exc.http_status, headers=headers)
+        headers["retry-after"] = str(retry_after(exc))
+    return exc.http_status, ORJSONResponse(exc.body()).body, headers
 
 
-ERRORS: dict[int | str, dict[str, Any]] = {
-    400: {"model": ErrorOut, "description": "Invalid name, key or time range"},
-    404: {"model": ErrorOut, "description": "Unknown job/operator/state, or no data for the key"},
-    503: {"model": ErrorOut, "description": "Shard unavailable; retry after Retry-After"},
-}
+def json_response(model: BaseModel) -> Response:
+    return Response(model.model_dump_json(), media_type=JSON)
 
 
-def create_app(query: QueryService, ready: Any = lambda: True) -> FastAPI:
+def _operator(s: OperatorStatus) -> OperatorInfo:
+    sp = s.spec
+    return OperatorInfo(
+        name=sp.operator, key=sp.key,
+        states=[StateInfo(name=n, type=t) for n, t in sp.states.items()],
+        window=WindowInfo(kind=sp.window.kind, size_ms=sp.window.size_ms,
+                          slide_ms=sp.window.slide_ms, gap_ms=sp.window.gap_ms),
+        partitions=sp.partitions, partitions_available=s.partitions_available,
+        retention_ms=sp.retention_ms, last_batch=s.last_batch, watermark=s.watermark_ms)
+
+
+Name = Annotated[str, Path(pattern=NAME_PATTERN, description="[A-Za-z0-9_.-]{1,64}")]
+Key = Annotated[str, Path(min_length=1, max_length=MAX_KEY_BYTES,
+                          description=f"The grouping key as UTF-8, at most {MAX_KEY_BYTES} "
+                          "bytes (URL-encoded)")]
+From = Annotated[str | None, Query(alias="from", description="Epoch ms or ISO-8601",
+                                   examples=["2026-01-01T10:00:00Z"])]
+To = Annotated[str | None, Query(description="Epoch ms or ISO-8601 (exclusive)")]
+
+
+def create_app(query: QueryService, ready: Callable[[], bool] = lambda: True) -> FastAPI:
     app = FastAPI(title="qstate", version="1",
                   description="Live per-key window aggregates of Spark Structured Streaming "
                               "jobs, served from RocksDB shards.",
                   default_response_class=ORJSONResponse)
+    errors = error_responses()
 
     @app.middleware("http")
     async def measure(request: Request, call_next):  # type: ignore[no-untyped-def]
@@ -132,57 +122,54 @@ def create_app(query: QueryService, ready: Any = lambda: True) -> FastAPI:
         response = await call_next(request)
         route = request.scope.get("route")
         path = getattr(route, "path", "unmatched")
-        LATENCY.labels(path).observe(time.perf_counter() - t0)
-        REQUESTS.labels(path, str(response.status_code)).inc()
+        HTTP_LATENCY.labels(path).observe(time.perf_counter() - t0)
+        HTTP_REQUESTS.labels(path, str(response.status_code)).inc()
         return response
 
+    def _error(exc: QStateError) -> Response:
+        status, body, headers = error_response(exc)
+        return Response(body, status_code=status, headers=headers)
+
     @app.exception_handler(RequestValidationError)
-    async def on_invalid(_: Request, exc: RequestValidationError) -> ORJSONResponse:
+    async def on_invalid(_: Request, exc: RequestValidationError) -> Response:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body') or 'body'}: {e['msg']}"
             for e in exc.errors())
         return _error(InvalidRequest(f"invalid request: {problems}"))
 
-    @app.exception_handler(QueryError)
-    async def on_query_error(_: Request, exc: QueryError) -> ORJSONResponse:
+    @app.exception_handler(QStateError)
+    async def on_query_error(_: Request, exc: QStateError) -> Response:
         return _error(exc)
 
-    @app.get("/v1/state/{job}/{operator}/{state}/{key:path}", response_model=StateOut,
-             responses=ERRORS, summary="The latest window of a key, or its windows in a range")
-    async def get_state(job: str, operator: str, state: str, key: str,
-                        from_: Annotated[str | None, Query(
-                            alias="from", description="Epoch ms or ISO-8601",
-                            examples=["2026-01-01T10:00:00Z"])] = None,
-                        to: Annotated[str | None, Query(description="Epoch ms or ISO-8601 "
-                                                        "(exclusive)")] = None) -> Any:
+    @app.get("/v1/state/{job}/{operator}/{state}/{key:path}", response_model=StateAnswer,
+             responses=errors, summary="The latest window of a key, or its windows in a range")
+    async def get_state(job: Name, operator: Name, state: Name, key: Key, from_: From = None,
+                        to: To = None) -> Any:
         a = await query.get(job, operator, state, key, time_range(from_, to))
         if not a.found:
-            raise NotFound(f"key {key[:200]!r} has no data in {job}/{operator}/{state} as of "
-                           f"batch {a.batch}", batch=a.batch, watermark=a.watermark_ms)
-        return Response(orjson.dumps(state_body(a)), media_type="application/json")
+            raise absent(a)
+        return json_response(a)
 
-    @app.post("/v1/state/{job}/{operator}/{state}:batchGet", response_model=BatchGetOut,
-              responses=ERRORS, summary="Many keys of one state; misses are marked")
-    async def batch_get(job: str, operator: str, state: str,
-                        body: Annotated[BatchGetIn, Body()],
-                        from_: Annotated[str | None, Query(alias="from")] = None,
-                        to: Annotated[str | None, Query()] = None) -> Any:
+    @app.post("/v1/state/{job}/{operator}/{state}:batchGet", response_model=BatchAnswer,
+              responses=errors, summary="Many keys of one state; misses are marked")
+    async def batch_get(job: Name, operator: Name, state: Name,
+                        body: Annotated[BatchGetIn, Body()], from_: From = None,
+                        to: To = None) -> Any:
         answers = await query.multi_get(job, operator, state, body.keys, time_range(from_, to))
-        return Response(orjson.dumps({"results": [{**state_body(a), "found": a.found}
-                                                  for a in answers]}),
-                        media_type="application/json")
+        return json_response(BatchAnswer.model_construct(results=answers))
 
-    @app.get("/v1/jobs", summary="Jobs whose state is queryable")
+    @app.get("/v1/jobs", response_model=JobList, summary="Jobs whose state is queryable")
     async def list_jobs() -> Any:
         jobs = await query.jobs()
-        return {"jobs": [{"name": j, "operators": [s.operator for s in specs]}
-                         for j, specs in jobs.items()]}
+        return json_response(JobList(jobs=[
+            JobSummary(name=j, operators=[s.operator for s in specs])
+            for j, specs in jobs.items()]))
 
-    @app.get("/v1/jobs/{job}", responses=ERRORS,
+    @app.get("/v1/jobs/{job}", response_model=JobInfo, responses=errors,
              summary="Operators, states, windows, partitions, last batch and watermark")
-    async def describe_job(job: str) -> Any:
+    async def describe_job(job: Name) -> Any:
         ops = await query.describe_job(job)
-        return {"name": job, "operators": [_operator(s) for s in ops]}
+        return json_response(JobInfo(name=job, operators=[_operator(s) for s in ops]))
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> Any:

@@ -21,18 +21,23 @@ from pathlib import Path
 import orjson
 from rocksdict import AccessType, Options, Rdict
 
-from service.assignment import ServerInfo
+from service.core.address import PartitionId
+from service.core.assignment import ServerInfo
+from service.core.config import DEFAULTS
+from service.core.shard_files import Marker, partition_dir, read_marker
 from service.shard.layout import META
-from service.shard.store import MARKER, Meta, WindowValue, read_windows
+from service.shard.store import Meta, WindowValue, read_windows
 
-log = logging.getLogger("qstate.router.local")
-Key = tuple[str, str, str, int]  # address, job, operator, partition
+__all__ = ["LocalReader"]
+
+log = logging.getLogger(__name__)
+Key = tuple[str, PartitionId]  # owner's address, partition
 
 
 @dataclass
 class _Secondary:
     db: Rdict
-    marker: bytes
+    marker: Marker
 
 
 def _batch_of(db: Rdict) -> int:
@@ -55,7 +60,7 @@ class LocalReader:
         self.hostname = socket.gethostname()
         self.scratch = scratch
         self.servers: dict[str, ServerInfo] = {}  # address -> co-located server
-        self.ready: dict[str, set[tuple[str, str, int]]] = {}
+        self.ready: dict[str, set[PartitionId]] = {}
         self._dbs: dict[Key, _Secondary] = {}
 
     def set_servers(self, infos: list[ServerInfo]) -> None:
@@ -66,9 +71,9 @@ class LocalReader:
             self._close(k)
         self.servers = local
 
-    def set_ready(self, address: str, partitions: set[tuple[str, str, int]]) -> None:
+    def set_ready(self, address: str, partitions: set[PartitionId]) -> None:
         self.ready[address] = partitions
-        for k in [k for k in self._dbs if k[0] == address and k[1:] not in partitions]:
+        for k in [k for k in self._dbs if k[0] == address and k[1] not in partitions]:
             self._close(k)
 
     def _close(self, k: Key) -> None:
@@ -81,37 +86,37 @@ class LocalReader:
             self._close(k)
         shutil.rmtree(self.scratch, ignore_errors=True)
 
-    def _open(self, k: Key, path: Path, marker: bytes) -> _Secondary:
+    def _open(self, k: Key, path: Path, marker: Marker) -> _Secondary:
         self._close(k)
         opts = Options(raw_mode=True)
         opts.set_max_open_files(-1)  # required by secondary instances
-        secondary = self.scratch / k[0].replace(":", "_") / k[1] / k[2] / str(k[3])
+        address, pid = k
+        secondary = partition_dir(self.scratch / address.replace(":", "_"), pid)
         secondary.mkdir(parents=True, exist_ok=True)
         sec = _Secondary(Rdict(str(path), opts,
                                access_type=AccessType.secondary(str(secondary))), marker)
         self._dbs[k] = sec
         return sec
 
-    def read(self, address: str, job: str, operator: str, partition: int, key: str,
-             rng: tuple[int, int] | None, limit: int = 10_000
-             ) -> tuple[Meta, list[WindowValue]] | None:
+    def read(self, address: str, pid: PartitionId, key: str, rng: tuple[int, int] | None,
+             limit: int = DEFAULTS.max_windows) -> tuple[Meta, list[WindowValue]] | None:
         """The answer from the owner's files, or None: ask the owner over gRPC."""
         info = self.servers.get(address)
-        if info is None or (job, operator, partition) not in self.ready.get(address, ()):
+        if info is None or pid not in self.ready.get(address, ()):
             return None
         if not _pid_alive(info.pid):
             return None
-        path = Path(info.data_dir) / job / operator / f"p{partition:05d}"
-        k = (address, job, operator, partition)
+        path = partition_dir(Path(info.data_dir), pid)
+        k = (address, pid)
         try:
-            marker = (path / MARKER).read_bytes()
+            marker = read_marker(path)
             sec = self._dbs.get(k)
-            if sec is None or sec.marker.split(b" ", 1)[0] != marker.split(b" ", 1)[0]:
+            if sec is None or sec.marker[0] != marker[0]:
                 sec = self._open(k, path, marker)  # first read, or a new incarnation
             elif sec.marker != marker:
                 sec.db.try_catch_up_with_primary()
                 sec.marker = marker
-                if _batch_of(sec.db) < int(marker.split(b" ", 1)[1]):
+                if _batch_of(sec.db) < marker[1]:
                     # seen after a flush+checkpoint on a restored primary: the WAL tail
                     # was not followed; a fresh secondary sees everything
                     sec = self._open(k, path, marker)

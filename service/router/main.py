@@ -6,6 +6,7 @@ import asyncio
 import logging
 import signal
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -13,16 +14,31 @@ import uvicorn
 
 from proto import qstate_pb2_grpc as pb_grpc
 from proto import shard_pb2 as pb
+from service.core.address import PartitionId
+from service.core.config import Settings
+from service.core.storage import Storage
 from service.router.coalesce import ShardCaller
 from service.router.fastpath import with_fast_get
 from service.router.grpc_api import QueryableStateService
 from service.router.http import create_app
 from service.router.local import LocalReader
 from service.router.query import QueryService
+from service.router.reads import PartitionReads
 from service.router.routing import RoutingTable
-from service.storage import Storage
 
-log = logging.getLogger("qstate.router")
+__all__ = ["RouterOptions", "run", "serve"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RouterOptions:
+    host: str
+    http_port: int
+    grpc_port: int
+    storage_uri: str
+    local_reads: bool
+    settings: Settings
 
 
 async def _watch_local_shards(routing: RoutingTable, caller: ShardCaller, local: LocalReader,
@@ -34,31 +50,34 @@ async def _watch_local_shards(routing: RoutingTable, caller: ShardCaller, local:
             try:
                 d = await caller.stub(address).Describe(pb.DescribeRequest(),
                                                         timeout=every_s * 2)
-                local.set_ready(address, {(p.job, p.operator, p.partition)
+                local.set_ready(address, {PartitionId(p.job, p.operator, p.partition)
                                           for p in d.partitions if not p.restoring})
             except grpc.aio.AioRpcError:
                 local.set_ready(address, set())
         await asyncio.sleep(every_s)
 
 
-async def serve(host: str, http_port: int, grpc_port: int, storage_uri: str,
-                shard_timeout_s: float = 1.0, retry_after_s: float = 1.0,
-                local_reads: bool = True, scratch: Path | None = None) -> None:
-    routing = RoutingTable(Storage(storage_uri))
+async def serve(o: RouterOptions, scratch: Path | None = None) -> None:
+    cfg = o.settings
+    host = o.host
+    routing = RoutingTable(Storage(o.storage_uri), cfg.routing_refresh_s,
+                           cfg.routing_min_interval_s)
     await routing.start()
-    caller = ShardCaller(timeout_s=shard_timeout_s)
+    caller = ShardCaller(timeout_s=cfg.shard_timeout_s)
     local = LocalReader(scratch or Path(tempfile.mkdtemp(prefix="qstate-router-")))
-    query = QueryService(routing, caller, retry_after_s, local if local_reads else None)
-    watch = asyncio.create_task(_watch_local_shards(routing, caller, local, 0.25)) \
-        if local_reads else None
+    reads = PartitionReads(routing, caller, cfg.retry_after_s, local if o.local_reads else None)
+    query = QueryService(routing, reads, cfg.max_batch_keys)
+    watch = asyncio.create_task(_watch_local_shards(routing, caller, local,
+                                                    cfg.local_ready_poll_s)) \
+        if o.local_reads else None
 
     grpc_server = grpc.aio.server()
     pb_grpc.add_QueryableStateServicer_to_server(QueryableStateService(query), grpc_server)
-    grpc_server.add_insecure_port(f"{host}:{grpc_port}")
+    grpc_server.add_insecure_port(f"{host}:{o.grpc_port}")
     await grpc_server.start()
 
     app = with_fast_get(create_app(query, ready=lambda: bool(routing.specs)), query)
-    config = uvicorn.Config(app, host=host, port=http_port, log_level="warning",
+    config = uvicorn.Config(app, host=host, port=o.http_port, log_level="warning",
                             access_log=False, http="httptools", lifespan="off",
                             timeout_graceful_shutdown=2)
     http = uvicorn.Server(config)
@@ -69,7 +88,7 @@ async def serve(host: str, http_port: int, grpc_port: int, storage_uri: str,
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     task = asyncio.create_task(http.serve())
-    print(f"qstate router ready http=http://{host}:{http_port} grpc={host}:{grpc_port}",
+    print(f"qstate router ready http=http://{host}:{o.http_port} grpc={host}:{o.grpc_port}",
           flush=True)
     await stop.wait()
     http.should_exit = True
@@ -82,15 +101,11 @@ async def serve(host: str, http_port: int, grpc_port: int, storage_uri: str,
     local.close()
 
 
-def run(host: str, http_port: int, grpc_port: int, storage_uri: str,
-        shard_timeout_s: float = 1.0, retry_after_s: float = 1.0,
-        local_reads: bool = True) -> None:
+def run(o: RouterOptions) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
-    main = serve(host, http_port, grpc_port, storage_uri, shard_timeout_s, retry_after_s,
-                 local_reads)
     try:
         import uvloop
     except ImportError:
-        asyncio.run(main)
+        asyncio.run(serve(o))
     else:
-        uvloop.run(main)
+        uvloop.run(serve(o))

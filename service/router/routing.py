@@ -10,17 +10,21 @@ import asyncio
 import logging
 import time
 
-from service.assignment import Assignment, ServerInfo, list_servers, load_assignment
-from service.errors import NotFound
-from service.operator import OperatorSpec, list_specs
-from service.storage import Storage
+from service.core.address import PartitionId
+from service.core.assignment import Assignment, ServerInfo, list_servers, load_assignment
+from service.core.config import DEFAULTS
+from service.core.errors import UnknownOperator
+from service.core.operator import OperatorSpec, list_specs
+from service.core.storage import Storage
 
-log = logging.getLogger("qstate.router")
+__all__ = ["RoutingTable"]
+
+log = logging.getLogger(__name__)
 
 
 class RoutingTable:
-    def __init__(self, storage: Storage, refresh_s: float = 1.0,
-                 min_interval_s: float = 0.1) -> None:
+    def __init__(self, storage: Storage, refresh_s: float = DEFAULTS.routing_refresh_s,
+                 min_interval_s: float = DEFAULTS.routing_min_interval_s) -> None:
         self.servers: list[ServerInfo] = []
         self.storage = storage
         self.refresh_s = refresh_s
@@ -76,17 +80,32 @@ class RoutingTable:
             spec = self.specs.get((job, operator))
         if spec is None:
             if not any(j == job for j, _ in self.specs):
-                raise NotFound(f"unknown job {job!r}", job=job)
-            raise NotFound(f"job {job!r} has no operator {operator!r}", job=job,
-                           operator=operator)
+                raise UnknownOperator(f"unknown job {job!r}", job=job)
+            raise UnknownOperator(f"job {job!r} has no operator {operator!r}", job=job,
+                                  operator=operator)
         if state is not None and state not in spec.states:
-            raise NotFound(f"operator {job}/{operator} has no state {state!r}; it has "
-                           f"{', '.join(spec.states)}", job=job, operator=operator, state=state)
+            raise UnknownOperator(f"operator {job}/{operator} has no state {state!r}; it has "
+                                  f"{', '.join(spec.states)}", job=job, operator=operator,
+                                  state=state)
         return spec
 
-    def owner(self, job: str, operator: str, partition: int) -> str | None:
-        a = self.assignments.get(job)
-        return a.owner(operator, partition) if a is not None else None
+    def owner_now(self, pid: PartitionId) -> str | None:
+        """The owner's address in the cached table (None: unassigned or unknown)."""
+        a = self.assignments.get(pid.job)
+        return a.owner(pid.operator, pid.partition) if a is not None else None
+
+    async def owner(self, pid: PartitionId) -> str | None:
+        """The owner's address, refreshing the table once when it names none."""
+        address = self.owner_now(pid)
+        if address is None:
+            await self.refresh()
+            address = self.owner_now(pid)
+        return address
+
+    async def moved(self, pid: PartitionId, address: str) -> bool:
+        """After a failed call to ``address``: refresh, and say whether ``pid`` moved."""
+        await self.refresh()
+        return self.owner_now(pid) != address
 
     def partitions_of(self, job: str, operator: str) -> dict[str, list[int]]:
         a = self.assignments.get(job)

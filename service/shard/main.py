@@ -7,24 +7,47 @@ import logging
 import os
 import signal
 import socket
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 
 from proto import shard_pb2_grpc as pb_grpc
-from service.assignment import (
+from service.core.assignment import (
     ServerInfo,
     default_server_id,
     now_ms,
     register_server,
     unregister_server,
 )
-from service.http_probe import bound_port, probe_app, serve_probe
+from service.core.config import Settings
+from service.core.probe import bound_port, probe_app, serve_probe
+from service.core.shard_client import CHANNEL_OPTIONS
+from service.core.storage import Storage
 from service.shard.partitions import Partitions
 from service.shard.server import ShardService
-from service.storage import Storage
 
-log = logging.getLogger("qstate.shard")
+__all__ = ["ShardOptions", "run", "serve"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ShardOptions:
+    """What a shard server process needs, from ``Settings`` (and the CLI's flags)."""
+
+    host: str
+    port: int
+    data_dir: Path
+    storage_uri: str
+    server_id: str
+    metrics_port: int
+    advertise: str
+    settings: Settings
+
+    @property
+    def id(self) -> str:
+        return self.server_id or default_server_id(self.host, self.port)
 
 
 async def _follow_assignments(partitions: Partitions, every_s: float) -> None:
@@ -36,28 +59,26 @@ async def _follow_assignments(partitions: Partitions, every_s: float) -> None:
         await asyncio.sleep(every_s)
 
 
-async def serve(host: str, port: int, data_dir: Path, storage_uri: str, server_id: str = "",
-                metrics_port: int = 0, advertise: str = "", snapshot_every: int = 10,
-                poll_s: float = 0.5) -> None:
-    storage = Storage(storage_uri)
-    server_id = server_id or default_server_id(host, port)
-    partitions = Partitions(data_dir / server_id, storage, server_id, snapshot_every)
-    server = grpc.aio.server(options=[
-        ("grpc.max_receive_message_length", 64 << 20),
-        ("grpc.max_send_message_length", 64 << 20),
-    ])
-    service = ShardService(partitions, server_id, "")
+async def serve(o: ShardOptions) -> None:
+    cfg = o.settings
+    storage = Storage(o.storage_uri)
+    server_id = o.id
+    partitions = Partitions(o.data_dir / server_id, storage, server_id, cfg.snapshot_every,
+                            cfg.snapshots_kept, cfg.commit_workers, cfg.restore_timeout_s,
+                            cfg.restore_retry_s)
+    server = grpc.aio.server(options=CHANNEL_OPTIONS)
+    service = ShardService(partitions, server_id, "", cfg.max_windows)
     pb_grpc.add_ShardServicer_to_server(service, server)
-    bound = server.add_insecure_port(f"{host}:{port}")
-    address = service.address = advertise or f"{host}:{bound}"
+    bound = server.add_insecure_port(f"{o.host}:{o.port}")
+    address = service.address = o.advertise or f"{o.host}:{bound}"
     await server.start()
     probe, probe_task = await serve_probe(
         probe_app(lambda: True, lambda: {"server_id": server_id, "address": address}),
-        host, metrics_port)
-    info = ServerInfo(server_id, address, f"{host}:{bound_port(probe)}", os.getpid(), now_ms(),
-                      socket.gethostname(), str((data_dir / server_id).resolve()))
+        o.host, o.metrics_port)
+    info = ServerInfo(server_id, address, f"{o.host}:{bound_port(probe)}", os.getpid(),
+                      now_ms(), socket.gethostname(), str((o.data_dir / server_id).resolve()))
     register_server(storage, info)
-    follow = asyncio.create_task(_follow_assignments(partitions, poll_s))
+    follow = asyncio.create_task(_follow_assignments(partitions, cfg.assignment_poll_s))
     log.warning("shard %s serving on %s (metrics on %s)", server_id, address, info.metrics)
     print(f"qstate shard {server_id} ready grpc={address} metrics={info.metrics}", flush=True)
 
@@ -74,8 +95,6 @@ async def serve(host: str, port: int, data_dir: Path, storage_uri: str, server_i
     partitions.close()
 
 
-def run(host: str, port: int, data_dir: Path, storage_uri: str, server_id: str = "",
-        metrics_port: int = 0, advertise: str = "", snapshot_every: int = 10) -> None:
+def run(o: ShardOptions) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
-    asyncio.run(serve(host, port, data_dir, storage_uri, server_id, metrics_port, advertise,
-                      snapshot_every))
+    asyncio.run(serve(o))

@@ -1,37 +1,31 @@
-"""The partitions a shard server owns: acquired from the assignment, brought up to date,
-committed batch by batch, snapshotted, dropped when they move away (DESIGN §3-4)."""
+"""The partitions a shard server owns: taken from the assignment, committed batch by batch,
+dropped when they move away (DESIGN §3-4). Bringing one up to date is ``recovery``;
+snapshots are ``snapshot``."""
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from service import delta as deltas
-from service.assignment import Assignment, load_assignment
-from service.batches import manifest_batches, read_manifest
-from service.operator import OperatorSpec, load_spec
-from service.shard import snapshot
-from service.shard.store import PartitionStore, StaleEpoch
-from service.storage import Storage
+from service.core import delta as deltas
+from service.core.address import PartitionId
+from service.core.assignment import Assignment, load_assignment
+from service.core.config import DEFAULTS
+from service.core.errors import DeltaMismatch, NotOwner, StaleEpoch, UnknownOperator
+from service.core.operator import OperatorSpec, load_spec
+from service.core.shard_files import partition_dir
+from service.core.storage import Storage
+from service.shard.held import Held
+from service.shard.recovery import Recovery
+from service.shard.snapshot import Snapshotter
+from service.shard.store import PartitionStore
 
-log = logging.getLogger("qstate.shard")
-Key = tuple[str, str, int]  # job, operator, partition
+__all__ = ["CommitResult", "PartitionCommit", "Partitions"]
 
-
-class UnknownOperator(LookupError):
-    pass
-
-
-class NotOwner(RuntimeError):
-    """The committer thinks this server owns a partition the assignment gives elsewhere."""
-
-
-class DeltaMismatch(RuntimeError):
-    """A delta file or batch manifest is missing or does not match what was announced."""
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -48,30 +42,27 @@ class CommitResult:
     caught_up: int
 
 
-@dataclass
-class Held:
-    store: PartitionStore
-    ready: threading.Event
-    snapshot_batch: int = -1  # batch of the last snapshot this server took or restored
-
-
 class Partitions:
-    def __init__(self, data_dir: Path, storage: Storage, server_id: str,
-                 snapshot_every: int = 10, workers: int = 4,
-                 restore_timeout_s: float = 120.0) -> None:
-        self.data_dir = data_dir
+    def __init__(self, server_dir: Path, storage: Storage, server_id: str,
+                 snapshot_every: int = DEFAULTS.snapshot_every,
+                 snapshots_kept: int = DEFAULTS.snapshots_kept,
+                 workers: int = DEFAULTS.commit_workers,
+                 restore_timeout_s: float = DEFAULTS.restore_timeout_s,
+                 restore_retry_s: float = DEFAULTS.restore_retry_s) -> None:
+        self.server_dir = server_dir
         self.storage = storage
         self.server_id = server_id
-        self.snapshot_every = snapshot_every
         self.restore_timeout_s = restore_timeout_s
-        self._held: dict[Key, Held] = {}
+        self._held: dict[PartitionId, Held] = {}
         self._specs: dict[tuple[str, str], OperatorSpec] = {}
         self.epochs: dict[str, int] = {}
         self._lock = threading.RLock()
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="commit")
         self._bg = ThreadPoolExecutor(2, thread_name_prefix="restore")
-        self._snapshots = snapshot.Snapshotter(storage, data_dir / ".scratch")
-        self._snapshotting: set[Key] = set()
+        self.snapshots = Snapshotter(storage, server_dir / ".scratch", snapshot_every,
+                                     snapshots_kept, self._bg)
+        self.recovery = Recovery(storage, server_dir, self.spec,
+                                 lambda job: self.epochs.get(job, 0), restore_retry_s)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
@@ -90,13 +81,10 @@ class Partitions:
             self._specs[(job, operator)] = spec
         return spec
 
-    def _path(self, k: Key) -> Path:
-        return self.data_dir / k[0] / k[1] / f"p{k[2]:05d}"
-
     # ---- ownership --------------------------------------------------------------
     def sync(self, job: str | None = None) -> None:
         """Adopt newer assignments from storage: acquire what is ours, drop what is not."""
-        jobs = [job] if job else self.storage.list_dirs(self.storage.path("jobs"))
+        jobs = [job] if job else self.storage.list_dirs("jobs")
         for j in jobs:
             a = load_assignment(self.storage, j)
             if a.epoch > self.epochs.get(j, 0):
@@ -106,84 +94,27 @@ class Partitions:
         with self._lock:
             if a.epoch <= self.epochs.get(a.job, 0):
                 return
-            mine = {(a.job, op, p) for op, p in a.owned_by(self.server_id)}
-            current = {k for k in self._held if k[0] == a.job}
+            mine = a.owned_by(self.server_id)
+            current = {pid for pid in self._held if pid.job == a.job}
             self.epochs[a.job] = a.epoch  # before acquiring: catch-up writes at this epoch
-            for k in current - mine:
-                self._drop(k)
-            for k in sorted(mine - current):
-                self._acquire(k)
+            for pid in current - mine:
+                self._drop(pid)
+            for pid in sorted(mine - current):
+                self._acquire(pid)
             log.warning("epoch %d of %s: %d partitions here (+%d -%d)", a.epoch, a.job,
                         len(mine), len(mine - current), len(current - mine))
 
-    def _acquire(self, k: Key) -> None:
-        spec = self.spec(k[0], k[1])
-        held = Held(PartitionStore(self._path(k), spec.state_names), threading.Event())
-        self._held[k] = held
-        self._bg.submit(self._bring_up, k, held)
+    def _acquire(self, pid: PartitionId) -> None:
+        spec = self.spec(pid.job, pid.operator)
+        held = Held(PartitionStore(partition_dir(self.server_dir, pid), spec.state_names))
+        self._held[pid] = held
+        self._bg.submit(self.recovery.bring_up, pid, held, lambda: self._held.get(pid) is held)
 
-    def _drop(self, k: Key) -> None:
-        held = self._held.pop(k)
+    def _drop(self, pid: PartitionId) -> None:
+        held = self._held.pop(pid)
         with held.store.lock:  # after any batch being applied
             held.store.retire()
             held.store.close()
-
-    def _bring_up(self, k: Key, held: Held) -> None:
-        """Catch up to the newest batch in storage, then serve (restore on a new server).
-        Retried until it works or the partition moves away."""
-        while self._held.get(k) is held:
-            try:
-                batches = manifest_batches(self.storage, k[0], k[1])
-                if batches:
-                    self._catch_up(k, held, batches[-1], batches)
-                held.ready.set()
-                return
-            except Exception:
-                log.exception("bringing up %s failed; retrying", k)
-                time.sleep(1.0)
-
-    def _catch_up(self, k: Key, held: Held, upto: int, batches: list[int] | None = None) -> int:
-        """Apply batches ``last_batch+1 .. upto`` from storage, starting from the newest
-        snapshot when we are behind it (or the manifests we need are gone). Returns the
-        number of batches replayed."""
-        store = held.store
-        if store.meta.last_batch >= upto:
-            return 0
-        spec = self.spec(k[0], k[1])
-        have = set(batches if batches is not None else manifest_batches(self.storage, k[0], k[1]))
-        snaps = snapshot.list_snapshots(self.storage, k[0], k[1], k[2])
-        needed = range(store.meta.last_batch + 1, upto + 1)
-        # Behind the newest snapshot: the deltas before it may be pruned, so start from it
-        # (also the cheaper way: one download instead of many batches).
-        if (snaps and snaps[-1] > store.meta.last_batch and snaps[-1] <= upto) or \
-                not all(b in have for b in needed):
-            t0 = time.perf_counter()
-            was_ready = held.ready.is_set()
-            held.ready.clear()  # readers get RESTORING, never a half-restored partition
-            with store.lock:
-                store.close()
-                try:
-                    snapshot.restore(self.storage, k[0], k[1], k[2], self._path(k),
-                                     max((b for b in snaps if b <= upto), default=None))
-                finally:
-                    store.reopen()
-            if was_ready:  # in a commit: serve the restored state; bring-up sets it when done
-                held.ready.set()
-            held.snapshot_batch = store.meta.last_batch
-            log.warning("%s restored from snapshot at batch %d in %.2fs", k,
-                        store.meta.last_batch, time.perf_counter() - t0)
-            needed = range(store.meta.last_batch + 1, upto + 1)
-            missing = [b for b in needed if b not in have]
-            if missing:
-                raise DeltaMismatch(f"{k}: batch manifests {missing[:5]} are gone from storage")
-        retention = spec.retention_ms if spec.windowed else None
-        epoch = self.epochs.get(k[0], 0)
-        for b in needed:
-            m = read_manifest(self.storage, k[0], k[1], b)
-            table = (deltas.read_delta(self.storage, k[0], k[1], k[2], b)
-                     if k[2] in m.deltas else None)
-            store.apply(b, m.watermark_ms, epoch, table, retention)
-        return len(needed)
 
     # ---- commit -----------------------------------------------------------------
     def commit(self, job: str, operator: str, batch: int, watermark_ms: int, epoch: int,
@@ -195,15 +126,16 @@ class Partitions:
         if epoch < known:
             raise StaleEpoch(f"stale epoch {epoch} < {known} for {job}: a newer coordinator "
                              f"owns the assignment")
-        held = []
+        work = []
         for pc in parts:
-            h = self._held.get((job, operator, pc.partition))
+            pid = PartitionId(job, operator, pc.partition)
+            h = self._held.get(pid)
             if h is None:
-                raise NotOwner(f"partition {pc.partition} of {job}/{operator} is not owned by "
-                               f"{self.server_id} at epoch {known}")
-            held.append(h)
-        futures = [self._pool.submit(self._commit_one, spec, h, batch, watermark_ms, epoch, pc)
-                   for h, pc in zip(held, parts, strict=True)]
+                raise NotOwner(f"partition {pid} is not owned by {self.server_id} at epoch "
+                               f"{known}")
+            work.append((pid, h, pc))
+        futures = [self._pool.submit(self._commit_one, spec, pid, h, batch, watermark_ms,
+                                     epoch, pc) for pid, h, pc in work]
         result = CommitResult([], [], 0)
         for pc, fut in zip(parts, futures, strict=True):
             applied, caught_up = fut.result()
@@ -211,52 +143,27 @@ class Partitions:
             result.caught_up += caught_up
         return result
 
-    def _commit_one(self, spec: OperatorSpec, held: Held, batch: int, watermark_ms: int,
-                    epoch: int, pc: PartitionCommit) -> tuple[bool, int]:
-        k = (spec.job, spec.operator, pc.partition)
+    def _commit_one(self, spec: OperatorSpec, pid: PartitionId, held: Held, batch: int,
+                    watermark_ms: int, epoch: int, pc: PartitionCommit) -> tuple[bool, int]:
         if not held.ready.wait(self.restore_timeout_s):
-            raise DeltaMismatch(f"{k} is still restoring")
-        caught_up = self._catch_up(k, held, batch - 1)
+            raise DeltaMismatch(f"{pid} is still restoring")
+        caught_up = self.recovery.catch_up(pid, held, batch - 1)
         table = None
         if pc.has_delta:
-            try:
-                table = deltas.read_delta(self.storage, spec.job, spec.operator, pc.partition,
-                                          batch)
-            except FileNotFoundError as exc:
-                raise DeltaMismatch(f"delta for partition {pc.partition} batch {batch} "
-                                    f"is missing from storage") from exc
+            table = deltas.read_delta(self.storage, pid, batch)
             if table.num_rows != pc.rows:
-                raise DeltaMismatch(f"delta for partition {pc.partition} batch {batch} has "
-                                    f"{table.num_rows} rows, committer announced {pc.rows}")
+                raise DeltaMismatch(f"delta for {pid} batch {batch} has {table.num_rows} rows, "
+                                    f"committer announced {pc.rows}")
         retention = spec.retention_ms if spec.windowed else None
         applied = held.store.apply(batch, watermark_ms, epoch, table, retention)
-        if applied and batch - held.snapshot_batch >= self.snapshot_every:
-            self._schedule_snapshot(k, held)
+        if applied:
+            self.snapshots.after_commit(pid, held)
         return applied, caught_up
 
-    # ---- snapshots --------------------------------------------------------------
-    def _schedule_snapshot(self, k: Key, held: Held) -> None:
-        with self._lock:
-            if k in self._snapshotting:
-                return
-            self._snapshotting.add(k)
-        held.snapshot_batch = held.store.meta.last_batch
-        self._bg.submit(self._snapshot, k, held)
-
-    def _snapshot(self, k: Key, held: Held) -> None:
-        try:
-            self._snapshots.take(held.store, *k)
-            self._snapshots.prune(*k)
-        except Exception as exc:  # the store moved away meanwhile, or storage failed
-            log.warning("snapshot of %s failed: %s", k, exc)
-        finally:
-            with self._lock:
-                self._snapshotting.discard(k)
-
     # ---- reads ------------------------------------------------------------------
-    def lookup(self, job: str, operator: str, partition: int) -> Held | None:
-        return self._held.get((job, operator, partition))
+    def lookup(self, pid: PartitionId) -> Held | None:
+        return self._held.get(pid)
 
-    def held(self) -> list[tuple[Key, Held]]:
+    def held(self) -> list[tuple[PartitionId, Held]]:
         with self._lock:
             return sorted(self._held.items())

@@ -1,4 +1,8 @@
-"""The internal gRPC API of a shard server (proto/shard.proto)."""
+"""The internal gRPC API of a shard server (proto/shard.proto).
+
+Every field is validated here; a qstate error leaves as its own gRPC code
+(``service.core.errors``), so callers never read messages to decide what happened.
+"""
 
 from __future__ import annotations
 
@@ -9,19 +13,17 @@ import grpc
 
 from proto import shard_pb2 as pb
 from proto import shard_pb2_grpc as pb_grpc
-from service.keys import InvalidAddress, check_key, check_name, partition_of
+from service.core.address import PartitionId, check_key, check_name, partition_of
+from service.core.config import DEFAULTS
+from service.core.errors import InvalidRequest, QStateError, UnknownOperator
+from service.core.operator import OperatorSpec
 from service.shard import metrics
-from service.shard.partitions import (
-    DeltaMismatch,
-    NotOwner,
-    PartitionCommit,
-    Partitions,
-    UnknownOperator,
-)
-from service.shard.store import StaleEpoch, WindowValue
+from service.shard.partitions import PartitionCommit, Partitions
+from service.shard.store import WindowValue
+
+__all__ = ["ShardService"]
 
 MAX_KEYS = 10_000
-MAX_WINDOWS = 10_000
 
 
 def _window(w: WindowValue, idx: int, is_long: bool) -> pb.Window:
@@ -35,78 +37,81 @@ def _window(w: WindowValue, idx: int, is_long: bool) -> pb.Window:
     return out
 
 
+async def _abort(context: grpc.aio.ServicerContext, exc: QStateError) -> None:
+    await context.abort(exc.grpc_code, exc.message)
+
+
 class ShardService(pb_grpc.ShardServicer):
-    def __init__(self, partitions: Partitions, server_id: str, address: str) -> None:
+    def __init__(self, partitions: Partitions, server_id: str, address: str,
+                 max_windows: int = DEFAULTS.max_windows) -> None:
         self.partitions = partitions
         self.server_id = server_id
         self.address = address
+        self.max_windows = max_windows
+
+    def _spec(self, job: str, operator: str) -> OperatorSpec:
+        check_name("job", job)
+        check_name("operator", operator)
+        return self.partitions.spec(job, operator)
 
     async def Commit(self, request: pb.CommitRequest, context: grpc.aio.ServicerContext
                      ) -> pb.CommitReply:
-        try:
-            check_name("job", request.job)
-            check_name("operator", request.operator)
-            spec = self.partitions.spec(request.job, request.operator)
-            if request.batch < 0:
-                raise InvalidAddress("batch must be >= 0")
-            for pd in request.partitions:
-                if pd.partition >= spec.partitions:
-                    raise InvalidAddress(f"partition {pd.partition} >= {spec.partitions}")
-        except InvalidAddress as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        except UnknownOperator as exc:
-            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
-        parts = [PartitionCommit(pd.partition, pd.has_delta, pd.rows)
-                 for pd in request.partitions]
         t0 = time.perf_counter()
         try:
+            spec = self._spec(request.job, request.operator)
+            if request.batch < 0:
+                raise InvalidRequest("batch must be >= 0")
+            for pd in request.partitions:
+                if pd.partition >= spec.partitions:
+                    raise InvalidRequest(f"partition {pd.partition} >= {spec.partitions}")
+            parts = [PartitionCommit(pd.partition, pd.has_delta, pd.rows)
+                     for pd in request.partitions]
             res = await asyncio.to_thread(
                 self.partitions.commit, request.job, request.operator, request.batch,
                 request.watermark_ms, request.epoch, parts)
-        except (StaleEpoch, NotOwner) as exc:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-        except DeltaMismatch as exc:
-            await context.abort(grpc.StatusCode.DATA_LOSS, str(exc))
+        except QStateError as exc:
+            await _abort(context, exc)
         labels = (request.job, request.operator)
         metrics.COMMIT_SECONDS.labels(*labels).observe(time.perf_counter() - t0)
         metrics.COMMITS.labels(*labels, "applied").inc(len(res.applied))
         metrics.COMMITS.labels(*labels, "skipped").inc(len(res.skipped))
         metrics.CAUGHT_UP.labels(*labels).inc(res.caught_up)
         metrics.LAST_BATCH.labels(*labels).set(request.batch)
-        metrics.PARTITIONS.set(sum(1 for _ in self.partitions.held()))
+        metrics.PARTITIONS.set(len(self.partitions.held()))
         return pb.CommitReply(applied=res.applied, skipped=res.skipped,
                               caught_up_batches=res.caught_up)
+
+    def _check_lookup(self, request: pb.LookupRequest) -> OperatorSpec:
+        spec = self._spec(request.job, request.operator)
+        check_name("state", request.state)
+        if request.state not in spec.states:
+            raise UnknownOperator(
+                f"operator {request.job}/{request.operator} has no state {request.state!r}")
+        if len(request.keys) > MAX_KEYS:
+            raise InvalidRequest(f"at most {MAX_KEYS} keys per call")
+        for kq in request.keys:
+            check_key(kq.key)
+            if kq.partition != partition_of(kq.key, spec.partitions):
+                raise InvalidRequest(f"key {kq.key[:80]!r} is not in partition {kq.partition}")
+        if request.range and request.to_ms <= request.from_ms:
+            raise InvalidRequest("to_ms must be greater than from_ms")
+        return spec
 
     async def MultiGet(self, request: pb.LookupRequest, context: grpc.aio.ServicerContext
                        ) -> pb.LookupReply:
         t0 = time.perf_counter()
         try:
-            check_name("job", request.job)
-            check_name("operator", request.operator)
-            check_name("state", request.state)
-            spec = self.partitions.spec(request.job, request.operator)
-            if request.state not in spec.states:
-                raise UnknownOperator(
-                    f"operator {request.job}/{request.operator} has no state {request.state!r}")
-            if len(request.keys) > MAX_KEYS:
-                raise InvalidAddress(f"at most {MAX_KEYS} keys per call")
-            for kq in request.keys:
-                check_key(kq.key)
-                if kq.partition != partition_of(kq.key, spec.partitions):
-                    raise InvalidAddress(f"key {kq.key[:80]!r} is not in partition {kq.partition}")
-            if request.range and request.to_ms <= request.from_ms:
-                raise InvalidAddress("to_ms must be greater than from_ms")
-        except InvalidAddress as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        except UnknownOperator as exc:
-            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+            spec = self._check_lookup(request)
+        except QStateError as exc:
+            await _abort(context, exc)
         idx = spec.state_names.index(request.state)
         is_long = spec.states[request.state] == "long"
         rng = (request.from_ms, request.to_ms) if request.range else None
-        limit = min(request.limit or MAX_WINDOWS, MAX_WINDOWS)
+        limit = min(request.limit or self.max_windows, self.max_windows)
         reply = pb.LookupReply()
         for kq in request.keys:
-            held = self.partitions.lookup(request.job, request.operator, kq.partition)
+            held = self.partitions.lookup(PartitionId(request.job, request.operator,
+                                                      kq.partition))
             r = reply.results.add(key=kq.key)
             if held is None:
                 r.status = pb.NOT_OWNED
@@ -130,10 +135,10 @@ class ShardService(pb_grpc.ShardServicer):
     async def Describe(self, request: pb.DescribeRequest, context: grpc.aio.ServicerContext
                        ) -> pb.DescribeReply:
         reply = pb.DescribeReply(server_id=self.server_id, address=self.address)
-        for (job, op, p), held in self.partitions.held():
+        for pid, held in self.partitions.held():
             meta = held.store.meta
-            reply.partitions.add(job=job, operator=op, partition=p, last_batch=meta.last_batch,
-                                 watermark_ms=meta.watermark_ms,
+            reply.partitions.add(job=pid.job, operator=pid.operator, partition=pid.partition,
+                                 last_batch=meta.last_batch, watermark_ms=meta.watermark_ms,
                                  restoring=not held.ready.is_set(),
-                                 epoch=self.partitions.epochs.get(job, 0))
+                                 epoch=self.partitions.epochs.get(pid.job, 0))
         return reply

@@ -1,11 +1,9 @@
 """Partition snapshots on checkpoint storage: a RocksDB checkpoint, uploaded incrementally.
 
-``jobs/{job}/{op}/snapshots/{p}/sst/{sha}.sst``   SST files, content-addressed: immutable,
-                                                  shared by snapshots, uploaded once
-``jobs/{job}/{op}/snapshots/{p}/{N}/<name>``       the small mutable files (MANIFEST, ...)
-``jobs/{job}/{op}/snapshots/{p}/{N}.json``         the snapshot: batch, watermark, file map;
-                                                  written last, so a snapshot is whole or absent
-Restore = the latest snapshot + the batch manifests after it (DESIGN §4).
+Where the files go is ``service.core.paths`` (snapshots_dir): SST files are
+content-addressed, immutable, shared by snapshots and uploaded once; the small mutable
+files go under the snapshot's batch; the snapshot's JSON is written last, so a snapshot is
+whole or absent. Restore = the latest snapshot + the batch manifests after it (DESIGN §4).
 """
 
 from __future__ import annotations
@@ -14,38 +12,34 @@ import hashlib
 import logging
 import shutil
 import threading
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
 from rocksdict import Checkpoint
 
+from service.core import paths
+from service.core.address import PartitionId
+from service.core.catalog import delta_batches, snapshot_batches
+from service.core.storage import Storage
+from service.shard.held import Held
 from service.shard.store import PartitionStore
-from service.storage import Storage
 
-log = logging.getLogger("qstate.snapshot")
+__all__ = ["SnapshotInfo", "Snapshotter", "read_snapshot", "restore"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class SnapshotInfo:
     batch: int
     watermark_ms: int
-    files: dict[str, str]  # local file name -> storage path relative to the partition dir
+    files: dict[str, str]  # local file name -> storage path relative to snapshots_dir
 
 
-def snap_dir(storage: Storage, job: str, operator: str, partition: int) -> str:
-    return storage.path("jobs", job, operator, "snapshots", f"{partition:05d}")
-
-
-def list_snapshots(storage: Storage, job: str, operator: str, partition: int) -> list[int]:
-    return [int(n.split(".", 1)[0]) for n in storage.list_names(
-        snap_dir(storage, job, operator, partition)) if n.endswith(".json")]
-
-
-def read_snapshot(storage: Storage, job: str, operator: str, partition: int,
-                  batch: int) -> SnapshotInfo:
-    raw = orjson.loads(storage.read_bytes(
-        f"{snap_dir(storage, job, operator, partition)}/{batch:020d}.json"))
+def read_snapshot(storage: Storage, pid: PartitionId, batch: int) -> SnapshotInfo:
+    raw = orjson.loads(storage.read_bytes(paths.snapshot(pid, batch)))
     return SnapshotInfo(raw["batch"], raw["watermark_ms"], raw["files"])
 
 
@@ -58,30 +52,56 @@ def _sha(path: Path) -> str:
 
 
 class Snapshotter:
-    """Takes and prunes snapshots of one server's partitions; remembers what it uploaded."""
+    """Takes, schedules and prunes snapshots of one server's partitions; remembers what it
+    uploaded."""
 
-    def __init__(self, storage: Storage, scratch: Path, keep: int = 2) -> None:
+    def __init__(self, storage: Storage, scratch: Path, every: int, keep: int,
+                 pool: Executor) -> None:
         self.storage = storage
         self.scratch = scratch
+        self.every = every
         self.keep = keep
+        self._pool = pool
         self._uploaded: set[str] = set()  # storage paths of SSTs known to exist
+        self._running: set[PartitionId] = set()
         self._lock = threading.Lock()
 
-    def take(self, store: PartitionStore, job: str, operator: str, partition: int) -> int:
+    def after_commit(self, pid: PartitionId, held: Held) -> None:
+        """Snapshot in the background once ``every`` batches passed since the last one."""
+        if held.store.meta.last_batch - held.snapshot_batch < self.every:
+            return
+        with self._lock:
+            if pid in self._running:
+                return
+            self._running.add(pid)
+        held.snapshot_batch = held.store.meta.last_batch
+        self._pool.submit(self._take_and_prune, pid, held)
+
+    def _take_and_prune(self, pid: PartitionId, held: Held) -> None:
+        try:
+            self.take(held.store, pid)
+            self.prune(pid)
+        except Exception as exc:  # the store moved away meanwhile, or storage failed
+            log.warning("snapshot of %s failed: %s", pid, exc)
+        finally:
+            with self._lock:
+                self._running.discard(pid)
+
+    def take(self, store: PartitionStore, pid: PartitionId) -> int:
         """Snapshot ``store`` as of its last batch; returns that batch. Files already on
         storage (same content) are not sent again."""
-        local = self.scratch / f"{job}.{operator}.{partition}.ckpt"
+        local = self.scratch / f"{pid.job}.{pid.operator}.{pid.partition}.ckpt"
         shutil.rmtree(local, ignore_errors=True)
         local.parent.mkdir(parents=True, exist_ok=True)
         with store.lock:  # a consistent cut: no batch is being applied
             Checkpoint(store.db).create_checkpoint(str(local))
             batch, watermark = store.meta.last_batch, store.meta.watermark_ms
-        base = snap_dir(self.storage, job, operator, partition)
+        base = paths.snapshots_dir(pid)
         files: dict[str, str] = {}
         sent = 0
         for f in sorted(local.iterdir()):
             if f.suffix == ".sst":
-                rel = f"sst/{_sha(f)}.sst"
+                rel = paths.sst_member(_sha(f))
                 with self._lock:
                     known = f"{base}/{rel}" in self._uploaded
                 if not known and not self.storage.exists(f"{base}/{rel}"):
@@ -90,54 +110,51 @@ class Snapshotter:
                 with self._lock:
                     self._uploaded.add(f"{base}/{rel}")
             else:
-                rel = f"{batch:020d}/{f.name}"
+                rel = paths.snapshot_member(batch, f.name)
                 self.storage.write_bytes(f"{base}/{rel}", f.read_bytes())
             files[f.name] = rel
-        self.storage.write_bytes(f"{base}/{batch:020d}.json", orjson.dumps(
+        self.storage.write_bytes(paths.snapshot(pid, batch), orjson.dumps(
             {"batch": batch, "watermark_ms": watermark, "files": files}))
         shutil.rmtree(local, ignore_errors=True)
-        log.info("snapshot %s/%s/%d at batch %d: %d files, %d new SSTs", job, operator,
-                 partition, batch, len(files), sent)
+        log.info("snapshot %s at batch %d: %d files, %d new SSTs", pid, batch, len(files), sent)
         return batch
 
-    def prune(self, job: str, operator: str, partition: int) -> int | None:
+    def prune(self, pid: PartitionId) -> int | None:
         """Keep the newest ``keep`` snapshots; delete older ones, SSTs no kept snapshot uses,
         and delta files at or before the oldest kept snapshot. Returns that snapshot's batch."""
-        from service import delta as deltas
-
-        snaps = list_snapshots(self.storage, job, operator, partition)
+        snaps = snapshot_batches(self.storage, pid)
         if not snaps:
             return None
         kept, old = snaps[-self.keep:], snaps[:-self.keep]
-        base = snap_dir(self.storage, job, operator, partition)
+        base = paths.snapshots_dir(pid)
         used = set()
         for b in kept:
-            used |= set(read_snapshot(self.storage, job, operator, partition, b).files.values())
+            used |= set(read_snapshot(self.storage, pid, b).files.values())
         for b in old:
-            info = read_snapshot(self.storage, job, operator, partition, b)
-            self.storage.delete(f"{base}/{b:020d}.json")
+            info = read_snapshot(self.storage, pid, b)
+            self.storage.delete(paths.snapshot(pid, b))
             for rel in info.files.values():
                 if rel not in used:
                     self.storage.delete(f"{base}/{rel}")
                     with self._lock:
                         self._uploaded.discard(f"{base}/{rel}")
-        for b in deltas.delta_batches(self.storage, job, operator, partition):
+        for b in delta_batches(self.storage, pid):
             if b <= kept[0]:
-                self.storage.delete(f"{deltas.delta_dir(self.storage, job, operator, partition)}"
-                                    f"/{deltas.delta_name(b)}")
+                self.storage.delete(paths.delta(pid, b))
         return kept[0]
 
 
-def restore(storage: Storage, job: str, operator: str, partition: int, dest: Path,
+def restore(storage: Storage, pid: PartitionId, dest: Path,
             batch: int | None = None) -> SnapshotInfo | None:
-    """Download the latest snapshot (or the one at ``batch``) into ``dest``; None if none."""
-    snaps = list_snapshots(storage, job, operator, partition)
+    """Download the latest snapshot (or the newest at or before ``batch``) into ``dest``;
+    None if there is none."""
+    snaps = snapshot_batches(storage, pid)
     if batch is not None:
         snaps = [b for b in snaps if b <= batch]
     if not snaps:
         return None
-    info = read_snapshot(storage, job, operator, partition, snaps[-1])
-    base = snap_dir(storage, job, operator, partition)
+    info = read_snapshot(storage, pid, snaps[-1])
+    base = paths.snapshots_dir(pid)
     tmp = dest.with_name(dest.name + ".restoring")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import threading
 import uuid
 from collections.abc import Iterator
@@ -13,8 +12,12 @@ import orjson
 import pyarrow as pa
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
+from service.core import shard_files
+from service.core.errors import StaleEpoch
 from service.shard import layout
 from service.shard.layout import INDEX, META, NO_WINDOW
+
+__all__ = ["Meta", "PartitionStore", "WindowValue", "read_windows"]
 
 
 @dataclass
@@ -29,13 +32,6 @@ class WindowValue:
     start: int | None  # None for non-windowed state
     end: int | None
     values: list[int | float | None]
-
-
-MARKER = "QSTATE_COMMITTED"
-
-
-class StaleEpoch(RuntimeError):
-    pass
 
 
 def _options() -> Options:
@@ -63,15 +59,12 @@ class PartitionStore:
         self._mark()
 
     def _mark(self) -> None:
-        """Publish "incarnation batch" for same-host readers (secondary instances): a cheap
-        file read tells them when to catch up with the WAL, or to reopen after a restore."""
-        tmp = self.path / f".{MARKER}.tmp"
-        tmp.write_text(f"{self.token} {self.meta.last_batch}")
-        os.replace(tmp, self.path / MARKER)
+        """Publish "incarnation batch" for same-host readers (service.core.shard_files)."""
+        shard_files.write_marker(self.path, self.token, self.meta.last_batch)
 
     def retire(self) -> None:
         """No longer ours: same-host readers must stop reading these files at once."""
-        (self.path / MARKER).unlink(missing_ok=True)
+        shard_files.remove_marker(self.path)
 
     def _load_meta(self) -> Meta:
         raw = self.db.get(META)

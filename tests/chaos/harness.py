@@ -15,11 +15,11 @@ import httpx
 import orjson
 from confluent_kafka import Consumer, TopicPartition
 
-from loadtest.generate import produce
 from loadtest.truth import load_events, window_counts
-from service.devbroker import DevBroker
-from service.keys import partition_of
-from service.procs import Child, RouterProcess, ShardProcess, qstate_command
+from service.core.address import partition_of
+from service.embedded.broker import DevBroker
+from service.embedded.generate import produce
+from service.embedded.procs import Child, RouterProcess, ShardProcess, qstate_command
 from tests.helpers import http_windows
 
 HOUR = 3_600_000

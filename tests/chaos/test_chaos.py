@@ -16,8 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.devbroker import DevBroker
-from service.procs import RouterProcess
+from service.embedded.broker import DevBroker
+from service.embedded.procs import RouterProcess
 from tests.chaos.harness import BOUNDARY, Deployment, Generator, compare
 
 pytestmark = [pytest.mark.chaos, pytest.mark.spark]

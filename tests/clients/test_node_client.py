@@ -22,12 +22,12 @@ from google.protobuf.json_format import MessageToDict
 from jobs.coordinator import Coordinator
 from proto import qstate_pb2 as qpb
 from proto import qstate_pb2_grpc as qpb_grpc
-from service import delta as deltas
-from service.devbroker import free_port
-from service.keys import partition_of
-from service.operator import OperatorSpec, WindowSpec, save_spec
-from service.procs import RouterProcess, ShardProcess
-from service.storage import Storage
+from service.core import delta as deltas
+from service.core.address import PartitionId, partition_of
+from service.core.operator import OperatorSpec, WindowSpec, save_spec
+from service.core.storage import Storage
+from service.embedded.broker import free_port
+from service.embedded.procs import RouterProcess, ShardProcess
 
 NODE_DIR = Path(__file__).resolve().parents[2] / "clients" / "node"
 SCRIPT = NODE_DIR / "query.mjs"
@@ -121,7 +121,7 @@ def cluster(tmp_path_factory):
                               "views": [views(k, batch) for k in mine],
                               "avg_ms": [avg_ms(batch)] * len(mine)}
                              ).cast(deltas.delta_schema(SPEC))
-                deltas.write_delta(storage, SPEC, p, batch, t)
+                deltas.write_delta(storage, PartitionId(SPEC.job, SPEC.operator, p), batch, t)
                 written[p] = t.num_rows
             coord.commit(SPEC, batch, batch * WINDOW, written)
         router = RouterProcess.make(storage.uri, tmp / "logs").start_and_wait()

@@ -72,7 +72,7 @@ def test_k8s_probes_and_services_point_at_declared_ports() -> None:
 
 
 def test_configmap_keys_are_real_settings() -> None:
-    from service.config import Settings
+    from service.core.config import Settings
 
     [cm] = [d for d in docs() if d.get("kind") == "ConfigMap"]
     fields = {f"QSTATE_{n.upper()}" for n in Settings.model_fields}

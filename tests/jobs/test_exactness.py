@@ -12,10 +12,11 @@ import pandas as pd
 import pytest
 from confluent_kafka import Producer
 
-from jobs.runner import JobConfig, start_job
-from loadtest.generate import produce
+from jobs.examples.workloads import Ads, Tweets, events_over_span, late_events, write_mapping
+from jobs.job import JobContext
+from jobs.runner import start_job
 from loadtest.truth import ads_campaign_views, load_events, window_counts
-from loadtest.workloads import Ads, Tweets, events_over_span, late_events, write_mapping
+from service.embedded.generate import produce
 from tests.helpers import grpc_windows, http_windows, latest_only, read_all_windows
 
 pytestmark = pytest.mark.spark
@@ -42,16 +43,15 @@ def test_tweets_exact_with_out_of_order_late_and_bad_events(
         spark, broker, topic, tmp_path: Path, storage_uri, shards, router):
     log = tmp_path / "events.jsonl"
     wl = Tweets(keys=1500, seed=1)
-    cfg = JobConfig("tweets", broker.bootstrap, tmp_path / "ckpt", storage_uri, topic=topic,
-                    job=f"tw{topic[-6:]}", shards=[s.address for s in shards], partitions=P,
-                    trigger_interval="0 seconds")
+    cfg = JobContext(broker.bootstrap, storage_uri, tmp_path / "ckpt", P, "0 seconds",
+                     topic=topic, job=f"tw{topic[-6:]}", shards=[s.address for s in shards])
     # Phase A: 60K events over 10 min across an hour boundary, up to 5 s out of order
     # (inside the 10 s watermark delay, so every one must count).
     t0 = BOUNDARY - 7 * 60_000
     produce(broker.bootstrap, topic,
             events_over_span(wl, 60_000, t0_ms=t0, span_ms=600_000, disorder_ms=5_000, seed=1),
             log_path=log, progress=False)
-    job = start_job(spark, cfg)
+    job = start_job(spark, "tweets", cfg)
     try:
         job.process_all_available()
         # Phase B: 5K late events, 2-7 min behind the newest time: every window they fall in
@@ -108,21 +108,21 @@ def test_ads_exact_across_a_stop_and_restart(spark, broker, topic, tmp_path: Pat
     wl = Ads(keys=100, seed=4)
     mapping = write_mapping(wl.mapping, tmp_path / "campaigns.json")
     log = tmp_path / "events.jsonl"
-    cfg = JobConfig("ads", broker.bootstrap, tmp_path / "ckpt", storage_uri, topic=topic,
-                    job=f"ads{topic[-6:]}", shards=[s.address for s in shards], partitions=P,
-                    trigger_interval="0 seconds", mapping=mapping, max_rows_per_trigger=8_000)
+    cfg = JobContext(broker.bootstrap, storage_uri, tmp_path / "ckpt", P, "0 seconds",
+                     max_rows_per_trigger=8_000, topic=topic, job=f"ads{topic[-6:]}",
+                     shards=[s.address for s in shards], options={"mapping": str(mapping)})
     t0 = BOUNDARY
     produce(broker.bootstrap, topic,
             events_over_span(wl, 30_000, t0_ms=t0, span_ms=120_000, disorder_ms=4_000, seed=5),
             log_path=log, progress=False)
-    job = start_job(spark, cfg)
+    job = start_job(spark, "ads", cfg)
     job.process_all_available()
     job.stop()  # between batches: processAllAvailable returned
     produce(broker.bootstrap, topic,
             events_over_span(wl, 30_000, t0_ms=t0 + 120_000, span_ms=120_000,
                              disorder_ms=4_000, seed=6),
             log_path=log, progress=False)
-    job = start_job(spark, cfg)  # same checkpoint: resumes after the last committed batch
+    job = start_job(spark, "ads", cfg)  # same checkpoint: resumes after the last committed batch
     try:
         job.process_all_available()
     finally:

@@ -10,7 +10,6 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from jobs.kafka_source import read_kafka
 from jobs.parse import (
     BadRecord,
     DeadLetterWriter,
@@ -19,6 +18,7 @@ from jobs.parse import (
     parse_json,
     parse_value,
 )
+from jobs.source import read_kafka
 
 FIELDS = {"user": "string", "time": "long", "amount": "double", "ok": "boolean"}
 

@@ -12,7 +12,7 @@ from pyspark.sql import functions as F
 
 from jobs.coordinator import release
 from jobs.sink import SinkStats, serve
-from service.operator import WindowSpec
+from service.core.operator import WindowSpec
 from tests.helpers import read_all_windows
 
 pytestmark = pytest.mark.spark

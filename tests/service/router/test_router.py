@@ -14,12 +14,13 @@ import pytest
 from jobs.coordinator import Coordinator
 from proto import qstate_pb2 as qpb
 from proto import qstate_pb2_grpc as qpb_grpc
-from service import delta as deltas
-from service.client import Client, QStateError
-from service.keys import partition_of
-from service.operator import OperatorSpec, WindowSpec, save_spec
-from service.procs import RouterProcess, ShardProcess
-from service.storage import Storage
+from service.client import Client
+from service.core import delta as deltas
+from service.core.address import PartitionId, partition_of
+from service.core.errors import QStateError, Unavailable
+from service.core.operator import OperatorSpec, WindowSpec, save_spec
+from service.core.storage import Storage
+from service.embedded.procs import RouterProcess, ShardProcess
 
 P = 8
 SPEC = OperatorSpec("shop", "views_1m", "page", {"views": "long", "avg_ms": "double"},
@@ -49,7 +50,7 @@ def cluster(tmp_path_factory):
                           "end": [(batch + 1) * 60_000] * len(mine),
                           "views": [value(k, batch) for k in mine],
                           "avg_ms": [0.25 * batch] * len(mine)}).cast(deltas.delta_schema(SPEC))
-            deltas.write_delta(storage, SPEC, p, batch, t)
+            deltas.write_delta(storage, PartitionId(SPEC.job, SPEC.operator, p), batch, t)
             written[p] = t.num_rows
         coord.commit(SPEC, batch, batch * 60_000, written)
     router = RouterProcess.make(storage.uri, tmp / "logs").start_and_wait()
@@ -168,7 +169,7 @@ def test_killed_shard_is_a_fast_503_while_other_shards_answer(cluster) -> None:
         with pytest.raises(QStateError) as err, Client(router.url, retries=1,
                                                           backoff_s=0.05) as c:
             c.get("shop", "views_1m", "views", dead_key)
-        assert err.value.status == 503
+        assert isinstance(err.value, Unavailable) and err.value.http_status == 503
         with grpc.insecure_channel(router.grpc_address) as ch:
             with pytest.raises(grpc.RpcError) as gerr:
                 qpb_grpc.QueryableStateStub(ch).Get(qpb.GetRequest(

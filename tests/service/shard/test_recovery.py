@@ -19,12 +19,12 @@ import pyarrow as pa
 import pytest
 
 from jobs.coordinator import CommitFailed, Coordinator
-from service import delta as deltas
-from service.keys import partition_of
-from service.operator import OperatorSpec, WindowSpec, save_spec
-from service.procs import RouterProcess, ShardProcess
-from service.shard.snapshot import list_snapshots
-from service.storage import Storage
+from service.core import delta as deltas
+from service.core.address import PartitionId, partition_of
+from service.core.catalog import delta_batches, snapshot_batches
+from service.core.operator import OperatorSpec, WindowSpec, save_spec
+from service.core.storage import Storage
+from service.embedded.procs import RouterProcess, ShardProcess
 
 P = 4
 SPEC = OperatorSpec("rec", "counts", "k", {"n": "long"}, partitions=P,
@@ -41,7 +41,7 @@ def write_batch(storage: Storage, batch: int, truth: dict) -> dict[int, int]:
         start = (batch // 3) * 1000
         t = pa.table({"key": mine, "start": [start] * len(mine), "end": [start + 1000] * len(mine),
                       "n": [batch + 1] * len(mine)}).cast(deltas.delta_schema(SPEC))
-        deltas.write_delta(storage, SPEC, p, batch, t)
+        deltas.write_delta(storage, PartitionId(SPEC.job, SPEC.operator, p), batch, t)
         written[p] = len(mine)
         for k in mine:
             truth[(k, start)] = batch + 1
@@ -93,11 +93,12 @@ def test_disk_loss_restores_on_the_other_server_and_rejoin_rebalances(cluster, t
     assert served(router)[0] == truth
     # every partition was snapshotted; deltas and manifests before the oldest kept are gone
     for p in range(P):
-        wait_until(lambda p=p: list_snapshots(storage, "rec", "counts", p)[-1:] == [8], 10,
+        pid = PartitionId("rec", "counts", p)
+        wait_until(lambda pid=pid: snapshot_batches(storage, pid)[-1:] == [8], 10,
                    f"snapshot of partition {p} at batch 8 (every 3rd)")
-        kept = list_snapshots(storage, "rec", "counts", p)
+        kept = snapshot_batches(storage, pid)
         assert len(kept) <= 2
-        assert min(deltas.delta_batches(storage, "rec", "counts", p)) > kept[0]
+        assert min(delta_batches(storage, pid)) > kept[0]
 
     victim = shards[1]
     lost = set(coord.assignment.partitions_of("counts")[victim.address])

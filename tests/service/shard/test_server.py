@@ -10,14 +10,15 @@ import pyarrow as pa
 import pytest
 
 from proto import shard_pb2 as pb
-from service import delta as deltas
-from service.assignment import Assignment, save_assignment
-from service.batches import BatchManifest, write_manifest
-from service.keys import partition_of
-from service.operator import OperatorSpec, WindowSpec, save_spec
-from service.procs import ShardProcess
-from service.shard.client import ShardClients
-from service.storage import Storage
+from service.core import delta as deltas
+from service.core.address import PartitionId, partition_of
+from service.core.assignment import Assignment, save_assignment
+from service.core.errors import StaleEpoch, from_grpc
+from service.core.manifest import BatchManifest, write_manifest
+from service.core.operator import OperatorSpec, WindowSpec, save_spec
+from service.core.shard_client import ShardClients
+from service.core.storage import Storage
+from service.embedded.procs import ShardProcess
 
 SPEC = OperatorSpec("j", "op", "k", {"n": "long", "avg": "double"}, partitions=4,
                     window=WindowSpec("tumbling", 10))
@@ -66,7 +67,7 @@ def write_batch(storage: Storage, batch: int, parts=range(4)) -> dict[int, int]:
     written = {}
     for p in parts:
         t = delta_for(p, batch, KEYS)
-        deltas.write_delta(storage, SPEC, p, batch, t)
+        deltas.write_delta(storage, PartitionId(SPEC.job, SPEC.operator, p), batch, t)
         written[p] = t.num_rows
     write_manifest(storage, "j", "op", BatchManifest(batch, batch * 10, written))
     return written
@@ -120,11 +121,12 @@ def test_bad_requests_get_clear_status_codes(env) -> None:
         with pytest.raises(grpc.RpcError) as err:
             stub.MultiGet(pb.LookupRequest(**req), timeout=5)
         assert err.value.code() == code and text in err.value.details()
-    # a stale writer (an older epoch than the assignment's) is refused
+    # a stale writer (an older epoch than the assignment's) is refused with its own code,
+    # which the coordinator reads back as StaleEpoch without looking at the message
     with pytest.raises(grpc.RpcError) as err:
         commit(stub, storage, 1, parts=[0], epoch=0)
-    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert "stale epoch" in err.value.details()
+    assert err.value.code() == grpc.StatusCode.ABORTED
+    assert isinstance(from_grpc(err.value), StaleEpoch)
     # the committer announced rows the delta file does not have
     with pytest.raises(grpc.RpcError) as err:
         commit(stub, storage, 1, parts=[0], rows=12345)

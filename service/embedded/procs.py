@@ -8,7 +8,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from service.devbroker import free_port, wait_for_port
+from service.embedded.broker import free_port, wait_for_port
 
 
 @dataclass

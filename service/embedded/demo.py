@@ -18,8 +18,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
-from service.devbroker import DevBroker, wait_for_port
-from service.procs import Child, RouterProcess, ShardProcess, qstate_command
+from service.embedded.broker import DevBroker, wait_for_port
+from service.embedded.procs import Child, RouterProcess, ShardProcess, qstate_command
 
 console = Console()
 TOPICS = ("tweet-events", "ad-events")
@@ -84,7 +84,7 @@ class Demo:
             time.sleep(0.1)
         self._spawn(Child("jobs", qstate_command(
             "job", "tweets", "ads", "--bootstrap", cfg.bootstrap, "--storage", cfg.storage,
-            "--checkpoints", str(cfg.home / "checkpoints"), "--mapping", str(mapping),
+            "--checkpoints", str(cfg.home / "checkpoints"), "--option", f"mapping={mapping}",
             "--shards", ",".join(s.address for s in shards), "--partitions",
             str(cfg.partitions), "--no-live"), logs / "jobs.log").start())
 

@@ -1,8 +1,8 @@
-"""Checkpoint storage: where delta files, operator specs and the assignment live.
+"""Checkpoint storage: a local directory, or any pyarrow filesystem URI (s3://, hdfs://, gs://).
 
-A local directory by default; any pyarrow filesystem URI (s3://, hdfs://, gs://) works the
-same. Writes are atomic for readers: write to a temporary name, then move, so a shard never
-reads half a delta file and a re-run of a batch simply replaces the file.
+Paths given to ``Storage`` are relative to its root (``service.core.paths`` builds them).
+Writes are atomic for readers: write to a temporary name in the same directory, then move,
+so a reader never sees half a file and a re-run of a batch simply replaces its files.
 """
 
 from __future__ import annotations
@@ -12,7 +12,10 @@ import os
 import uuid
 from dataclasses import dataclass, field
 
+import pyarrow as pa
 import pyarrow.fs as pafs
+
+__all__ = ["Storage"]
 
 
 @dataclass
@@ -29,37 +32,43 @@ class Storage:
         self.root = self.root.rstrip("/")
         self.fs.create_dir(self.root, recursive=True)
 
-    def path(self, *parts: str) -> str:
-        return "/".join((self.root, *parts))
+    def full(self, path: str) -> str:
+        """The filesystem path of ``path`` (relative to the root)."""
+        return f"{self.root}/{path}" if path else self.root
 
     def write_bytes(self, path: str, data: bytes) -> None:
-        parent = path.rsplit("/", 1)[0]
+        full = self.full(path)
+        parent = full.rsplit("/", 1)[0]
         self.fs.create_dir(parent, recursive=True)
         tmp = f"{parent}/.tmp-{uuid.uuid4().hex}"
         with self.fs.open_output_stream(tmp) as out:
             out.write(data)
-        self.fs.move(tmp, path)
+        self.fs.move(tmp, full)
 
     def read_bytes(self, path: str) -> bytes:
-        with self.fs.open_input_stream(path) as f:
+        with self.fs.open_input_stream(self.full(path)) as f:
             return f.read()
 
+    def open_file(self, path: str) -> pa.NativeFile:
+        """Random access (Arrow IPC files are read by seeking to their footer)."""
+        return self.fs.open_input_file(self.full(path))
+
     def exists(self, path: str) -> bool:
-        return self.fs.get_file_info(path).type != pafs.FileType.NotFound
+        return self.fs.get_file_info(self.full(path)).type != pafs.FileType.NotFound
 
     def list_names(self, path: str) -> list[str]:
         """Names of the files directly under ``path`` (empty if it does not exist)."""
-        sel = pafs.FileSelector(path, allow_not_found=True)
+        sel = pafs.FileSelector(self.full(path), allow_not_found=True)
         return sorted(
             i.base_name for i in self.fs.get_file_info(sel)
             if i.type == pafs.FileType.File and not i.base_name.startswith(".")
         )
 
     def list_dirs(self, path: str) -> list[str]:
-        sel = pafs.FileSelector(path, allow_not_found=True)
+        sel = pafs.FileSelector(self.full(path), allow_not_found=True)
         return sorted(i.base_name for i in self.fs.get_file_info(sel)
                       if i.type == pafs.FileType.Directory and not i.base_name.startswith("."))
 
     def delete(self, path: str) -> None:
         with contextlib.suppress(FileNotFoundError):
-            self.fs.delete_file(path)
+            self.fs.delete_file(self.full(path))

@@ -16,7 +16,14 @@ from dataclasses import asdict, dataclass, field
 
 import orjson
 
-from service.storage import Storage
+from service.core import paths
+from service.core.address import PartitionId
+from service.core.errors import Unavailable
+from service.core.storage import Storage
+
+__all__ = ["Assignment", "ServerInfo", "balance", "default_server_id", "list_servers",
+           "load_assignment", "now_ms", "reassign", "register_server", "save_assignment",
+           "unregister_server"]
 
 
 @dataclass(frozen=True)
@@ -52,55 +59,47 @@ class Assignment:
             out.setdefault(self.servers[sid], []).append(p)
         return out
 
-    def owned_by(self, server_id: str) -> set[tuple[str, int]]:
-        return {(op, p) for op, ids in self.owners.items()
+    def owned_by(self, server_id: str) -> set[PartitionId]:
+        return {PartitionId(self.job, op, p) for op, ids in self.owners.items()
                 for p, sid in enumerate(ids) if sid == server_id}
 
 
-def _servers_dir(storage: Storage) -> str:
-    return storage.path("cluster", "servers")
-
-
 def register_server(storage: Storage, info: ServerInfo) -> None:
-    storage.write_bytes(f"{_servers_dir(storage)}/{info.id}.json", orjson.dumps(asdict(info)))
+    storage.write_bytes(paths.server(info.id), orjson.dumps(asdict(info)))
 
 
 def unregister_server(storage: Storage, server_id: str) -> None:
-    storage.delete(f"{_servers_dir(storage)}/{server_id}.json")
+    storage.delete(paths.server(server_id))
 
 
 def list_servers(storage: Storage) -> list[ServerInfo]:
-    d = _servers_dir(storage)
     out = []
-    for n in storage.list_names(d):
-        if n.endswith(".json"):
+    for n in storage.list_names(paths.servers_dir()):
+        if n.endswith(paths.JSON):
             try:
-                out.append(ServerInfo(**orjson.loads(storage.read_bytes(f"{d}/{n}"))))
+                out.append(ServerInfo(**orjson.loads(
+                    storage.read_bytes(f"{paths.servers_dir()}/{n}"))))
             except FileNotFoundError:  # unregistered while we listed
                 continue
     return out
 
 
-def _assignment_path(storage: Storage, job: str) -> str:
-    return storage.path("jobs", job, "assignment.json")
-
-
 def load_assignment(storage: Storage, job: str) -> Assignment:
-    path = _assignment_path(storage, job)
+    path = paths.assignment(job)
     if not storage.exists(path):
         return Assignment(job)
     return Assignment(**orjson.loads(storage.read_bytes(path)))
 
 
 def save_assignment(storage: Storage, a: Assignment) -> None:
-    storage.write_bytes(_assignment_path(storage, a.job), orjson.dumps(asdict(a)))
+    storage.write_bytes(paths.assignment(a.job), orjson.dumps(asdict(a)))
 
 
 def balance(old: list[str], partitions: int, live: list[str]) -> list[str]:
     """Owners for ``partitions`` over ``live`` servers: as even as possible, moving as few
     partitions as possible (an owner that is live and not over its share keeps its own)."""
     if not live:
-        raise RuntimeError("no live shard server to assign partitions to")
+        raise Unavailable("no live shard server to assign partitions to")
     ids = sorted(live)
     q, r = divmod(partitions, len(ids))
     cap = {sid: q + (1 if i < r else 0) for i, sid in enumerate(ids)}

@@ -33,12 +33,12 @@ from rich.progress import (
 )
 from rich.text import Text
 
-from loadtest.workloads import Ads, Event, live_events, make_workload
-from service.kafka import ensure_topic
+from jobs.examples.workloads import Ads, Event, default_mapping_path, live_events, make_workload
+from service.cli_options import S, option
+from service.core.kafka import ensure_topic
 
 KEY_FIELDS = ("tweet_id", "ad_id")
-DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
-DEFAULT_MAPPING = Path(".qstate/ads-campaigns.json")
+DEFAULT_MAPPING = default_mapping_path()
 DEFAULT_KEYS = {"tweets": 100_000, "ads": 1_000}
 
 # Idempotence: a retried batch must not land twice, or the topic would hold events the
@@ -262,14 +262,7 @@ def generate(
             show_default=False,
         ),
     ],
-    bootstrap: Annotated[
-        str | None,
-        typer.Option(
-            envvar="QSTATE_KAFKA_BOOTSTRAP",
-            help=f"Kafka bootstrap servers (default: qstate config, else {DEFAULT_BOOTSTRAP}).",
-            show_default=False,
-        ),
-    ] = None,
+    bootstrap: Annotated[str, option("kafka_bootstrap", "--bootstrap")] = S.kafka_bootstrap,
     topic: Annotated[
         str | None,
         typer.Option(help="Topic, created with 4 partitions if missing "
@@ -326,8 +319,6 @@ def generate(
     Exit codes: 0 done (or stopped with Ctrl-C), 1 events not delivered, 2 bad usage.
     """
     console = Console(stderr=True)
-    if bootstrap is None:
-        bootstrap = _configured_bootstrap()
     wl = make_workload(
         workload.value,
         keys if keys is not None else DEFAULT_KEYS[workload.value],
@@ -381,13 +372,6 @@ def generate(
         f"({delivered / elapsed if elapsed > 0 else 0:,.0f} ev/s)"
         + (f"; log: {log}" if log else "")
     )
-
-
-def _configured_bootstrap() -> str:
-    # Imported late: the settings read qstate.env, which only the CLI path should touch.
-    from service.config import settings
-
-    return settings().kafka_bootstrap
 
 
 def main() -> None:

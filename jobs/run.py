@@ -1,4 +1,4 @@
-"""`qstate job ...`: run example jobs in one SparkSession until Ctrl-C or SIGTERM."""
+"""`qstate job ...`: run job modules in one SparkSession until Ctrl-C or SIGTERM."""
 
 from __future__ import annotations
 
@@ -7,14 +7,18 @@ import signal
 import threading
 import time
 from contextlib import nullcontext
+from dataclasses import replace
 
 from prometheus_client import start_http_server
 from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
-from jobs.runner import JobConfig, RunningJob, start_job
+from jobs.job import JobContext
+from jobs.runner import RunningJob, start_job
 from jobs.spark import spark_session
+
+__all__ = ["checkpoint_name", "run_jobs"]
 
 console = Console(stderr=True)
 
@@ -29,25 +33,33 @@ def _status(jobs: list[RunningJob]) -> Text:
                     f"{p['processedRowsPerSecond'] or 0:,.0f} proc/s") if p else "starting"
             batch = (f"batch {last.batch} commit {last.commit_s * 1000:.0f}ms"
                      if last else "no batch yet")
-            line.append(f"{job.config.job}/{name}: ", style="bold")
+            line.append(f"{job.name}/{name}: ", style="bold")
             line.append(f"{rate}, {batch}   ")
     return line
 
 
-def run_jobs(configs: list[JobConfig], metrics_port: int = 0, master: str = "local[2]",
-             shuffle_partitions: int = 4, live: bool = True,
+def checkpoint_name(builder: str) -> str:
+    """The checkpoint folder of a job module: ``tweets`` for the example, else the module."""
+    return builder.split(":", 1)[0].rsplit(".", 1)[-1]
+
+
+def run_jobs(builders: list[str], ctx: JobContext, metrics_port: int = 0,
+             master: str = "local[2]", shuffle_partitions: int = 4, live: bool = True,
              spark_conf: dict[str, str] | None = None, metrics_host: str = "127.0.0.1") -> None:
+    """Run every job of ``builders`` (``module:function`` or an example's name); each gets
+    ``ctx`` with its own checkpoint folder under ``ctx.checkpoint``."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     if metrics_port:
         start_http_server(metrics_port, addr=metrics_host)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    spark = spark_session("qstate-" + "-".join(c.job for c in configs), master,
-                          shuffle_partitions, spark_conf)
-    running = [start_job(spark, c) for c in configs]
-    console.print(f"[green]running[/green] {', '.join(c.job for c in configs)} "
-                  f"(checkpoints under {configs[0].checkpoint.parent})")
+    names = [checkpoint_name(b) for b in builders]
+    spark = spark_session("qstate-" + "-".join(names), master, shuffle_partitions, spark_conf)
+    running = [start_job(spark, b, replace(ctx, checkpoint=ctx.checkpoint / n))
+               for b, n in zip(builders, names, strict=True)]
+    console.print(f"[green]running[/green] {', '.join(j.name for j in running)} "
+                  f"(checkpoints under {ctx.checkpoint})")
     try:
         with Live(_status(running), console=console, refresh_per_second=1,
                   transient=True) if live else nullcontext() as view:

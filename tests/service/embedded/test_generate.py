@@ -13,10 +13,10 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from typer.testing import CliRunner
 
-from loadtest import generate as gen
-from loadtest.generate import DeliveryError, app, produce
-from loadtest.workloads import AD_FIELDS, TWEET_FIELDS, Tweets, events_over_span, load_mapping
-from service.devbroker import free_port
+from jobs.examples.workloads import AD_FIELDS, TWEET_FIELDS, Tweets, events_over_span, load_mapping
+from service.embedded import generate as gen
+from service.embedded.broker import free_port
+from service.embedded.generate import DeliveryError, app, produce
 
 T0 = 1_700_000_000_000
 PARTITIONS = 4
@@ -203,9 +203,9 @@ def test_cli_ctrl_c_stops_cleanly(broker, topic, tmp_path) -> None:
     flushed and logged, and the exit code is 0."""
     log = tmp_path / "events.jsonl"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "loadtest.generate", "tweets", "--bootstrap", broker.bootstrap,
+        [sys.executable, "-m", "service", "generate", "tweets", "--bootstrap", broker.bootstrap,
          "--topic", topic, "--rate", "2000", "--log", str(log), "--no-progress"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=Path(__file__).parents[2],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=Path(__file__).parents[3],
     )
     try:
         deadline = time.monotonic() + 30

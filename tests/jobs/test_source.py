@@ -12,7 +12,7 @@ from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
-from jobs.kafka_source import (
+from jobs.source import (
     ARROW_SCHEMA,
     KafkaRange,
     KafkaRangeUnavailable,
@@ -23,7 +23,7 @@ from jobs.kafka_source import (
     plan_ranges,
     read_kafka,
 )
-from service.kafka import ensure_topic
+from service.core.kafka import ensure_topic
 
 
 def produce(bootstrap: str, topic: str, n: int, partitions: int, first: int = 0) -> None:

@@ -11,8 +11,14 @@ from typing import Literal
 
 import orjson
 
-from service.keys import check_name
-from service.storage import Storage
+from service.core import paths
+from service.core.address import check_name
+from service.core.config import DEFAULTS
+from service.core.errors import InvalidRequest
+from service.core.storage import Storage
+
+__all__ = ["OperatorSpec", "StateType", "WindowKind", "WindowSpec", "list_specs", "load_spec",
+           "save_spec"]
 
 StateType = Literal["long", "double"]
 WindowKind = Literal["tumbling", "sliding", "session", "none"]
@@ -32,22 +38,23 @@ class OperatorSpec:
     operator: str
     key: str
     states: dict[str, StateType]
-    partitions: int = 64
+    partitions: int = DEFAULTS.partitions
     window: WindowSpec = field(default_factory=WindowSpec)
-    retention_ms: int = 24 * 3600 * 1000
+    retention_ms: int = DEFAULTS.retention_ms
     merge: Literal["upsert"] = "upsert"
 
     def __post_init__(self) -> None:
         check_name("job", self.job)
         check_name("operator", self.operator)
         if not self.states:
-            raise ValueError("an operator needs at least one state column")
+            raise InvalidRequest("an operator needs at least one state column")
         for name, kind in self.states.items():
             check_name("state", name)
             if kind not in ("long", "double"):
-                raise ValueError(f"state {name!r}: type must be 'long' or 'double', not {kind!r}")
+                raise InvalidRequest(
+                    f"state {name!r}: type must be 'long' or 'double', not {kind!r}")
         if not 1 <= self.partitions <= 4096:
-            raise ValueError("partitions must be between 1 and 4096")
+            raise InvalidRequest("partitions must be between 1 and 4096")
 
     @property
     def windowed(self) -> bool:
@@ -67,16 +74,12 @@ class OperatorSpec:
         return cls(**raw)
 
 
-def spec_path(storage: Storage, job: str, operator: str) -> str:
-    return storage.path("jobs", job, operator, "operator.json")
-
-
 def save_spec(storage: Storage, spec: OperatorSpec) -> None:
-    path = spec_path(storage, spec.job, spec.operator)
+    path = paths.spec(spec.job, spec.operator)
     if storage.exists(path):
         old = OperatorSpec.from_json(storage.read_bytes(path))
         if old.partitions != spec.partitions:
-            raise ValueError(
+            raise InvalidRequest(
                 f"{spec.job}/{spec.operator} has {old.partitions} partitions in storage; "
                 f"changing to {spec.partitions} needs a rescale step"
             )
@@ -84,7 +87,7 @@ def save_spec(storage: Storage, spec: OperatorSpec) -> None:
 
 
 def load_spec(storage: Storage, job: str, operator: str) -> OperatorSpec | None:
-    path = spec_path(storage, job, operator)
+    path = paths.spec(job, operator)
     if not storage.exists(path):
         return None
     return OperatorSpec.from_json(storage.read_bytes(path))
@@ -92,11 +95,9 @@ def load_spec(storage: Storage, job: str, operator: str) -> OperatorSpec | None:
 
 def list_specs(storage: Storage) -> list[OperatorSpec]:
     specs = []
-    jobs_dir = storage.path("jobs")
-    import pyarrow.fs as pafs
-
-    sel = pafs.FileSelector(jobs_dir, allow_not_found=True, recursive=True)
-    for info in storage.fs.get_file_info(sel):
-        if info.type == pafs.FileType.File and info.base_name == "operator.json":
-            specs.append(OperatorSpec.from_json(storage.read_bytes(info.path)))
-    return sorted(specs, key=lambda s: (s.job, s.operator))
+    for job in storage.list_dirs(paths.jobs_dir()):
+        for op in storage.list_dirs(f"{paths.jobs_dir()}/{job}"):
+            spec = load_spec(storage, job, op)
+            if spec is not None:
+                specs.append(spec)
+    return specs

@@ -6,11 +6,15 @@ Events on ``tweet-events``: ``{"tweet_id": str, "event": "impression"|"url-click
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from jobs.operators import QueryableOperator
-from service.operator import WindowSpec
+from jobs.job import JobContext, JobDefinition, QueryableOperator
+from jobs.parse import parse_json
+from jobs.source import read_kafka
+from service.core.operator import WindowSpec
+
+__all__ = ["FIELDS", "JOB", "TOPIC", "build", "operators"]
 
 JOB = "tweets"
 TOPIC = "tweet-events"
@@ -35,3 +39,11 @@ def operators(events: DataFrame) -> list[QueryableOperator]:
         QueryableOperator("per_tweet_1m", minute, "tweet_id", ["impressions"],
                           WindowSpec("sliding", 60_000, 10_000)),
     ]
+
+
+def build(spark: SparkSession, ctx: JobContext) -> JobDefinition:
+    topic = ctx.topic or TOPIC
+    raw = read_kafka(spark, ctx.bootstrap, topic, starting_offsets=ctx.starting_offsets,
+                     max_rows_per_trigger=ctx.max_rows_per_trigger)
+    events = parse_json(raw, FIELDS, dlq_topic=ctx.dlq_topic(topic), bootstrap=ctx.bootstrap)
+    return JobDefinition(ctx.job or JOB, topic, operators(events))

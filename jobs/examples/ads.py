@@ -9,26 +9,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import orjson
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from jobs.operators import QueryableOperator
-from service.operator import WindowSpec
+from jobs.examples.workloads import default_mapping_path, load_mapping
+from jobs.job import JobContext, JobDefinition, QueryableOperator
+from jobs.parse import parse_json
+from jobs.source import read_kafka
+from service.core.operator import WindowSpec
+
+__all__ = ["FIELDS", "JOB", "TOPIC", "build", "mapping_path", "operators"]
 
 JOB = "ads"
 TOPIC = "ad-events"
 FIELDS = {"user_id": "string", "page_id": "string", "ad_id": "string", "ad_type": "string",
           "event_type": "string", "event_time": "long", "ip_address": "string"}
 WATERMARK = "10 seconds"
-
-
-def load_mapping(path: Path) -> dict[str, str]:
-    if not path.exists():
-        raise FileNotFoundError(
-            f"campaign mapping {path} not found: `qstate generate ads --mapping {path}` "
-            "writes it together with the events")
-    return orjson.loads(path.read_bytes())
 
 
 def operators(events: DataFrame, mapping: dict[str, str]) -> list[QueryableOperator]:
@@ -42,3 +38,17 @@ def operators(events: DataFrame, mapping: dict[str, str]) -> list[QueryableOpera
         F.count(F.lit(1)).alias("views"))
     return [QueryableOperator("campaign_views_10s", counts, "campaign_id", ["views"],
                               WindowSpec("tumbling", 10_000))]
+
+
+def mapping_path(ctx: JobContext) -> Path:
+    """``--option mapping=PATH``, else where `qstate generate ads` writes it by default."""
+    given = ctx.options.get("mapping")
+    return Path(given) if given else default_mapping_path()
+
+
+def build(spark: SparkSession, ctx: JobContext) -> JobDefinition:
+    topic = ctx.topic or TOPIC
+    raw = read_kafka(spark, ctx.bootstrap, topic, starting_offsets=ctx.starting_offsets,
+                     max_rows_per_trigger=ctx.max_rows_per_trigger)
+    events = parse_json(raw, FIELDS, dlq_topic=ctx.dlq_topic(topic), bootstrap=ctx.bootstrap)
+    return JobDefinition(ctx.job or JOB, topic, operators(events, load_mapping(mapping_path(ctx))))

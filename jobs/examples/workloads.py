@@ -28,6 +28,9 @@ from typing import Any, Literal
 
 import orjson
 
+from service.core.config import settings
+from service.core.errors import InvalidRequest
+
 Event = dict[str, Any]
 Distribution = Literal["uniform", "zipf"]
 
@@ -153,7 +156,18 @@ def write_mapping(mapping: dict[str, str], path: str | os.PathLike[str]) -> Path
 
 
 def load_mapping(path: str | os.PathLike[str]) -> dict[str, str]:
-    return orjson.loads(Path(path).read_bytes())
+    path = Path(path)
+    if not path.exists():
+        raise InvalidRequest(
+            f"campaign mapping {path} not found: `qstate generate ads --mapping {path}` "
+            "writes it together with the events")
+    return orjson.loads(path.read_bytes())
+
+
+def default_mapping_path() -> Path:
+    """Where `qstate generate ads` writes the ad -> campaign mapping and the ads job reads it
+    unless told otherwise: <home>/ads-campaigns.json."""
+    return Path(settings().home) / "ads-campaigns.json"
 
 
 class Ads(Workload):

@@ -1,0 +1,148 @@
+"""The shape of every answer: one model for the router's HTTP and gRPC front ends and the
+Python client (DESIGN §5). The OpenAPI document is generated from these models and the
+server serializes these same models, so what is documented is what is served.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "BatchAnswer",
+    "ErrorBody",
+    "JobInfo",
+    "JobList",
+    "JobSummary",
+    "OperatorInfo",
+    "StateAnswer",
+    "StateInfo",
+    "Window",
+    "WindowInfo",
+    "error_responses",
+]
+
+_STRICT = ConfigDict(extra="forbid")
+
+
+class Window(BaseModel):
+    model_config = _STRICT
+
+    start: int | None = Field(description="Window start, epoch ms (null: not windowed)")
+    end: int | None = Field(description="Window end, epoch ms, exclusive (null: not windowed)")
+    value: int | float | None = Field(description="The aggregate; counts are exact integers")
+
+
+class StateAnswer(BaseModel):
+    """One key of one state: its latest window, or its windows in a time range, as of a batch."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
+        "job": "tweets", "operator": "per_tweet_1h", "state": "impressions", "key": "tw-42",
+        "found": True, "batch": 311, "watermark": 1767225590000,
+        "windows": [{"start": 1767225600000, "end": 1767229200000, "value": 17}]}]})
+
+    job: str
+    operator: str
+    state: str
+    key: str
+    found: bool = Field(description="False: the key has no data as of `batch`")
+    batch: int = Field(description="The job's batch this answer reflects (-1: none yet)")
+    watermark: int = Field(description="The event-time watermark at that batch, epoch ms")
+    windows: list[Window] = Field(description="Oldest first; the latest window alone when no "
+                                  "time range was asked")
+
+    @property
+    def latest(self) -> Window | None:
+        return self.windows[-1] if self.windows else None
+
+
+class BatchAnswer(BaseModel):
+    model_config = _STRICT
+
+    results: list[StateAnswer] = Field(description="One per key asked, in the same order")
+
+
+class ErrorBody(BaseModel):
+    """Every 4xx/5xx body. ``error`` names the failure (a class of service.core.errors)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
+        "error": "NotFound", "message": "key 'tw-9' has no data in tweets/per_tweet_1h/"
+        "impressions as of batch 311", "batch": 311, "watermark": 1767225590000}]})
+
+    error: str = Field(description="What failed: InvalidRequest, InvalidAddress, NotFound, "
+                       "UnknownOperator, Unavailable, ...")
+    message: str = Field(description="What happened and what to do about it")
+    batch: int | None = Field(None, description="404 of a key: the batch it is absent as of")
+    watermark: int | None = Field(None, description="404 of a key: the watermark then")
+    job: str | None = None
+    operator: str | None = None
+    state: str | None = None
+    partition: int | None = Field(None, description="503: the partition that cannot answer")
+    retry_after_s: float | None = Field(None, description="503: when to ask again (also the "
+                                        "Retry-After header, in whole seconds)")
+
+
+class StateInfo(BaseModel):
+    model_config = _STRICT
+
+    name: str
+    type: str = Field(description="long | double")
+
+
+class WindowInfo(BaseModel):
+    model_config = _STRICT
+
+    kind: str = Field(description="tumbling | sliding | session | none")
+    size_ms: int
+    slide_ms: int
+    gap_ms: int
+
+
+class OperatorInfo(BaseModel):
+    model_config = _STRICT
+
+    name: str
+    key: str = Field(description="The grouping column")
+    states: list[StateInfo]
+    window: WindowInfo
+    partitions: int
+    partitions_available: int = Field(description="Partitions answering now")
+    retention_ms: int
+    last_batch: int = Field(description="Lowest last batch over the operator's partitions: "
+                            "every key answers as of at least this batch")
+    watermark: int = Field(description="Lowest watermark over its partitions, epoch ms")
+
+
+class JobInfo(BaseModel):
+    model_config = _STRICT
+
+    name: str
+    operators: list[OperatorInfo]
+
+
+class JobSummary(BaseModel):
+    model_config = _STRICT
+
+    name: str
+    operators: list[str]
+
+
+class JobList(BaseModel):
+    model_config = _STRICT
+
+    jobs: list[JobSummary]
+
+
+def error_responses() -> dict[int | str, dict[str, Any]]:
+    """The documented error answers of every state route (for FastAPI's ``responses``)."""
+    retry = {"Retry-After": {"description": "Seconds to wait before asking again",
+                             "schema": {"type": "integer"}}}
+    return {
+        400: {"model": ErrorBody, "description": "Invalid name, key, body or time range"},
+        404: {"model": ErrorBody,
+              "description": "Unknown job/operator/state, or no data for the key"},
+        503: {"model": ErrorBody, "headers": retry,
+              "description": "The owning shard is unavailable or restoring; retry after "
+                             "Retry-After"},
+    }

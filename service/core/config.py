@@ -1,0 +1,140 @@
+"""The one place qstate reads its configuration from.
+
+Every setting is, in order of precedence: a CLI flag of the command that uses it; an
+environment variable ``QSTATE_<NAME>`` (``QSTATE_KAFKA_BOOTSTRAP=broker:9092``); a line
+``QSTATE_<NAME>=...`` in the file named by ``QSTATE_CONFIG`` (default ``qstate.env`` in the
+working directory); the default below. ``qstate COMMAND --help`` shows each option with its
+effective default, README's table lists them all (a test keeps it in step with this file).
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from typing import Final
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["DEFAULTS", "Settings", "settings"]
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="QSTATE_",
+        env_file=os.environ.get("QSTATE_CONFIG", "qstate.env"),
+        extra="ignore",
+    )
+
+    # ---- everywhere -------------------------------------------------------------------
+    kafka_bootstrap: str = Field(
+        "127.0.0.1:9092", description="Kafka bootstrap servers.")
+    home: str = Field(
+        ".qstate", description="Local working directory: broker data, shard RocksDB data, "
+        "Spark checkpoints, logs.")
+    storage: str = Field(
+        "", description="Checkpoint storage for delta files, snapshots and the assignment: a "
+        "local path or a pyarrow filesystem URI (s3://bucket/prefix, hdfs://...). Empty: "
+        "<home>/storage.")
+    metrics_host: str = Field(
+        "127.0.0.1", description="Address of the /metrics endpoints of jobs and shards "
+        "(0.0.0.0 in pods).")
+
+    # ---- operators (set when a job starts) -------------------------------------------
+    partitions: int = Field(64, ge=1, le=4096, description="Partitions per operator (P).")
+    retention_ms: int = Field(
+        24 * 3600 * 1000, ge=0, description="How long closed windows are kept after the "
+        "watermark passed them.")
+
+    # ---- jobs -------------------------------------------------------------------------
+    checkpoints: str = Field("", description="Spark checkpoint root. Empty: <home>/checkpoints.")
+    spark_master: str = Field(
+        "local[2,4]", description="Spark master of `qstate job`; local[N,M] retries a failed "
+        "task up to M times.")
+    trigger_interval: str = Field("1 second", description="Micro-batch trigger interval.")
+    max_rows_per_trigger: int = Field(
+        0, ge=0, description="Cap on the rows a micro-batch reads (0: no cap).")
+    job_metrics_port: int = Field(0, ge=0, description="Port of a job's /metrics (0: off).")
+    commit_timeout_s: float = Field(
+        30.0, gt=0, description="How long the sink keeps trying to commit a batch on every "
+        "owning shard before the query fails.")
+    lease_s: float = Field(
+        3.0, gt=0, description="Coordinator: a shard server that has not answered a heartbeat "
+        "for this long is dead and its partitions move.")
+    heartbeat_s: float = Field(0.5, gt=0, description="Coordinator: heartbeat interval.")
+    manifest_gc_every: int = Field(
+        20, ge=1, description="Coordinator: batches between collections of old manifests.")
+
+    # ---- shard servers ----------------------------------------------------------------
+    shard_host: str = Field("127.0.0.1", description="Address a shard server binds to.")
+    shard_port: int = Field(
+        7100, ge=0, description="Internal gRPC port of a shard server (0: any free port); "
+        "`qstate run` uses it and the next one for its two shards.")
+    shard_metrics_port: int = Field(
+        0, ge=0, description="HTTP /metrics /healthz port of a shard server (0: any).")
+    shard_id: str = Field("", description="Stable id of a shard server. Empty: host-port.")
+    shard_advertise: str = Field(
+        "", description="host:port others use to reach a shard server. Empty: its bind address.")
+    shard_data_dir: str = Field(
+        "", description="Where a shard server keeps its RocksDB partitions. Empty: "
+        "<home>/shards.")
+    snapshot_every: int = Field(
+        10, ge=1, description="A shard snapshots a partition to checkpoint storage every N "
+        "batches.")
+    snapshots_kept: int = Field(
+        2, ge=1, description="Snapshots kept per partition; older snapshots and the deltas "
+        "before the oldest kept one are deleted.")
+    assignment_poll_s: float = Field(
+        0.5, gt=0, description="Shard: how often it reads the assignment from storage.")
+    restore_timeout_s: float = Field(
+        120.0, gt=0, description="Shard: how long a commit waits for a partition that is "
+        "being restored.")
+    restore_retry_s: float = Field(
+        1.0, gt=0, description="Shard: pause before retrying a failed restore.")
+    commit_workers: int = Field(
+        4, ge=1, description="Shard: partitions of one commit applied in parallel.")
+
+    # ---- routers ----------------------------------------------------------------------
+    router_host: str = Field("127.0.0.1", description="Address the router binds to.")
+    http_port: int = Field(8000, ge=0, description="Router HTTP port.")
+    grpc_port: int = Field(50051, ge=0, description="Router public gRPC port.")
+    shard_timeout_s: float = Field(
+        1.0, gt=0, description="Router: deadline of a shard lookup before answering 503.")
+    retry_after_s: float = Field(1.0, gt=0, description="Retry-After sent with a 503.")
+    local_reads: bool = Field(
+        True, description="Router: read partitions of shards on the same host in-process "
+        "(RocksDB secondary instances) instead of over gRPC.")
+    routing_refresh_s: float = Field(
+        1.0, gt=0, description="Router: how often it re-reads assignments and specs.")
+    routing_min_interval_s: float = Field(
+        0.1, gt=0, description="Router: least time between two on-demand routing refreshes.")
+    local_ready_poll_s: float = Field(
+        0.25, gt=0, description="Router: how often it asks co-located shards which "
+        "partitions are ready for in-process reads.")
+    max_batch_keys: int = Field(1000, ge=1, description="Router: keys per batch request.")
+    max_windows: int = Field(
+        10_000, ge=1, description="Windows per key in one time-range answer.")
+    router_url: str = Field("http://127.0.0.1:8000", description="Where `qstate get` asks.")
+
+    @property
+    def storage_uri(self) -> str:
+        return self.storage or os.path.join(self.home, "storage")
+
+    @property
+    def checkpoints_dir(self) -> str:
+        return self.checkpoints or os.path.join(self.home, "checkpoints")
+
+    @property
+    def shard_data(self) -> str:
+        return self.shard_data_dir or os.path.join(self.home, "shards")
+
+
+# The documented defaults, unaffected by environment and config file: what library code
+# falls back to when a caller passes nothing.
+DEFAULTS: Final[Settings] = Settings.model_construct()
+
+
+@lru_cache(maxsize=1)
+def settings() -> Settings:
+    """The effective settings of this process (environment and config file read once)."""
+    return Settings()

@@ -1,0 +1,170 @@
+"""Every failure qstate names, under one root, each with its HTTP status and gRPC code.
+
+An error crosses a process boundary as its gRPC code plus its message and comes back as the
+same class (``from_grpc``), so no caller decides what happened by reading a message. The
+HTTP body of an error is ``{"error": <class name>, "message": ..., **detail}``
+(``service.core.answer.ErrorBody`` documents it).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import grpc
+
+__all__ = [
+    "BadRecord",
+    "BrokerError",
+    "CommitFailed",
+    "DeltaMismatch",
+    "Fenced",
+    "InvalidAddress",
+    "InvalidRequest",
+    "NotFound",
+    "NotOwner",
+    "QStateError",
+    "StaleEpoch",
+    "Unavailable",
+    "UnknownOperator",
+    "from_grpc",
+    "from_http",
+]
+
+
+class QStateError(Exception):
+    """The root: anything qstate raises on purpose."""
+
+    http_status: ClassVar[int] = 500
+    grpc_code: ClassVar[grpc.StatusCode] = grpc.StatusCode.INTERNAL
+
+    def __init__(self, message: str, **detail: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.detail = detail
+
+    def body(self) -> dict[str, Any]:
+        return {"error": type(self).__name__, "message": self.message, **self.detail}
+
+
+class InvalidRequest(QStateError):
+    """A request (or argument) that cannot be answered as asked; the message says what to fix."""
+
+    http_status = 400
+    grpc_code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class InvalidAddress(InvalidRequest):
+    """A name or key that DESIGN §2 does not allow; the message says what is allowed."""
+
+
+class NotFound(QStateError):
+    """Unknown job/operator/state, or no data for a key (then ``batch`` says as of when)."""
+
+    http_status = 404
+    grpc_code = grpc.StatusCode.NOT_FOUND
+
+
+class UnknownOperator(NotFound):
+    """A job, operator or state that checkpoint storage does not know."""
+
+
+class Unavailable(QStateError):
+    """The owning shard is down, restoring or moving: retry after ``retry_after_s``."""
+
+    http_status = 503
+    grpc_code = grpc.StatusCode.UNAVAILABLE
+
+    def __init__(self, message: str, retry_after_s: float = 1.0, **detail: Any) -> None:
+        super().__init__(message, retry_after_s=retry_after_s, **detail)
+        self.retry_after_s = retry_after_s
+
+
+class StaleEpoch(QStateError):
+    """A writer with an older assignment epoch than the shard knows: a newer coordinator owns
+    the job's assignment. Its own code, so callers tell it from every other refusal."""
+
+    http_status = 409
+    grpc_code = grpc.StatusCode.ABORTED
+
+
+class NotOwner(QStateError):
+    """The committer thinks this server owns a partition the assignment gives elsewhere."""
+
+    http_status = 409
+    grpc_code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class DeltaMismatch(QStateError):
+    """A delta file or batch manifest is missing, corrupt or not what was announced."""
+
+    grpc_code = grpc.StatusCode.DATA_LOSS
+
+
+class CommitFailed(QStateError):
+    """A batch could not be committed on every owning shard within the commit bound."""
+
+    http_status = 503
+    grpc_code = grpc.StatusCode.UNAVAILABLE
+
+
+class Fenced(CommitFailed):
+    """Another coordinator of the job took over: this driver must stop writing."""
+
+    http_status = 409
+    grpc_code = grpc.StatusCode.ABORTED
+
+
+class BrokerError(QStateError):
+    """The embedded Kafka broker could not be started or reached."""
+
+
+class BadRecord(QStateError):
+    """An event that does not fit the declared fields; ``reason`` goes to the dead-letter
+    headers, ``kind`` (a short fixed word) to the metric label."""
+
+    http_status = 400
+    grpc_code = grpc.StatusCode.INVALID_ARGUMENT
+
+    def __init__(self, reason: str, kind: str = "invalid") -> None:
+        super().__init__(reason, kind=kind)
+        self.reason = reason
+        self.kind = kind
+
+
+# What a remote refusal means, by code. UNAVAILABLE and DEADLINE_EXCEEDED are transport
+# conditions as much as answers, so they stay grpc.RpcError for callers to retry.
+_BY_CODE: dict[grpc.StatusCode, type[QStateError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidRequest,
+    grpc.StatusCode.NOT_FOUND: NotFound,
+    grpc.StatusCode.ABORTED: StaleEpoch,
+    grpc.StatusCode.FAILED_PRECONDITION: NotOwner,
+    grpc.StatusCode.DATA_LOSS: DeltaMismatch,
+}
+
+
+def from_grpc(exc: grpc.RpcError) -> QStateError | None:
+    """The qstate error a remote shard answered with, or None for transport failures."""
+    cls = _BY_CODE.get(exc.code())  # type: ignore[attr-defined]  # every RpcError a call raises has it
+    if cls is None:
+        return None
+    return cls(exc.details() or cls.__name__)  # type: ignore[attr-defined]
+
+
+def from_http(status: int, body: dict[str, Any]) -> QStateError:
+    """The error an HTTP answer carries (its ``error`` names the class), for clients."""
+    detail = {k: v for k, v in body.items() if k not in ("error", "message")}
+    message = str(body.get("message") or body.get("detail") or f"HTTP {status}")
+    cls = _BY_NAME.get(str(body.get("error")))
+    if cls is None:
+        cls = next((c for c in (InvalidRequest, NotFound, Unavailable, StaleEpoch)
+                    if c.http_status == status), QStateError)
+    try:
+        return cls(message, **detail)
+    except TypeError:  # a body with fields this class does not take: keep the message
+        return cls(message)
+
+
+_BY_NAME: dict[str, type[QStateError]] = {
+    c.__name__: c for c in (QStateError, InvalidRequest, InvalidAddress, NotFound,
+                            UnknownOperator, Unavailable, StaleEpoch, NotOwner, DeltaMismatch,
+                            CommitFailed, Fenced, BrokerError, BadRecord)}

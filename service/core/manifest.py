@@ -1,0 +1,45 @@
+"""Batch manifests: what each batch of an operator wrote, for replay and restore (DESIGN §4).
+
+The driver writes batch N's manifest after the executors wrote the batch's delta files and
+before it commits the batch on the shards. A shard that must catch up (it was down, the
+partition moved to it, its disk was lost) replays manifests in order: a partition listed
+has a delta file for that batch, one not listed had no rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import orjson
+
+from service.core import paths
+from service.core.catalog import manifest_batches
+from service.core.storage import Storage
+
+__all__ = ["BatchManifest", "delete_manifests_through", "read_manifest", "write_manifest"]
+
+
+@dataclass(frozen=True)
+class BatchManifest:
+    batch: int
+    watermark_ms: int
+    deltas: dict[int, int]  # partition -> rows in its delta file
+
+
+def write_manifest(storage: Storage, job: str, operator: str, m: BatchManifest) -> None:
+    data = orjson.dumps({"batch": m.batch, "watermark_ms": m.watermark_ms,
+                         "deltas": {str(p): n for p, n in sorted(m.deltas.items())}})
+    storage.write_bytes(paths.manifest(job, operator, m.batch), data)
+
+
+def read_manifest(storage: Storage, job: str, operator: str, batch: int) -> BatchManifest:
+    raw = orjson.loads(storage.read_bytes(paths.manifest(job, operator, batch)))
+    return BatchManifest(raw["batch"], raw["watermark_ms"],
+                         {int(p): n for p, n in raw["deltas"].items()})
+
+
+def delete_manifests_through(storage: Storage, job: str, operator: str, batch: int) -> int:
+    old = [b for b in manifest_batches(storage, job, operator) if b <= batch]
+    for b in old:
+        storage.delete(paths.manifest(job, operator, b))
+    return len(old)

@@ -1,0 +1,107 @@
+"""The layout of checkpoint storage: every path qstate writes there, and how names read back.
+
+One room for it (DESIGN §3-4). Paths are relative to the storage root::
+
+    cluster/servers/{server_id}.json                   shard servers registered
+    jobs/{job}/assignment.json                         partition owners and the job's epoch
+    jobs/{job}/{op}/operator.json                      the operator's spec
+    jobs/{job}/{op}/batches/{N}.json                   batch manifests (what batch N wrote)
+    jobs/{job}/{op}/deltas/{p}/{N}.arrow               batch N's delta for partition p
+    jobs/{job}/{op}/snapshots/{p}/{N}.json             a snapshot of p as of batch N (written
+                                                       last: a snapshot is whole or absent)
+    jobs/{job}/{op}/snapshots/{p}/{N}/{file}           its small mutable RocksDB files
+    jobs/{job}/{op}/snapshots/{p}/sst/{sha1}.sst       SST files, content-addressed, shared
+
+``{N}`` is a batch id zero-padded to 20 digits and ``{p}`` a partition number padded to 5,
+so names sort as numbers do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from service.core.address import PartitionId
+
+__all__ = [
+    "ARROW", "JSON", "assignment", "batch_name", "batch_of", "batches", "delta", "deltas_dir",
+    "jobs_dir", "manifest", "manifests_dir", "operator_dir", "server", "servers_dir",
+    "snapshot", "snapshot_member", "snapshots_dir", "spec", "sst_member",
+]
+
+JSON = ".json"
+ARROW = ".arrow"
+SPEC_FILE = "operator.json"
+_BATCH_DIGITS = 20
+
+
+def batch_name(batch: int, suffix: str = "") -> str:
+    return f"{batch:0{_BATCH_DIGITS}d}{suffix}"
+
+
+def batch_of(name: str) -> int | None:
+    """The batch id in a file name written by ``batch_name``; None for any other name."""
+    stem = name.split(".", 1)[0]
+    return int(stem) if len(stem) == _BATCH_DIGITS and stem.isdigit() else None
+
+
+def batches(names: Iterable[str], suffix: str) -> list[int]:
+    """Batch ids of the names ending in ``suffix``, ascending."""
+    return sorted(b for n in names if n.endswith(suffix) and (b := batch_of(n)) is not None)
+
+
+def servers_dir() -> str:
+    return "cluster/servers"
+
+
+def server(server_id: str) -> str:
+    return f"{servers_dir()}/{server_id}{JSON}"
+
+
+def jobs_dir() -> str:
+    return "jobs"
+
+
+def assignment(job: str) -> str:
+    return f"jobs/{job}/assignment{JSON}"
+
+
+def operator_dir(job: str, operator: str) -> str:
+    return f"jobs/{job}/{operator}"
+
+
+def spec(job: str, operator: str) -> str:
+    return f"{operator_dir(job, operator)}/{SPEC_FILE}"
+
+
+def manifests_dir(job: str, operator: str) -> str:
+    return f"{operator_dir(job, operator)}/batches"
+
+
+def manifest(job: str, operator: str, batch: int) -> str:
+    return f"{manifests_dir(job, operator)}/{batch_name(batch, JSON)}"
+
+
+def deltas_dir(pid: PartitionId) -> str:
+    return f"{operator_dir(pid.job, pid.operator)}/deltas/{pid.partition:05d}"
+
+
+def delta(pid: PartitionId, batch: int) -> str:
+    return f"{deltas_dir(pid)}/{batch_name(batch, ARROW)}"
+
+
+def snapshots_dir(pid: PartitionId) -> str:
+    return f"{operator_dir(pid.job, pid.operator)}/snapshots/{pid.partition:05d}"
+
+
+def snapshot(pid: PartitionId, batch: int) -> str:
+    return f"{snapshots_dir(pid)}/{batch_name(batch, JSON)}"
+
+
+def snapshot_member(batch: int, file_name: str) -> str:
+    """A small RocksDB file of the snapshot at ``batch``, relative to ``snapshots_dir``."""
+    return f"{batch_name(batch)}/{file_name}"
+
+
+def sst_member(sha1: str) -> str:
+    """A content-addressed SST, relative to ``snapshots_dir``."""
+    return f"sst/{sha1}.sst"

@@ -1,0 +1,101 @@
+"""Reading one key from the partition that owns it: in-process when the owner is on this
+host (``local``), else over the owner's internal API (``coalesce``), following the routing
+table when a partition moved. The answer is a ``Hit`` as of one batch, or ``Unavailable``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import grpc
+
+from proto import shard_pb2 as pb
+from service.core.address import PartitionId
+from service.core.answer import Window
+from service.core.errors import QStateError, Unavailable, from_grpc
+from service.core.operator import OperatorSpec
+from service.router.coalesce import ShardCaller
+from service.router.local import LocalReader
+from service.router.metrics import LOCAL_READS, REMOTE_READS
+from service.router.routing import RoutingTable
+
+__all__ = ["Hit", "PartitionReads"]
+
+_TRANSPORT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+@dataclass(frozen=True)
+class Hit:
+    found: bool
+    batch: int
+    watermark_ms: int
+    windows: list[Window]
+
+
+def _windows(r: pb.KeyResult) -> list[Window]:
+    out = []
+    for w in r.windows:
+        kind = w.WhichOneof("value")
+        value = w.int_value if kind == "int_value" else (
+            w.double_value if kind == "double_value" else None)
+        out.append(Window.model_construct(start=w.start_ms if w.windowed else None,
+                                          end=w.end_ms if w.windowed else None, value=value))
+    return out
+
+
+class PartitionReads:
+    def __init__(self, routing: RoutingTable, caller: ShardCaller, retry_after_s: float,
+                 local: LocalReader | None = None) -> None:
+        self.routing = routing
+        self.caller = caller
+        self.retry_after_s = retry_after_s
+        self.local = local
+
+    def _unavailable(self, message: str, pid: PartitionId) -> Unavailable:
+        return Unavailable(message, self.retry_after_s, partition=pid.partition)
+
+    def read_local(self, spec: OperatorSpec, pid: PartitionId, state: str, key: str,
+                   rng: tuple[int, int] | None) -> Hit | None:
+        """From a co-located shard's files, or None: ask the owner over gRPC."""
+        if self.local is None:
+            return None
+        address = self.routing.owner_now(pid)
+        res = address and self.local.read(address, pid, key, rng)
+        if not res:
+            return None
+        LOCAL_READS.inc()
+        meta, ws = res
+        i = spec.state_names.index(state)
+        return Hit(bool(ws), meta.last_batch, meta.watermark_ms,
+                   [Window.model_construct(start=w.start, end=w.end, value=w.values[i])
+                    for w in ws])
+
+    async def read(self, spec: OperatorSpec, pid: PartitionId, state: str, key: str,
+                   rng: tuple[int, int] | None) -> Hit:
+        hit = self.read_local(spec, pid, state, key, rng)
+        return hit if hit is not None else await self.read_remote(pid, state, key, rng)
+
+    async def read_remote(self, pid: PartitionId, state: str, key: str,
+                          rng: tuple[int, int] | None) -> Hit:
+        for attempt in (0, 1):
+            address = await self.routing.owner(pid)
+            if address is None:
+                raise self._unavailable(f"partition {pid} has no shard server yet", pid)
+            REMOTE_READS.inc()
+            try:
+                r = await self.caller.lookup(address, pid, state,
+                                             pb.KeyQuery(key=key, partition=pid.partition), rng)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() in _TRANSPORT:
+                    if attempt == 0 and await self.routing.moved(pid, address):
+                        continue  # moved: ask the new owner
+                    raise self._unavailable(
+                        f"shard {address} holding partition {pid} is unavailable "
+                        f"({exc.code().name})", pid) from None
+                raise from_grpc(exc) or QStateError(exc.details() or "shard error") from None
+            if r.status == pb.RESTORING:
+                raise self._unavailable(f"partition {pid} is being restored on {address}", pid)
+            if r.status != pb.NOT_OWNED:
+                return Hit(r.status == pb.FOUND, r.batch, r.watermark_ms, _windows(r))
+            await self.routing.refresh(force=True)
+        raise self._unavailable(f"partition {pid} is moving between shard servers", pid)

@@ -1,0 +1,18 @@
+"""A partition this server holds: its store, whether it serves reads, its last snapshot."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from service.shard.store import PartitionStore
+
+__all__ = ["Held"]
+
+
+@dataclass
+class Held:
+    store: PartitionStore
+    # set once the partition is caught up: until then reads answer RESTORING
+    ready: threading.Event = field(default_factory=threading.Event)
+    snapshot_batch: int = -1  # batch of the last snapshot this server took or restored
