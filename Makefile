@@ -30,7 +30,8 @@ test-fast: setup
 
 lint: setup
 	$(BIN)/ruff check .
-	$(BIN)/mypy service jobs loadtest
+	$(BIN)/mypy service jobs loadtest tests
+	$(BIN)/lint-imports
 
 proto: setup
 	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. --pyi_out=. proto/shard.proto proto/qstate.proto

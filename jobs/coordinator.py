@@ -27,7 +27,14 @@ from service.core.assignment import (
 )
 from service.core.catalog import snapshot_batches
 from service.core.config import DEFAULTS
-from service.core.errors import CommitFailed, Fenced, NotOwner, StaleEpoch, from_grpc
+from service.core.errors import (
+    CommitFailed,
+    Fenced,
+    NotOwner,
+    StaleEpoch,
+    Unavailable,
+    from_grpc,
+)
 from service.core.manifest import BatchManifest, delete_manifests_through, write_manifest
 from service.core.operator import OperatorSpec
 from service.core.shard_client import ShardClients
@@ -166,7 +173,8 @@ class Coordinator:
                             load_assignment(self.storage, self.job).epoch > self.assignment.epoch:
                         raise Fenced(f"fenced: another coordinator of {self.job} took over "
                                      f"({err.message})") from exc
-                    if err is not None and not isinstance(err, NotOwner | StaleEpoch):
+                    if err is not None and not isinstance(err, NotOwner | StaleEpoch |
+                                                          Unavailable):
                         raise CommitFailed(f"shard {addr} refused batch {batch}: "
                                            f"{type(err).__name__}: {err.message}") from exc
                     if err is None and exc.code() not in _TRANSPORT:  # type: ignore[attr-defined]

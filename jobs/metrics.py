@@ -2,6 +2,9 @@
 
 from prometheus_client import Counter, Gauge, Histogram
 
+__all__ = ["BATCH_SECONDS", "COMMIT_SECONDS", "DEAD_LETTERED", "INPUT_RATE", "LAST_BATCH",
+           "PROCESSED_RATE", "WATERMARK"]
+
 INPUT_RATE = Gauge("qstate_job_input_rows_per_second", "Rows/s arriving, last batch",
                    ["job", "operator"])
 PROCESSED_RATE = Gauge("qstate_job_processed_rows_per_second", "Rows/s processed, last batch",

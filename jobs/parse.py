@@ -43,6 +43,25 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from service.core.errors import BadRecord
+
+__all__ = [
+    "ARROW_TYPES",
+    "DLQ_FLUSH_TIMEOUT_S",
+    "DLQ_MAX_MESSAGE_BYTES",
+    "ERROR_COLUMN",
+    "METRICS_NAME",
+    "PASSTHROUGH",
+    "SPARK_TYPES",
+    "DeadLetterWriter",
+    "check_fields",
+    "close_dlq_producers",
+    "ensure_dlq",
+    "parse_batches",
+    "parse_json",
+    "parse_value",
+]
+
 ERROR_COLUMN = "_error"
 PASSTHROUGH = ("topic", "partition", "offset", "timestamp")
 METRICS_NAME = "qstate_parse"
@@ -69,14 +88,6 @@ _FILLER: dict[str, Any] = {"string": "", "long": 0, "double": 0.0, "boolean": Fa
 DLQ_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 DLQ_FLUSH_TIMEOUT_S = 120.0
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
-
-
-class BadRecord(ValueError):
-    """A value that does not fit the declared fields; ``reason`` is for humans (DLQ header)."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 # ------------------------------------------------------------------------ per-record parsing

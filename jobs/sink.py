@@ -14,7 +14,7 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import orjson
@@ -75,7 +75,8 @@ def batch_watermark_ms(checkpoint: str, batch: int) -> int:
     return int(orjson.loads(lines[1]).get("batchWatermarkMs", 0))
 
 
-def _write_deltas(spec: OperatorSpec, storage_uri: str, batch: int):
+def _write_deltas(spec: OperatorSpec, storage_uri: str, batch: int
+                  ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """Build the mapInArrow function that runs on executors: one file per partition."""
     schema = deltas.delta_schema(spec)
 

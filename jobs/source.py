@@ -51,7 +51,29 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-log = logging.getLogger("qstate.kafka_source")
+__all__ = [
+    "ARROW_SCHEMA",
+    "BATCH_ROWS",
+    "DEFAULT_MAX_RECORDS_PER_SPLIT",
+    "METADATA_TIMEOUT_S",
+    "POLL_TIMEOUT_S",
+    "SCHEMA",
+    "SOURCE_NAME",
+    "STALL_TIMEOUT_S",
+    "KafkaDataSource",
+    "KafkaRange",
+    "KafkaRangeUnavailable",
+    "KafkaStreamReader",
+    "SourceOptions",
+    "cap_end_offsets",
+    "close_worker_consumers",
+    "plan_ranges",
+    "read_kafka",
+    "read_range",
+    "register",
+]
+
+log = logging.getLogger(__name__)
 SOURCE_NAME = "qstate-kafka"
 
 # Built as a StructType rather than DDL: parsing DDL needs a JVM, and the reader runs in

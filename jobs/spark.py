@@ -8,6 +8,8 @@ import sys
 
 from pyspark.sql import SparkSession
 
+__all__ = ["STATE_CONF", "require_java", "spark_session"]
+
 STATE_CONF = {
     "spark.sql.streaming.stateStore.providerClass":
         "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",

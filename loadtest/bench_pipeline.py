@@ -16,6 +16,7 @@ import argparse
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from rich.console import Console
@@ -32,7 +33,7 @@ console = Console(stderr=True)
 T0 = 1_767_225_600_000
 
 
-def events(n: int, keys: int):
+def events(n: int, keys: int) -> Iterator[dict[str, object]]:
     for i in range(n):
         kind = "url-click" if i % 10 == 9 else "impression"
         yield {"tweet_id": f"tw-{i % keys}", "event": kind, "time": T0 + i // 10}

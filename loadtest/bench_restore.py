@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from loadtest import results
 from service.core import delta as deltas
+from service.core import paths
 from service.core.address import PartitionId
 from service.core.assignment import Assignment, save_assignment
 from service.core.catalog import snapshot_batches
@@ -60,7 +61,7 @@ def main() -> None:
     t0 = time.perf_counter()
     fresh = Partitions(tmp / "b", storage, "b", snapshot_every=10**9)
     fresh.sync()
-    h = fresh.lookup("bench", "counts", 0)
+    h = fresh.lookup(PartitionId("bench", "counts", 0))
     assert h is not None and h.ready.wait(600)
     restore_s = time.perf_counter() - t0
     for k in keys[:: max(1, len(keys) // 1000)]:
@@ -68,13 +69,13 @@ def main() -> None:
         assert w[0].values == [args.batches], (k, w)
     assert h.store.meta.last_batch == args.batches - 1
     replayed = args.batches - 1 - snaps[-1]
-    held = a.lookup("bench", "counts", 0)
+    held = a.lookup(PartitionId("bench", "counts", 0))
     assert held is not None
     t0 = time.perf_counter()
-    a._snapshots.take(held.store, "bench", "counts", 0)
+    a.snapshots.take(held.store, PartitionId("bench", "counts", 0))
     snap_s = time.perf_counter() - t0
-    sst_bytes = sum(f.stat().st_size for f in (Path(storage.uri) / "jobs" / "bench" / "counts"
-                                                / "snapshots" / "00000" / "sst").iterdir())
+    snapshots = Path(storage.full(paths.snapshots_dir(PartitionId("bench", "counts", 0))))
+    sst_bytes = sum(f.stat().st_size for f in snapshots.glob("sst/*.sst"))
     a.close()
     fresh.close()
     command = results.command("loadtest.bench_restore")

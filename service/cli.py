@@ -123,8 +123,12 @@ def get(
 ) -> None:
     """Print one key's latest window (or windows in --from/--to) as JSON.
 
-    Exit codes: 0 found, 1 no data for the key, 2 bad request, 3 unavailable.
+    Exit codes: 0 found; 1 no data for the key (or unknown job/operator/state); 2 bad
+    request; 3 the owning shard is unavailable (after retries); 4 the router cannot be
+    reached.
     """
+    import httpx
+
     from service.client import Client
     from service.core.errors import InvalidRequest, NotFound, QStateError
 
@@ -135,6 +139,9 @@ def get(
         typer.echo(f"error: {exc.message}", err=True)
         code = 1 if isinstance(exc, NotFound) else 2 if isinstance(exc, InvalidRequest) else 3
         raise typer.Exit(code) from None
+    except httpx.TransportError as exc:
+        typer.echo(f"error: the router at {url} cannot be reached: {exc}", err=True)
+        raise typer.Exit(4) from None
     typer.echo(v.model_dump_json(indent=2))
 
 

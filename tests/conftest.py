@@ -60,6 +60,18 @@ def shards(session_dir: Path, storage_uri: str):
 
 
 @pytest.fixture(scope="session")
+def shop(tmp_path_factory: pytest.TempPathFactory):
+    """The static shop deployment (tests/shop.py): shards, a coordinator, two routers."""
+    from tests.shop import start_shop
+
+    s = start_shop(tmp_path_factory.mktemp("shop"))
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture(scope="session")
 def router(session_dir: Path, storage_uri: str, shards):
     """One router process (HTTP + gRPC) over the session's storage and shards."""
     from service.embedded.procs import RouterProcess

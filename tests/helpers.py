@@ -1,6 +1,10 @@
-"""Test helpers that read served state straight from the shard servers."""
+"""Test helpers: served state read straight from the shard servers or through a router,
+metrics scraped from a process, waiting for a condition."""
 
 from __future__ import annotations
+
+import time
+from collections.abc import Callable
 
 from proto import shard_pb2 as pb
 from service.core.address import partition_of
@@ -86,3 +90,28 @@ def latest_only(windows: Windows) -> Windows:
     for k, s in windows:
         best[k] = max(best.get(k, s), s)
     return {(k, s): v for (k, s), v in windows.items() if best[k] == s}
+
+
+def metric(url: str, name: str, **labels: str) -> float:
+    """The value of one sample on ``url``/metrics (0 when absent)."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return float(s.value)
+    return 0.0
+
+
+def wait_until(pred: Callable[[], object], timeout: float, what: str) -> object:
+    """Poll ``pred`` until it returns something truthy; fail naming ``what`` after timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = pred()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.05)

@@ -31,6 +31,30 @@ import orjson
 from service.core.config import settings
 from service.core.errors import InvalidRequest
 
+__all__ = [
+    "AD_EVENT_TYPES",
+    "AD_FIELDS",
+    "AD_TYPES",
+    "TWEET_EVENTS",
+    "TWEET_FIELDS",
+    "WORKLOAD_NAMES",
+    "Ads",
+    "KeySampler",
+    "Tweets",
+    "Workload",
+    "campaign_mapping",
+    "default_mapping_path",
+    "events_over_span",
+    "late_events",
+    "live_events",
+    "load_mapping",
+    "make_workload",
+    "max_disorder",
+    "span_times",
+    "with_late",
+    "write_mapping",
+]
+
 Event = dict[str, Any]
 Distribution = Literal["uniform", "zipf"]
 

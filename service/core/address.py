@@ -1,7 +1,8 @@
 """Addresses and partitioning, shared by the job, the shards and the router (DESIGN §2).
 
 A piece of state is addressed ``/{job}/{operator}/{state}/{key}``. Names are
-``[A-Za-z0-9_.-]{1,64}``; a key is any UTF-8 string of at most 1 KiB. A key lives in
+``[A-Za-z0-9_.-]{1,64}`` not starting with a dot or a dash (they name folders on storage:
+``..`` must never be one); a key is any UTF-8 string of at most 1 KiB. A key lives in
 partition ``pmod(xxhash64(utf8(key), seed=42), P)`` of its operator: exactly Spark SQL's
 ``pmod(xxhash64(key), P)`` for a string column, so the job computes it in the JVM and
 everyone else here.
@@ -21,7 +22,7 @@ __all__ = ["MAX_KEY_BYTES", "NAME_PATTERN", "SEED", "PartitionId", "check_key", 
 
 SEED = 42
 MAX_KEY_BYTES = 1024
-NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
+NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$"
 _NAME = re.compile(NAME_PATTERN)
 
 
@@ -36,7 +37,8 @@ def partition_of(key: str, partitions: int) -> int:
 def check_name(kind: str, value: str) -> str:
     if not _NAME.fullmatch(value):
         raise InvalidAddress(
-            f"invalid {kind} {value[:80]!r}: use 1-64 characters from A-Z a-z 0-9 _ . -"
+            f"invalid {kind} {value[:80]!r}: use 1-64 characters from A-Z a-z 0-9 _ . - "
+            "(not starting with . or -)"
         )
     return value
 

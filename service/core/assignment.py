@@ -2,9 +2,9 @@
 
 Shard servers register themselves in checkpoint storage; each job's coordinator (in its
 driver) assigns the partitions of the job's operators to live servers and writes the
-assignment to ``jobs/{job}/assignment.json``, where routers and shard servers read it without
-the driver. Every change bumps the job's epoch: a writer or reader with an older epoch is
-refused.
+assignment to checkpoint storage (``paths.assignment``), where routers and shard servers
+read it without the driver. Every change bumps the job's epoch: a writer or reader with an
+older epoch is refused.
 """
 
 from __future__ import annotations
@@ -102,7 +102,11 @@ def balance(old: list[str], partitions: int, live: list[str]) -> list[str]:
         raise Unavailable("no live shard server to assign partitions to")
     ids = sorted(live)
     q, r = divmod(partitions, len(ids))
-    cap = {sid: q + (1 if i < r else 0) for i, sid in enumerate(ids)}
+    # The r servers that get one more are those already holding the most, so an uneven
+    # split moves no partition it need not move.
+    held = Counter(sid for sid in old[:partitions] if sid in live)
+    richer = sorted(ids, key=lambda s: (-held[s], s))[:r]
+    cap = {sid: q + (1 if sid in richer else 0) for sid in ids}
     load: Counter[str] = Counter()
     new: list[str | None] = [None] * partitions
     for p in range(partitions):
@@ -125,9 +129,10 @@ def reassign(a: Assignment, operators: dict[str, int], live: dict[str, str],
     Returns ``a`` itself when nothing changed and no ``bump`` is asked for, else a new
     assignment with the next epoch.
     """
-    owners = {**a.owners}
-    for op, n in operators.items():
-        owners[op] = balance(a.owners.get(op, []), n, list(live))
+    # Every operator the assignment holds, not only those given: a restarted driver registers
+    # its operators one by one, and the others' owners may be dead meanwhile.
+    sizes = {op: len(ids) for op, ids in a.owners.items()} | operators
+    owners = {op: balance(a.owners.get(op, []), n, list(live)) for op, n in sizes.items()}
     servers = {sid: live[sid] for ids in owners.values() for sid in ids}
     if not bump and owners == a.owners and servers == a.servers:
         return a

@@ -1,13 +1,15 @@
 """Every failure qstate names, under one root, each with its HTTP status and gRPC code.
 
-An error crosses a process boundary as its gRPC code plus its message and comes back as the
-same class (``from_grpc``), so no caller decides what happened by reading a message. The
-HTTP body of an error is ``{"error": <class name>, "message": ..., **detail}``
-(``service.core.answer.ErrorBody`` documents it).
+An error crosses a gRPC boundary as its code and message, with its class name and detail in
+trailing metadata (``grpc_trailers``), and comes back as the same class (``from_grpc``), so
+no caller decides what happened by reading a message. Over HTTP its body is
+``{"error": <class name>, "message": ..., **detail}`` (``service.core.answer.ErrorBody``
+documents it) and ``from_http`` reads it back.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any, ClassVar
 
 import grpc
@@ -28,6 +30,7 @@ __all__ = [
     "UnknownOperator",
     "from_grpc",
     "from_http",
+    "grpc_trailers",
 ]
 
 
@@ -142,12 +145,31 @@ _BY_CODE: dict[grpc.StatusCode, type[QStateError]] = {
 }
 
 
+_TRAILER_CLASS = "qstate-error"
+_TRAILER_DETAIL = "qstate-detail"
+
+
+def grpc_trailers(exc: QStateError) -> tuple[tuple[str, str], ...]:
+    """Trailing metadata that carries ``exc``'s class and detail to ``from_grpc``."""
+    return ((_TRAILER_CLASS, type(exc).__name__),
+            (_TRAILER_DETAIL, json.dumps(exc.detail, default=str)))
+
+
 def from_grpc(exc: grpc.RpcError) -> QStateError | None:
-    """The qstate error a remote shard answered with, or None for transport failures."""
-    cls = _BY_CODE.get(exc.code())  # type: ignore[attr-defined]  # every RpcError a call raises has it
-    if cls is None:
-        return None
-    return cls(exc.details() or cls.__name__)  # type: ignore[attr-defined]
+    """The qstate error a remote process answered with, or None for transport failures."""
+    code = exc.code()  # type: ignore[attr-defined]  # every RpcError a call raises has it
+    trailers = dict(exc.trailing_metadata() or ())  # type: ignore[attr-defined]
+    cls = _BY_NAME.get(str(trailers.get(_TRAILER_CLASS)))
+    if cls is None or cls.grpc_code != code:
+        cls = _BY_CODE.get(code)
+        if cls is None:
+            return None
+        trailers = {}
+    message = exc.details() or cls.__name__  # type: ignore[attr-defined]
+    try:
+        return cls(message, **json.loads(trailers.get(_TRAILER_DETAIL) or "{}"))
+    except (TypeError, ValueError):
+        return cls(message)
 
 
 def from_http(status: int, body: dict[str, Any]) -> QStateError:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
+__all__ = ["ensure_topic"]
+
 
 def ensure_topic(bootstrap: str, topic: str, partitions: int = 4, timeout: float = 15.0) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})

@@ -3,7 +3,7 @@
 One room for it (DESIGN §3-4). Paths are relative to the storage root::
 
     cluster/servers/{server_id}.json                   shard servers registered
-    jobs/{job}/assignment.json                         partition owners and the job's epoch
+    cluster/assignments/{job}.json                     partition owners and the job's epoch
     jobs/{job}/{op}/operator.json                      the operator's spec
     jobs/{job}/{op}/batches/{N}.json                   batch manifests (what batch N wrote)
     jobs/{job}/{op}/deltas/{p}/{N}.arrow               batch N's delta for partition p
@@ -41,7 +41,8 @@ def batch_name(batch: int, suffix: str = "") -> str:
 def batch_of(name: str) -> int | None:
     """The batch id in a file name written by ``batch_name``; None for any other name."""
     stem = name.split(".", 1)[0]
-    return int(stem) if len(stem) == _BATCH_DIGITS and stem.isdigit() else None
+    ok = len(stem) == _BATCH_DIGITS and stem.isascii() and stem.isdigit()
+    return int(stem) if ok else None
 
 
 def batches(names: Iterable[str], suffix: str) -> list[int]:
@@ -62,7 +63,7 @@ def jobs_dir() -> str:
 
 
 def assignment(job: str) -> str:
-    return f"jobs/{job}/assignment{JSON}"
+    return f"cluster/assignments/{job}{JSON}"
 
 
 def operator_dir(job: str, operator: str) -> str:

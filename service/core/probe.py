@@ -6,11 +6,13 @@ import asyncio
 from collections.abc import Callable
 
 import uvicorn
-from prometheus_client import make_asgi_app
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
-from starlette.routing import Mount, Route
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+__all__ = ["bound_port", "probe_app", "serve_probe"]
 
 
 def probe_app(ready: Callable[[], bool], info: Callable[[], dict]) -> Starlette:
@@ -21,8 +23,12 @@ def probe_app(ready: Callable[[], bool], info: Callable[[], dict]) -> Starlette:
         ok = ready()
         return JSONResponse({"ready": ok, **info()}, status_code=200 if ok else 503)
 
+    async def metrics(_: Request) -> Response:
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    # a Route, not a Mount: /metrics answers itself instead of redirecting to /metrics/
     return Starlette(routes=[
-        Route("/healthz", healthz), Route("/readyz", readyz), Mount("/metrics", make_asgi_app()),
+        Route("/healthz", healthz), Route("/readyz", readyz), Route("/metrics", metrics),
     ])
 
 

@@ -9,6 +9,8 @@ import grpc
 from proto import shard_pb2 as pb
 from proto import shard_pb2_grpc as pb_grpc
 
+__all__ = ["CHANNEL_OPTIONS", "ShardClients"]
+
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 64 << 20),
     ("grpc.max_send_message_length", 64 << 20),

@@ -34,7 +34,7 @@ def write_marker(path: Path, token: str, batch: int) -> None:
 
 def read_marker(path: Path) -> Marker:
     """Raises FileNotFoundError when the partition is not (or no longer) served from here."""
-    token, batch = (path / MARKER).read_text().split(" ", 1)
+    token, batch = (path / MARKER).read_text().rsplit(" ", 1)
     return token, int(batch)
 
 

@@ -41,9 +41,14 @@ class Storage:
         parent = full.rsplit("/", 1)[0]
         self.fs.create_dir(parent, recursive=True)
         tmp = f"{parent}/.tmp-{uuid.uuid4().hex}"
-        with self.fs.open_output_stream(tmp) as out:
-            out.write(data)
-        self.fs.move(tmp, full)
+        try:
+            with self.fs.open_output_stream(tmp) as out:
+                out.write(data)
+            self.fs.move(tmp, full)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                self.fs.delete_file(tmp)
+            raise
 
     def read_bytes(self, path: str) -> bytes:
         with self.fs.open_input_stream(self.full(path)) as f:

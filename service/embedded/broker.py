@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
 
+from service.core.errors import BrokerError
 
-class BrokerError(RuntimeError):
-    pass
+__all__ = ["DevBroker", "broker_binary", "free_port", "wait_for_port"]
 
 
 def broker_binary() -> Path:

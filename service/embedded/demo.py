@@ -21,6 +21,8 @@ from rich.text import Text
 from service.embedded.broker import DevBroker, wait_for_port
 from service.embedded.procs import Child, RouterProcess, ShardProcess, qstate_command
 
+__all__ = ["TOPICS", "Demo", "DemoConfig", "Status"]
+
 console = Console()
 TOPICS = ("tweet-events", "ad-events")
 

@@ -37,6 +37,19 @@ from jobs.examples.workloads import Ads, Event, default_mapping_path, live_event
 from service.cli_options import S, option
 from service.core.kafka import ensure_topic
 
+__all__ = [
+    "DEFAULT_KEYS",
+    "DEFAULT_MAPPING",
+    "KEY_FIELDS",
+    "PRODUCER_DEFAULTS",
+    "DeliveryError",
+    "KeyDistribution",
+    "WorkloadName",
+    "generate",
+    "main",
+    "produce",
+]
+
 KEY_FIELDS = ("tweet_id", "ad_id")
 DEFAULT_MAPPING = default_mapping_path()
 DEFAULT_KEYS = {"tweets": 100_000, "ads": 1_000}

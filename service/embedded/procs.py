@@ -10,6 +10,8 @@ from pathlib import Path
 
 from service.embedded.broker import free_port, wait_for_port
 
+__all__ = ["Child", "RouterProcess", "ShardProcess", "qstate_command"]
+
 
 @dataclass
 class Child:

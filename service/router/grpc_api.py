@@ -9,7 +9,7 @@ import grpc
 from proto import qstate_pb2 as pb
 from proto import qstate_pb2_grpc as pb_grpc
 from service.core.answer import StateAnswer
-from service.core.errors import QStateError, Unavailable
+from service.core.errors import QStateError, Unavailable, grpc_trailers
 from service.router.http import FAR
 from service.router.metrics import GRPC_LATENCY as RPC_LATENCY
 from service.router.metrics import GRPC_REQUESTS as RPCS
@@ -42,9 +42,10 @@ def _range(req: pb.GetRequest | pb.MultiGetRequest) -> tuple[int, int] | None:
 
 async def _fail(context: grpc.aio.ServicerContext, method: str, exc: QStateError) -> None:
     RPCS.labels(method, exc.grpc_code.name).inc()
+    trailers = grpc_trailers(exc)
     if isinstance(exc, Unavailable):
-        context.set_trailing_metadata((("retry-after-ms", str(int(exc.retry_after_s * 1000))),))
-    await context.abort(exc.grpc_code, exc.message)
+        trailers += (("retry-after-ms", str(int(exc.retry_after_s * 1000))),)
+    await context.abort(exc.grpc_code, exc.message, trailers)
 
 
 class QueryableStateService(pb_grpc.QueryableStateServicer):

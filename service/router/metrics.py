@@ -2,6 +2,9 @@
 
 from prometheus_client import Counter, Histogram
 
+__all__ = ["GRPC_LATENCY", "GRPC_REQUESTS", "HTTP_LATENCY", "HTTP_REQUESTS", "LOCAL_READS",
+           "REMOTE_READS", "SHARD_READS"]
+
 _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
 
 HTTP_REQUESTS = Counter("qstate_router_http_requests_total", "HTTP requests",

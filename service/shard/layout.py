@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import struct
 
+__all__ = ["DATA", "INDEX", "META", "NO_WINDOW", "data_key", "data_key_of_index", "dec_time",
+           "enc_time", "index_key", "key_prefix", "start_of"]
+
 DATA = b"d"
 INDEX = b"e"
 META = b"m"

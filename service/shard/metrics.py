@@ -2,6 +2,9 @@
 
 from prometheus_client import Counter, Gauge, Histogram
 
+__all__ = ["CAUGHT_UP", "COMMITS", "COMMIT_SECONDS", "LAST_BATCH", "LOOKUPS", "LOOKUP_SECONDS",
+           "PARTITIONS"]
+
 COMMITS = Counter("qstate_shard_commits_total", "Partition commits", ["job", "operator", "result"])
 COMMIT_SECONDS = Histogram(
     "qstate_shard_commit_seconds", "Time to apply one batch on this server", ["job", "operator"],

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from service.core import delta as deltas
+from service.core import paths
 from service.core.address import PartitionId
 from service.core.assignment import Assignment, load_assignment
 from service.core.config import DEFAULTS
@@ -84,7 +85,7 @@ class Partitions:
     # ---- ownership --------------------------------------------------------------
     def sync(self, job: str | None = None) -> None:
         """Adopt newer assignments from storage: acquire what is ours, drop what is not."""
-        jobs = [job] if job else self.storage.list_dirs("jobs")
+        jobs = [job] if job else self.storage.list_dirs(paths.jobs_dir())
         for j in jobs:
             a = load_assignment(self.storage, j)
             if a.epoch > self.epochs.get(j, 0):

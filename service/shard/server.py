@@ -15,7 +15,7 @@ from proto import shard_pb2 as pb
 from proto import shard_pb2_grpc as pb_grpc
 from service.core.address import PartitionId, check_key, check_name, partition_of
 from service.core.config import DEFAULTS
-from service.core.errors import InvalidRequest, QStateError, UnknownOperator
+from service.core.errors import InvalidRequest, QStateError, UnknownOperator, grpc_trailers
 from service.core.operator import OperatorSpec
 from service.shard import metrics
 from service.shard.partitions import PartitionCommit, Partitions
@@ -38,7 +38,7 @@ def _window(w: WindowValue, idx: int, is_long: bool) -> pb.Window:
 
 
 async def _abort(context: grpc.aio.ServicerContext, exc: QStateError) -> None:
-    await context.abort(exc.grpc_code, exc.message)
+    await context.abort(exc.grpc_code, exc.message, grpc_trailers(exc))
 
 
 class ShardService(pb_grpc.ShardServicer):

@@ -15,41 +15,16 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import pyarrow as pa
 import pytest
 from google.protobuf.json_format import MessageToDict
 
-from jobs.coordinator import Coordinator
 from proto import qstate_pb2 as qpb
 from proto import qstate_pb2_grpc as qpb_grpc
-from service.core import delta as deltas
-from service.core.address import PartitionId, partition_of
-from service.core.operator import OperatorSpec, WindowSpec, save_spec
-from service.core.storage import Storage
 from service.embedded.broker import free_port
-from service.embedded.procs import RouterProcess, ShardProcess
+from tests.shop import BATCHES, BIG, KEYS, ROUTES, WINDOW, Shop, avg_ms, views
 
 NODE_DIR = Path(__file__).resolve().parents[2] / "clients" / "node"
 SCRIPT = NODE_DIR / "query.mjs"
-
-P = 8
-SPEC = OperatorSpec("shop", "views_1m", "page", {"views": "long", "avg_ms": "double"},
-                    partitions=P, window=WindowSpec("tumbling", 60_000))
-BIG = "big-count"  # holds counts past 2**53: exact only if int64 stays a string in JS
-KEYS = [f"page-{i}" for i in range(40)] + ["ünï/cødé key", "a" * 1024, BIG]
-BATCHES = 3
-WINDOW = 60_000
-
-
-def views(key: str, batch: int) -> int:
-    if key == BIG:
-        return 2**62 + 2 * batch + 1
-    return (sum(map(ord, key)) * (batch + 1)) % 1000 + 1
-
-
-def avg_ms(batch: int) -> float:
-    return 0.25 * batch
-
 
 # --- ground truth: exactly what the fixture writes into the delta files --------------------
 
@@ -64,7 +39,7 @@ def truth_window(state: str, key: str, batch: int) -> dict[str, Any]:
 
 def truth_value(state: str, key: str, batches: range | None = None) -> dict[str, Any]:
     last = BATCHES - 1
-    found = key in KEYS
+    found = key != "nope"
     return {"job": "shop", "operator": "views_1m", "state": state, "key": key,
             "found": found, "batch": str(last), "watermark_ms": str(last * WINDOW),
             "windows": [truth_window(state, key, b)
@@ -100,41 +75,13 @@ def node() -> str:
     return node
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    tmp: Path = tmp_path_factory.mktemp("node-client")
-    storage = Storage(str(tmp / "storage"))
-    save_spec(storage, SPEC)
-    shards = [ShardProcess.make(f"n{i}", tmp / "data", storage.uri, tmp / "logs").start_and_wait()
-              for i in range(2)]
-    router = None
-    try:
-        coord = Coordinator(storage, "shop", [s.address for s in shards])
-        coord.register(SPEC)
-        # one one-minute window per key per batch
-        for batch in range(BATCHES):
-            written = {}
-            for p in range(P):
-                mine = [k for k in KEYS if partition_of(k, P) == p]
-                t = pa.table({"key": mine, "start": [batch * WINDOW] * len(mine),
-                              "end": [(batch + 1) * WINDOW] * len(mine),
-                              "views": [views(k, batch) for k in mine],
-                              "avg_ms": [avg_ms(batch)] * len(mine)}
-                             ).cast(deltas.delta_schema(SPEC))
-                deltas.write_delta(storage, PartitionId(SPEC.job, SPEC.operator, p), batch, t)
-                written[p] = t.num_rows
-            coord.commit(SPEC, batch, batch * WINDOW, written)
-        router = RouterProcess.make(storage.uri, tmp / "logs").start_and_wait()
-        yield router
-        coord.stop()
-    finally:
-        if router is not None:
-            router.stop()
-        for s in shards:
-            s.stop()
+@pytest.fixture(params=ROUTES)
+def cluster(request: pytest.FixtureRequest, shop: Shop) -> Any:
+    """A router of the shop deployment, reading shards in-process or over gRPC."""
+    return shop.routers[request.param]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def stub(cluster):
     with grpc.insecure_channel(cluster.grpc_address) as ch:
         yield qpb_grpc.QueryableStateStub(ch)
@@ -190,7 +137,7 @@ def test_get_range_and_exact_int64(node, cluster, stub) -> None:
 
 
 def test_multiget_matches_stub_and_truth_and_marks_misses(node, cluster, stub) -> None:
-    keys = [*KEYS, "nope"]
+    keys = [*KEYS[:40], "a" * 1024, BIG, "nope"]  # "nope" was never written
     got = node_json(node, cluster.grpc_address, "multiget", "shop", "views_1m", "views", *keys)
     py = as_dict(stub.MultiGet(qpb.MultiGetRequest(job="shop", operator="views_1m",
                                                    state="views", keys=keys), timeout=5))

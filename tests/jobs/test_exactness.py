@@ -17,7 +17,7 @@ from jobs.job import JobContext
 from jobs.runner import start_job
 from loadtest.truth import ads_campaign_views, load_events, window_counts
 from service.embedded.generate import produce
-from tests.helpers import grpc_windows, http_windows, latest_only, read_all_windows
+from tests.helpers import Windows, grpc_windows, http_windows, latest_only, read_all_windows
 
 pytestmark = pytest.mark.spark
 P = 16
@@ -25,12 +25,12 @@ HOUR = 3_600_000
 BOUNDARY = 1_767_225_600_000  # 2026-01-01T00:00Z, an hour boundary inside phase A
 
 
-def as_map(df: pd.DataFrame, key: str, value: str = "count") -> dict[tuple[str, int], int]:
+def as_map(df: pd.DataFrame, key: str, value: str = "count") -> Windows:
     return {(k, int(s)): int(v) for k, s, v in zip(df[key], df["start"], df[value], strict=True)}
 
 
 def assert_router_answers(router, job: str, operator: str, state: str, keys: list[str],
-                          want: dict[tuple[str, int], int]) -> None:
+                          want: Windows) -> None:
     """Every key via HTTP and gRPC: all windows (a time range) and the latest window."""
     assert http_windows(router.url, job, operator, state, keys) == want
     assert grpc_windows(router.grpc_address, job, operator, state, keys) == want
@@ -43,8 +43,9 @@ def test_tweets_exact_with_out_of_order_late_and_bad_events(
         spark, broker, topic, tmp_path: Path, storage_uri, shards, router):
     log = tmp_path / "events.jsonl"
     wl = Tweets(keys=1500, seed=1)
+    job_name = f"tw{topic[-6:]}"
     cfg = JobContext(broker.bootstrap, storage_uri, tmp_path / "ckpt", P, "0 seconds",
-                     topic=topic, job=f"tw{topic[-6:]}", shards=[s.address for s in shards])
+                     topic=topic, job=job_name, shards=[s.address for s in shards])
     # Phase A: 60K events over 10 min across an hour boundary, up to 5 s out of order
     # (inside the 10 s watermark delay, so every one must count).
     t0 = BOUNDARY - 7 * 60_000
@@ -84,9 +85,9 @@ def test_tweets_exact_with_out_of_order_late_and_bad_events(
     impressions = window_counts(events, "tweet_id", "time", HOUR,
                                 where={"event": "impression"})
     clicks = window_counts(events, "tweet_id", "time", HOUR, where={"event": "url-click"})
-    got_imp, batches = read_all_windows(storage_uri, cfg.job, "per_tweet_1h", "impressions",
+    got_imp, batches = read_all_windows(storage_uri, job_name, "per_tweet_1h", "impressions",
                                         keys, P)
-    got_clk, _ = read_all_windows(storage_uri, cfg.job, "per_tweet_1h", "clicks", keys, P)
+    got_clk, _ = read_all_windows(storage_uri, job_name, "per_tweet_1h", "clicks", keys, P)
     want_imp = as_map(impressions, "tweet_id")
     want_clk = as_map(clicks, "tweet_id")
     # one row per (key, hour) holds both states: zero where only the other kind happened
@@ -96,11 +97,11 @@ def test_tweets_exact_with_out_of_order_late_and_bad_events(
 
     minute = window_counts(events, "tweet_id", "time", 60_000, 10_000,
                            where={"event": "impression"})
-    got_min, _ = read_all_windows(storage_uri, cfg.job, "per_tweet_1m", "impressions", keys, P)
+    got_min, _ = read_all_windows(storage_uri, job_name, "per_tweet_1m", "impressions", keys, P)
     assert got_min == as_map(minute, "tweet_id")
-    assert_router_answers(router, cfg.job, "per_tweet_1m", "impressions", keys,
+    assert_router_answers(router, job_name, "per_tweet_1m", "impressions", keys,
                           as_map(minute, "tweet_id"))
-    assert_router_answers(router, cfg.job, "per_tweet_1h", "impressions", keys, got_imp)
+    assert_router_answers(router, job_name, "per_tweet_1h", "impressions", keys, got_imp)
 
 
 def test_ads_exact_across_a_stop_and_restart(spark, broker, topic, tmp_path: Path,
@@ -108,8 +109,9 @@ def test_ads_exact_across_a_stop_and_restart(spark, broker, topic, tmp_path: Pat
     wl = Ads(keys=100, seed=4)
     mapping = write_mapping(wl.mapping, tmp_path / "campaigns.json")
     log = tmp_path / "events.jsonl"
+    job_name = f"ads{topic[-6:]}"
     cfg = JobContext(broker.bootstrap, storage_uri, tmp_path / "ckpt", P, "0 seconds",
-                     max_rows_per_trigger=8_000, topic=topic, job=f"ads{topic[-6:]}",
+                     max_rows_per_trigger=8_000, topic=topic, job=job_name,
                      shards=[s.address for s in shards], options={"mapping": str(mapping)})
     t0 = BOUNDARY
     produce(broker.bootstrap, topic,
@@ -129,7 +131,7 @@ def test_ads_exact_across_a_stop_and_restart(spark, broker, topic, tmp_path: Pat
         job.stop()
     truth = ads_campaign_views(load_events(log), wl.mapping)
     campaigns = sorted(set(wl.mapping.values()))
-    got, _ = read_all_windows(storage_uri, cfg.job, "campaign_views_10s", "views", campaigns, P)
+    got, _ = read_all_windows(storage_uri, job_name, "campaign_views_10s", "views", campaigns, P)
     assert got == as_map(truth, "campaign_id")
-    assert_router_answers(router, cfg.job, "campaign_views_10s", "views", campaigns,
+    assert_router_answers(router, job_name, "campaign_views_10s", "views", campaigns,
                           as_map(truth, "campaign_id"))

@@ -145,7 +145,7 @@ def test_with_late_moves_a_fraction_exactly_late_by_behind() -> None:
         assert tuple(e) == TWEET_FIELDS
         if e["time"] != original["time"]:
             late += 1
-            assert e["time"] == newest - 60_000
+            assert newest is not None and e["time"] == newest - 60_000
             assert {k: v for k, v in e.items() if k != "time"} == {
                 k: v for k, v in original.items() if k != "time"
             }

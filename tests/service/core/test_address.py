@@ -38,3 +38,15 @@ def test_names_and_keys_are_validated() -> None:
     check_key("é" * 512)
     with pytest.raises(InvalidAddress, match="at most 1024"):
         check_key("é" * 513)
+
+
+@pytest.mark.parametrize("name", ["..", ".", ".hidden", "-flag", "a/b", "", "x" * 65, "a b",
+                                  "a\n", "ü"])
+def test_names_that_could_escape_or_hide_a_folder_are_refused(name: str) -> None:
+    with pytest.raises(InvalidAddress, match="A-Z a-z 0-9"):
+        check_name("job", name)
+
+
+@pytest.mark.parametrize("name", ["tweets", "per_tweet_1h", "v1.2", "a-b", "_x", "9", "x" * 64])
+def test_names_of_the_documented_alphabet_pass(name: str) -> None:
+    assert check_name("operator", name) == name

@@ -22,7 +22,8 @@ T0 = 1_700_000_000_000
 PARTITIONS = 4
 
 
-def read_topic(bootstrap: str, topic: str, timeout: float = 60.0) -> list[tuple[int, bytes, bytes]]:
+def read_topic(bootstrap: str, topic: str, timeout: float = 60.0
+               ) -> list[tuple[int | None, bytes | None, bytes | None]]:
     """Every (partition, key, value) in the topic, read from offset 0 up to the high marks."""
     consumer = Consumer(
         {
@@ -39,7 +40,7 @@ def read_topic(bootstrap: str, topic: str, timeout: float = 60.0) -> list[tuple[
         }
         want = sum(highs.values())
         consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
-        out: list[tuple[int, bytes, bytes]] = []
+        out: list[tuple[int | None, bytes | None, bytes | None]] = []
         deadline = time.monotonic() + timeout
         while len(out) < want and time.monotonic() < deadline:
             # consume() waits its full timeout when fewer than num_messages remain.
@@ -69,9 +70,9 @@ def test_produce_delivers_and_logs_exactly_what_the_topic_holds(broker, topic, t
     assert Counter(v for _, _, v in held) == Counter(logged)
     assert Counter(logged) == Counter(orjson.dumps(e) for e in events)
     # Keyed by tweet_id: the key is the id, and one id lives in one partition.
-    partitions_of: dict[bytes, set[int]] = {}
+    partitions_of: dict[bytes | None, set[int | None]] = {}
     for p, k, v in held:
-        assert orjson.loads(v)["tweet_id"].encode() == k
+        assert v is not None and orjson.loads(v)["tweet_id"].encode() == k
         partitions_of.setdefault(k, set()).add(p)
     assert all(len(ps) == 1 for ps in partitions_of.values())
     assert len({p for p, _, _ in held}) == PARTITIONS

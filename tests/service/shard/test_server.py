@@ -119,7 +119,7 @@ def test_bad_requests_get_clear_status_codes(env) -> None:
     ]
     for req, code, text in cases:
         with pytest.raises(grpc.RpcError) as err:
-            stub.MultiGet(pb.LookupRequest(**req), timeout=5)
+            stub.MultiGet(pb.LookupRequest(**req), timeout=5)  # type: ignore[arg-type]
         assert err.value.code() == code and text in err.value.details()
     # a stale writer (an older epoch than the assignment's) is refused with its own code,
     # which the coordinator reads back as StaleEpoch without looking at the message

@@ -1,0 +1,162 @@
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import BaseModel, ValidationError
+
+from service.core import answer
+from service.core.answer import (
+    BatchAnswer,
+    ErrorBody,
+    JobInfo,
+    JobList,
+    JobSummary,
+    OperatorInfo,
+    StateAnswer,
+    StateInfo,
+    Window,
+    WindowInfo,
+    error_responses,
+)
+from service.core.errors import InvalidAddress, NotFound, Unavailable, UnknownOperator
+
+WINDOW = {"start": 0, "end": 60_000, "value": 3}
+STATE_ANSWER = {"job": "j", "operator": "op", "state": "n", "key": "k", "found": True,
+                "batch": 5, "watermark": 1000, "windows": [WINDOW]}
+WINDOW_INFO = {"kind": "tumbling", "size_ms": 60_000, "slide_ms": 60_000, "gap_ms": 0}
+OPERATOR_INFO = {"name": "op", "key": "k", "states": [{"name": "n", "type": "long"}],
+                 "window": WINDOW_INFO, "partitions": 4, "partitions_available": 4,
+                 "retention_ms": 0, "last_batch": 5, "watermark": 1000}
+VALID: dict[type[BaseModel], dict[str, Any]] = {
+    Window: WINDOW,
+    StateAnswer: STATE_ANSWER,
+    BatchAnswer: {"results": [STATE_ANSWER]},
+    ErrorBody: {"error": "NotFound", "message": "m"},
+    StateInfo: {"name": "n", "type": "long"},
+    WindowInfo: WINDOW_INFO,
+    OperatorInfo: OPERATOR_INFO,
+    JobInfo: {"name": "j", "operators": [OPERATOR_INFO]},
+    JobSummary: {"name": "j", "operators": ["op"]},
+    JobList: {"jobs": [{"name": "j", "operators": ["op"]}]},
+}
+FAST = settings(max_examples=25, deadline=None)
+
+
+def test_every_model_is_covered() -> None:
+    exported = {getattr(answer, n) for n in answer.__all__}
+    assert {m for m in exported if isinstance(m, type) and issubclass(m, BaseModel)} == set(VALID)
+
+
+@pytest.mark.parametrize("model", list(VALID))
+def test_models_forbid_extra_fields(model: type[BaseModel]) -> None:
+    model.model_validate(VALID[model])
+    with pytest.raises(ValidationError) as info:
+        model.model_validate({**VALID[model], "surprise": 1})
+    assert [e["type"] for e in info.value.errors()] == ["extra_forbidden"]
+
+
+def test_nested_models_forbid_extra_fields_too() -> None:
+    with pytest.raises(ValidationError, match="extra"):
+        StateAnswer.model_validate({**STATE_ANSWER, "windows": [{**WINDOW, "x": 1}]})
+
+
+@pytest.mark.parametrize("model", [StateAnswer, ErrorBody])
+def test_documented_examples_are_valid(model: type[BaseModel]) -> None:
+    examples = model.model_json_schema()["examples"]
+    assert examples
+    for ex in examples:
+        assert model.model_validate(ex).model_dump(exclude_unset=True) == ex
+
+
+windows = st.builds(
+    Window,
+    start=st.none() | st.integers(-(2**62), 2**62),
+    end=st.none() | st.integers(-(2**62), 2**62),
+    value=st.none() | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False),
+)
+answers = st.builds(
+    StateAnswer, job=st.text(max_size=10), operator=st.text(max_size=10),
+    state=st.text(max_size=10), key=st.text(max_size=30), found=st.booleans(),
+    batch=st.integers(-1, 2**62), watermark=st.integers(-(2**62), 2**62),
+    windows=st.lists(windows, max_size=5))
+
+
+@FAST
+@given(st.lists(windows, max_size=6))
+def test_latest_is_the_last_window(ws: list[Window]) -> None:
+    a = StateAnswer(**{**STATE_ANSWER, "windows": ws})  # type: ignore[arg-type]
+    if ws:
+        assert a.latest is ws[-1]
+    else:
+        assert a.latest is None
+
+
+@FAST
+@given(answers)
+def test_json_round_trip(a: StateAnswer) -> None:
+    back = StateAnswer.model_validate_json(a.model_dump_json())
+    assert back == a
+    # counts are exact integers: an int stays an int, however large
+    for w0, w1 in zip(a.windows, back.windows, strict=True):
+        assert type(w1.value) is type(w0.value)
+
+
+def test_large_counts_survive_json_exactly() -> None:
+    n = 2**53 + 1  # not representable as a float
+    a = StateAnswer(**{**STATE_ANSWER, "windows": [{**WINDOW, "value": n}]})  # type: ignore[arg-type]
+    raw = orjson.loads(a.model_dump_json())
+    assert raw["windows"][0]["value"] == n
+    back = BatchAnswer.model_validate_json(BatchAnswer(results=[a]).model_dump_json())
+    assert back.results[0].windows[0].value == n
+
+
+def test_windows_need_every_field() -> None:
+    with pytest.raises(ValidationError):
+        Window.model_validate({"start": 1, "end": 2})  # value is required, even if null
+    assert Window.model_validate({"start": None, "end": None, "value": None}).value is None
+
+
+@pytest.mark.parametrize("exc", [
+    NotFound("no data", batch=311, watermark=17),
+    UnknownOperator("unknown job 'x'", job="x"),
+    Unavailable("restoring", retry_after_s=2.0, partition=3),
+    InvalidAddress("bad name"),
+])
+def test_error_bodies_the_router_serves_fit_error_body(exc: Exception) -> None:
+    body = exc.body()  # type: ignore[attr-defined]
+    assert ErrorBody.model_validate(body).model_dump(exclude_unset=True) == body
+
+
+def test_error_responses_document_400_404_503() -> None:
+    r = error_responses()
+    assert set(r) == {400, 404, 503}
+    for status in r:
+        assert r[status]["model"] is ErrorBody
+        assert r[status]["description"]
+    assert "headers" not in r[400] and "headers" not in r[404]
+    retry = r[503]["headers"]["Retry-After"]
+    assert retry["schema"] == {"type": "integer"}
+    assert retry["description"]
+
+
+def test_error_responses_in_an_openapi_document() -> None:
+    from fastapi import FastAPI
+
+    app = FastAPI()
+
+    @app.get("/x", responses=error_responses())
+    def x() -> dict[str, int]:
+        return {}
+
+    doc = app.openapi()
+    responses = doc["paths"]["/x"]["get"]["responses"]
+    ref = {"$ref": "#/components/schemas/ErrorBody"}
+    for status in ("400", "404", "503"):
+        assert responses[status]["content"]["application/json"]["schema"] == ref
+    assert responses["503"]["headers"]["Retry-After"]["schema"] == {"type": "integer"}
+    assert "ErrorBody" in doc["components"]["schemas"]

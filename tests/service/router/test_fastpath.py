@@ -1,0 +1,75 @@
+"""The raw-ASGI fast path answers exactly what the FastAPI route answers: same status, body,
+headers, for hits, misses, bad requests and 503s (one module, its two neighbours faked)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+import pytest
+
+from service.core.address import PartitionId
+from service.core.answer import Window
+from service.core.errors import Unavailable, UnknownOperator
+from service.core.operator import OperatorSpec, WindowSpec
+from service.router.fastpath import with_fast_get
+from service.router.http import create_app
+from service.router.query import QueryService
+from service.router.reads import Hit
+
+SPEC = OperatorSpec("j", "op", "k", {"n": "long"}, partitions=4,
+                    window=WindowSpec("tumbling", 10))
+
+
+class FakeRouting:
+    async def spec(self, job: str, operator: str, state: str | None = None) -> OperatorSpec:
+        if (job, operator) != ("j", "op") or state not in (None, "n"):
+            raise UnknownOperator(f"no {job}/{operator}/{state}", job=job)
+        return SPEC
+
+
+class FakeReads:
+    async def read(self, spec: OperatorSpec, pid: PartitionId, state: str, key: str,
+                   rng: tuple[int, int] | None) -> Hit:
+        if key == "down":
+            raise Unavailable(f"partition {pid} is being restored", 2.0,
+                              partition=pid.partition)
+        if key == "absent":
+            return Hit(False, 7, 70, [])
+        windows = [Window(start=s, end=s + 10, value=len(key) + s) for s in (0, 10, 20)]
+        if rng is not None:
+            windows = [w for w in windows if w.start is not None and rng[0] <= w.start < rng[1]]
+        return Hit(True, 7, 70, windows if rng is not None else windows[-1:])
+
+
+PATHS = ["/v1/state/j/op/n/key-1", "/v1/state/j/op/n/a%2Fb%20c",
+         "/v1/state/j/op/n/key-1?from=5&to=25", "/v1/state/j/op/n/key-1?from=1970-01-01T00:00:00Z",
+         "/v1/state/j/op/n/absent", "/v1/state/j/op/n/down", "/v1/state/j/nope/n/k",
+         "/v1/state/j/op/zz/k", "/v1/state/b%20ad/op/n/k", "/v1/state/j/op/n/" + "x" * 1025,
+         "/v1/state/j/op/n/k?from=soon", "/v1/state/j/op/n/k?from=9&to=3"]
+
+
+async def answers(app: Any, paths: list[str]) -> list[tuple[int, Any, str | None, str]]:
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+        out = []
+        for p in paths:
+            r = await c.get(p)
+            out.append((r.status_code, r.json(), r.headers.get("retry-after"),
+                        r.headers["content-type"]))
+        return out
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_fast_path_answers_like_the_fastapi_route(path: str) -> None:
+    query = QueryService(FakeRouting(), FakeReads())  # type: ignore[arg-type]
+    app = create_app(query)
+    [fast] = asyncio.run(answers(with_fast_get(app, query), [path]))
+    [slow] = asyncio.run(answers(app, [path]))
+    assert fast == slow
+    status, body, retry, _ = fast
+    if "down" in path:
+        assert (status, retry, body["partition"]) == (503, "2", body["partition"])
+    if status == 200:
+        assert body["found"] is True and body["batch"] == 7

@@ -1,0 +1,89 @@
+"""The `qstate` command as a user runs it: `qstate get` output and exit codes, and where its
+settings come from (flag > QSTATE_* environment > QSTATE_CONFIG file > default)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from service.embedded.broker import free_port
+from tests.shop import BATCHES, KEYS, Shop, views, window
+
+ROOT = Path(__file__).resolve().parents[2]
+LAST = BATCHES - 1
+
+
+def qstate(*args: str, env: dict[str, str] | None = None, cwd: Path = ROOT
+           ) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("QSTATE_")}
+    return subprocess.run([sys.executable, "-m", "service", *args], env={**base, **(env or {})},
+                          cwd=cwd, capture_output=True, text=True, timeout=60)
+
+
+def test_get_prints_the_answer_as_json(shop: Shop) -> None:
+    r = qstate("get", "shop", "views_1m", "views", KEYS[7], "--url", shop.routers["local"].url)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert (out["found"], out["batch"]) == (True, LAST)
+    assert out["windows"] == [{"start": window(LAST)[0], "end": window(LAST)[1],
+                               "value": views(KEYS[7], LAST)}]
+
+
+@pytest.mark.parametrize(("args", "code", "says"), [
+    (("shop", "views_1m", "views", "never-written"), 1, f"as of batch {LAST}"),
+    (("shop", "nope", "views", "k"), 1, "no operator 'nope'"),
+    (("shop", "views_1m", "views", "k", "--from", "soon"), 2, "ISO-8601"),
+])
+def test_get_exit_codes(shop: Shop, args: tuple[str, ...], code: int, says: str) -> None:
+    r = qstate("get", *args, "--url", shop.routers["grpc"].url)
+    assert (r.returncode, r.stdout) == (code, "")
+    assert r.stderr.startswith("error: ") and says in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1  # one line, no traceback
+
+
+def test_get_unavailable_shard_exits_3(shop: Shop) -> None:
+    victim = shop.shards[0]
+    with shop.shard_down(victim) as key:
+        r = qstate("get", "shop", "views_1m", "views", key, "--url", shop.routers["grpc"].url)
+    assert r.returncode == 3 and victim.address in r.stderr
+
+
+def test_get_unreachable_router_exits_4_in_one_line() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    r = qstate("get", "shop", "views_1m", "views", "k", "--url", url)
+    assert r.returncode == 4
+    assert r.stderr.startswith(f"error: the router at {url} cannot be reached")
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_setting_precedence_flag_env_file(shop: Shop, tmp_path: Path) -> None:
+    good = shop.routers["local"].url
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    config = tmp_path / "site.env"
+    config.write_text(f"QSTATE_ROUTER_URL={good}\n")
+    args = ("get", "shop", "views_1m", "views", KEYS[0])
+    # the file alone is heard
+    assert qstate(*args, env={"QSTATE_CONFIG": str(config)}, cwd=tmp_path).returncode == 0
+    # the environment beats the file
+    r = qstate(*args, env={"QSTATE_CONFIG": str(config), "QSTATE_ROUTER_URL": nowhere},
+               cwd=tmp_path)
+    assert r.returncode == 4 and nowhere in r.stderr
+    # a flag beats both
+    r = qstate(*args, "--url", good, env={"QSTATE_CONFIG": str(config),
+                                          "QSTATE_ROUTER_URL": nowhere}, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    # and without any, the documented default (nothing listens there in this test)
+    r = qstate("get", "--help", cwd=tmp_path)
+    assert "http://127.0.0.1:8000" in r.stdout
+
+
+def test_help_documents_exit_codes() -> None:
+    r = qstate("get", "--help")
+    assert r.returncode == 0
+    for code in ("1 no data", "2 bad", "3 the owning shard", "4 the router"):
+        assert code in " ".join(r.stdout.split()), code

@@ -1,0 +1,130 @@
+"""A small, static deployment for router and client tests: two shard server processes, the
+operator ``shop/views_1m`` committed for three batches by a coordinator, and two routers over
+it, one reading co-located shards in-process and one reading them over gRPC.
+
+Ground truth is what the fixture writes: ``views(key, batch)`` and ``avg_ms(batch)`` in the
+one-minute window of each batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pyarrow as pa
+
+from jobs.coordinator import Coordinator
+from service.core import delta as deltas
+from service.core.address import PartitionId, partition_of
+from service.core.assignment import list_servers
+from service.core.operator import OperatorSpec, WindowSpec, save_spec
+from service.core.storage import Storage
+from service.embedded.procs import RouterProcess, ShardProcess
+from tests.helpers import metric, wait_until
+
+P = 8
+WINDOW = 60_000
+BATCHES = 3
+SPEC = OperatorSpec("shop", "views_1m", "page", {"views": "long", "avg_ms": "double"},
+                    partitions=P, window=WindowSpec("tumbling", WINDOW))
+BIG = "big-count"  # holds counts past 2**53: exact only if int64 stays exact end to end
+KEYS = [f"page-{i}" for i in range(200)] + ["ünï/cødé key", "a" * 1024, BIG]
+# enough keys that one shard owns more than the coalescer's 2,000 per call
+MANY = [f"item-{i}" for i in range(6000)]
+ROUTES = ("local", "grpc")  # how a router reads a partition
+
+
+def views(key: str, batch: int) -> int:
+    if key == BIG:
+        return 2**62 + 2 * batch + 1
+    return (sum(map(ord, key)) * (batch + 1)) % 1000 + 1
+
+
+def avg_ms(batch: int) -> float:
+    return 0.25 * batch
+
+
+def window(batch: int) -> tuple[int, int]:
+    return batch * WINDOW, (batch + 1) * WINDOW
+
+
+@dataclass
+class Shop:
+    storage: Storage
+    shards: list[ShardProcess]
+    coordinator: Coordinator
+    routers: dict[str, RouterProcess]  # ROUTES -> router
+
+    def owner_of(self, key: str) -> ShardProcess:
+        address = self.coordinator.assignment.owner(SPEC.operator, partition_of(key, P))
+        return next(s for s in self.shards if s.address == address)
+
+    def metrics_url(self, shard: ShardProcess) -> str:
+        """Where the shard serves /metrics (it registers the address in storage)."""
+        info = next(i for i in list_servers(self.storage) if i.address == shard.address)
+        return f"http://{info.metrics}"
+
+    @contextmanager
+    def shard_down(self, shard: ShardProcess) -> Iterator[str]:
+        """kill -9 ``shard``; on exit restart it and wait until the world is as before (the
+        local router reading it in-process again). Yields a key it owns."""
+        key = next(k for k in KEYS if self.owner_of(k) is shard)
+        shard.kill()
+        assert not shard.alive()
+        try:
+            yield key
+        finally:
+            shard.start_and_wait()
+            wait_until(lambda: _served_locally(self.routers["local"].url, key), 30,
+                       f"{shard.name} back and read in-process")
+
+    def stop(self) -> None:
+        for r in self.routers.values():
+            r.stop()
+        for s in self.shards:
+            s.stop()
+
+
+def start_shop(tmp: Path) -> Shop:
+    storage = Storage(str(tmp / "storage"))
+    save_spec(storage, SPEC)
+    shards = [ShardProcess.make(f"shop{i}", tmp / "data", storage.uri, tmp / "logs")
+              .start_and_wait() for i in range(2)]
+    coord = Coordinator(storage, SPEC.job, [s.address for s in shards])
+    coord.register(SPEC)
+    keys = KEYS + MANY
+    for batch in range(BATCHES):
+        written = {}
+        for p in range(P):
+            mine = [k for k in keys if partition_of(k, P) == p]
+            start, end = window(batch)
+            t = pa.table({"key": mine, "start": [start] * len(mine), "end": [end] * len(mine),
+                          "views": [views(k, batch) for k in mine],
+                          "avg_ms": [avg_ms(batch)] * len(mine)}).cast(deltas.delta_schema(SPEC))
+            deltas.write_delta(storage, PartitionId(SPEC.job, SPEC.operator, p), batch, t)
+            written[p] = t.num_rows
+        coord.commit(SPEC, batch, batch * WINDOW, written)
+    # Nothing more to commit: stop the heartbeats, so a test that kills a shard on purpose
+    # sees its partitions stay where they are (no lease to race).
+    coord.stop()
+    routers = {
+        "local": RouterProcess.make(storage.uri, tmp / "logs", "shop-local").start_and_wait(),
+        "grpc": RouterProcess.make(storage.uri, tmp / "logs", "shop-grpc", None,
+                                   "--no-local-reads").start_and_wait(),
+    }
+    shop = Shop(storage, shards, coord, routers)
+    # the local router reads in-process once it has seen each shard report its partitions
+    # ready; until then it asks over gRPC (correct, but not the path under test)
+    probe = [next(k for k in KEYS if shop.owner_of(k) is s) for s in shards]  # one per shard
+    wait_until(lambda: all(_served_locally(routers["local"].url, k) for k in probe), 30,
+               "the local router reading both shards in-process")
+    return shop
+
+
+def _served_locally(url: str, key: str) -> bool:
+    before = metric(url, "qstate_router_shard_reads_total", path="local")
+    httpx.get(f"{url}/v1/state/{SPEC.job}/{SPEC.operator}/views/{key}", timeout=5)
+    return metric(url, "qstate_router_shard_reads_total", path="local") > before
