@@ -24,9 +24,9 @@ run: setup
 test: setup
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-# unit tests only: no JVM, no broker
+# no JVM: neither Spark nor the Kafka broker (real shard and router processes still run)
 test-fast: setup
-	$(BIN)/pytest -m "not spark" $(PYTEST_ARGS)
+	$(BIN)/pytest -m "not spark and not kafka" $(PYTEST_ARGS)
 
 lint: setup
 	$(BIN)/ruff check .

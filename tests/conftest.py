@@ -1,4 +1,9 @@
-"""Session fixtures: one dev broker, one SparkSession, one checkpoint storage per test session."""
+"""Session fixtures: one broker, one SparkSession, one checkpoint storage, one shop deployment
+per test session.
+
+A test that uses the ``spark`` fixture is marked ``spark`` and one that uses ``broker`` is
+marked ``kafka``, whatever its file says, so ``make test-fast`` (neither) needs no JVM.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,15 @@ from pathlib import Path
 import pytest
 
 from service.embedded.broker import DevBroker
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        names = getattr(item, "fixturenames", ())
+        if "spark" in names:
+            item.add_marker(pytest.mark.spark)
+        if "broker" in names:
+            item.add_marker(pytest.mark.kafka)
 
 
 @pytest.fixture(scope="session")

@@ -25,6 +25,7 @@ from service.core.catalog import delta_batches, snapshot_batches
 from service.core.operator import OperatorSpec, WindowSpec, save_spec
 from service.core.storage import Storage
 from service.embedded.procs import RouterProcess, ShardProcess
+from tests.helpers import wait_until
 
 P = 4
 SPEC = OperatorSpec("rec", "counts", "k", {"n": "long"}, partitions=P,
@@ -73,16 +74,6 @@ def cluster(tmp_path: Path):
     router.stop()
     for s in shards:
         s.stop()
-
-
-def wait_until(pred, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_disk_loss_restores_on_the_other_server_and_rejoin_rebalances(cluster, tmp_path):

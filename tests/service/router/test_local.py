@@ -1,0 +1,105 @@
+"""In-process reads of a co-located shard's partitions (RocksDB secondary instances): fresh
+after every commit, reopened after a restore, refused once the partition moved away or its
+server died. Real RocksDB written by a real PartitionStore; no processes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from rocksdict import Checkpoint
+
+from service.core.address import PartitionId
+from service.core.assignment import ServerInfo
+from service.core.shard_files import partition_dir
+from service.router.local import LocalReader
+from service.shard.store import PartitionStore
+
+PID = PartitionId("j", "op", 3)
+ADDRESS = "127.0.0.1:7999"
+
+
+def delta(key: str, start: int, n: int) -> pa.Table:
+    return pa.table({"key": [key], "start": pa.array([start], pa.int64()),
+                     "end": pa.array([start + 10], pa.int64()), "n": pa.array([n], pa.int64())})
+
+
+@pytest.fixture
+def world(tmp_path: Path):
+    server_dir = tmp_path / "shard"
+    store = PartitionStore(partition_dir(server_dir, PID), ["n"])
+    reader = LocalReader(tmp_path / "scratch")
+    reader.set_servers([ServerInfo("s", ADDRESS, "", os.getpid(), 0, socket.gethostname(),
+                                   str(server_dir))])
+    reader.set_ready(ADDRESS, {PID})
+    yield store, reader, server_dir
+    reader.close()
+    store.close()
+
+
+def value(reader: LocalReader, key: str = "k") -> tuple[int, int | None] | None:
+    res = reader.read(ADDRESS, PID, key, None)
+    if res is None:
+        return None
+    meta, ws = res
+    return meta.last_batch, (ws[-1].values[0] if ws else None)
+
+
+def test_follows_every_commit(world) -> None:
+    store, reader, _ = world
+    store.apply(0, 0, 1, delta("k", 0, 1), None)
+    assert value(reader) == (0, 1)
+    for b in range(1, 20):
+        store.apply(b, 0, 1, delta("k", 0, b + 1), None)
+        assert value(reader) == (b, b + 1)
+
+
+def test_reopens_after_a_restore_of_an_older_snapshot(world, tmp_path: Path) -> None:
+    store, reader, server_dir = world
+    store.apply(0, 0, 1, delta("k", 0, 5), None)
+    snap = tmp_path / "snap"
+    Checkpoint(store.db).create_checkpoint(str(snap))
+    store.apply(1, 0, 1, delta("k", 0, 6), None)
+    assert value(reader) == (1, 6)
+    # what recovery does: close, replace the directory with the snapshot, reopen
+    path = partition_dir(server_dir, PID)
+    with store.lock:
+        store.close()
+        shutil.rmtree(path)
+        shutil.copytree(snap, path)
+        store.reopen()
+    assert value(reader) == (0, 5)  # a new incarnation: the secondary was reopened
+    store.apply(1, 0, 1, delta("k", 0, 7), None)
+    assert value(reader) == (1, 7)
+
+
+def test_refuses_what_it_must_not_read(world, tmp_path: Path) -> None:
+    store, reader, server_dir = world
+    store.apply(0, 0, 1, delta("k", 0, 1), None)
+    assert value(reader) == (0, 1)
+    assert reader.read("10.0.0.9:7100", PID, "k", None) is None  # not a co-located server
+    assert reader.read(ADDRESS, PartitionId("j", "op", 4), "k", None) is None  # not ready
+    reader.set_ready(ADDRESS, set())  # restoring (the owner's Describe says so)
+    assert value(reader) is None
+    reader.set_ready(ADDRESS, {PID})
+    assert value(reader) == (0, 1)
+    store.retire()  # moved away: the marker is gone
+    assert value(reader) is None
+
+
+def test_refuses_a_dead_server(world) -> None:
+    store, reader, server_dir = world
+    store.apply(0, 0, 1, delta("k", 0, 1), None)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    dead_pid = int(gone.stdout)
+    reader.set_servers([ServerInfo("s", ADDRESS, "", dead_pid, 0, socket.gethostname(),
+                                   str(server_dir))])
+    reader.set_ready(ADDRESS, {PID})
+    assert value(reader) is None
