@@ -139,8 +139,10 @@ def create_app(query: QueryService, ready: Callable[[], bool] = lambda: True) ->
             for e in exc.errors():
                 loc = e.get("loc", ())
                 if len(loc) == 2 and loc[0] == "path" and isinstance(e.get("input"), str):
-                    _ = check_key(e["input"]) if loc[1] == "key" else check_name(
-                        str(loc[1]), e["input"])
+                    if loc[1] == "key":
+                        check_key(e["input"])
+                    else:
+                        check_name(str(loc[1]), e["input"])
         except QStateError as named:
             return _error(named)
         problems = "; ".join(

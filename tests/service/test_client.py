@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from service.client import AsyncClient, Client
+from service.core.answer import JobInfo, StateAnswer
 from service.core.errors import InvalidAddress, NotFound, Unavailable, UnknownOperator
 from tests.shop import BATCHES, KEYS, WINDOW, Shop, avg_ms, views, window
 
@@ -34,7 +35,7 @@ def test_sync_client_answers_and_errors(shop: Shop) -> None:
 def test_async_client_matches_sync(shop: Shop) -> None:
     url = shop.routers["local"].url
 
-    async def go() -> tuple[list, list, object]:
+    async def go() -> tuple[list[StateAnswer], list[StateAnswer], JobInfo]:
         async with AsyncClient(url) as c:
             ones = await asyncio.gather(*(c.get("shop", "views_1m", "views", k)
                                           for k in KEYS[:20]))

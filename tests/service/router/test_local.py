@@ -43,7 +43,7 @@ def world(tmp_path: Path):
     store.close()
 
 
-def value(reader: LocalReader, key: str = "k") -> tuple[int, int | None] | None:
+def value(reader: LocalReader, key: str = "k") -> tuple[int, int | float | None] | None:
     res = reader.read(ADDRESS, PID, key, None)
     if res is None:
         return None
@@ -80,7 +80,7 @@ def test_reopens_after_a_restore_of_an_older_snapshot(world, tmp_path: Path) -> 
 
 
 def test_refuses_what_it_must_not_read(world, tmp_path: Path) -> None:
-    store, reader, server_dir = world
+    store, reader, _ = world
     store.apply(0, 0, 1, delta("k", 0, 1), None)
     assert value(reader) == (0, 1)
     assert reader.read("10.0.0.9:7100", PID, "k", None) is None  # not a co-located server
