@@ -3,13 +3,16 @@ PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
+JARS    := $(VENV)/jars
+JAR_STAMP := $(JARS)/.fetched
+MVN     ?= mvn
 PYTEST_ARGS ?=
 
 .PHONY: setup node-setup run test test-fast lint proto clean
 
 NODE_STAMP := clients/node/node_modules/.installed
 
-setup: $(STAMP) $(NODE_STAMP)
+setup: $(STAMP) $(JAR_STAMP) $(NODE_STAMP)
 
 $(STAMP): pyproject.toml
 	@command -v java >/dev/null 2>&1 || { echo "qstate needs Java 17 for Spark: apt-get install openjdk-17-jre-headless"; exit 1; }
@@ -17,6 +20,18 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
+
+# JVM parts, from Maven Central, once: the Kafka broker (with its dependencies) and Spark's
+# Kafka connector. Nothing is fetched at run time. Where Maven Central is not reachable, put
+# the same jars in folders named by QSTATE_KAFKA_JARS and QSTATE_SPARK_JARS.
+$(JAR_STAMP): deploy/maven/kafka-broker.pom.xml deploy/maven/spark-kafka.pom.xml
+	@command -v $(MVN) >/dev/null 2>&1 || { echo "qstate fetches its jars with Maven: apt-get install maven"; exit 1; }
+	rm -rf $(JARS)/kafka $(JARS)/spark
+	$(MVN) -q -B -f deploy/maven/kafka-broker.pom.xml dependency:copy-dependencies \
+		-DincludeScope=runtime -DoutputDirectory=$(abspath $(JARS))/kafka
+	$(MVN) -q -B -f deploy/maven/spark-kafka.pom.xml dependency:copy-dependencies \
+		-DincludeScope=runtime -DoutputDirectory=$(abspath $(JARS))/spark
+	@touch $(JAR_STAMP)
 
 run: setup
 	$(BIN)/qstate run

@@ -1,38 +1,18 @@
-"""What a job module gives qstate, and what qstate gives it.
+"""What qstate gives a job module.
 
 ``qstate job mypkg.myjob:build`` imports ``mypkg.myjob`` and calls
-``build(spark, ctx) -> JobDefinition``: the job reads its topic (``jobs.source``), parses it
-(``jobs.parse``) and declares its queryable operators; qstate starts them with the
-queryable sink and runs them until stopped. ``ctx`` carries the deployment's settings
-(bootstrap servers, storage, partitions, ...) so a job module holds only its logic.
+``build(spark, ctx) -> QueryableJob``: the job reads its topic (``jobs.source``), parses it
+(``jobs.parse``) and declares its operators (``jobs.queryable``); qstate starts them and runs
+them until stopped. ``ctx`` carries the deployment's settings (bootstrap servers, storage,
+partitions, ...) so a job module holds only its logic.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from pyspark.sql import DataFrame
-
-from service.core.operator import WindowSpec
-
-__all__ = ["JobContext", "JobDefinition", "QueryableOperator"]
-
-
-@dataclass(frozen=True)
-class QueryableOperator:
-    name: str
-    frame: DataFrame  # streaming aggregation in update mode
-    key: str
-    states: list[str]
-    window: WindowSpec
-
-
-@dataclass(frozen=True)
-class JobDefinition:
-    name: str  # the served job: /v1/state/{name}/...
-    topic: str  # the topic it reads (for lag and status)
-    operators: list[QueryableOperator]
+__all__ = ["JobContext"]
 
 
 @dataclass(frozen=True)
@@ -49,11 +29,3 @@ class JobContext:
     job: str | None = None  # serve under another name than the module's own
     topic: str | None = None  # read another topic than the module's own
     options: dict[str, str] = field(default_factory=dict)  # job-specific (--option K=V)
-    dead_letters: bool = True
-
-    def dlq_topic(self, topic: str) -> str | None:
-        """Where bad records of ``topic`` go, or None where another query sends them."""
-        return f"{topic}.dlq" if self.dead_letters else None
-
-    def without_dead_letters(self) -> JobContext:
-        return replace(self, dead_letters=False)

@@ -28,11 +28,14 @@ def _status(jobs: list[RunningJob]) -> Text:
     for job in jobs:
         for name, q in job.queries.items():
             p = q.lastProgress
-            last = job.stats[name].last
+            last = job.reports[name].last
             rate = (f"{p['inputRowsPerSecond'] or 0:,.0f} in/s "
                     f"{p['processedRowsPerSecond'] or 0:,.0f} proc/s") if p else "starting"
-            batch = (f"batch {last.batch} commit {last.commit_s * 1000:.0f}ms"
-                     if last else "no batch yet")
+            if last is None:
+                batch = "no batch yet"
+            else:
+                age = time.time() - last.watermark_ms / 1000
+                batch = f"batch {last.batch} in {last.total_s:.1f}s, watermark {age:,.0f}s ago"
             line.append(f"{job.name}/{name}: ", style="bold")
             line.append(f"{rate}, {batch}   ")
     return line
@@ -66,7 +69,6 @@ def run_jobs(builders: list[str], ctx: JobContext, metrics_port: int = 0,
             while not stop.is_set():
                 for job in running:
                     job.check()
-                    job.export_metrics()
                 if view is not None:
                     view.update(_status(running))
                 stop.wait(1.0)

@@ -1,28 +1,36 @@
-"""Start a job module's operators with the queryable sink, watch them, stop them."""
+"""Start a job module's queries with the queryable sink, watch them, stop them.
+
+A job's merged operators run as one streaming query (``jobs.pipeline``); each Spark-state
+operator runs as its own (``jobs.sink.serve``).
+"""
 
 from __future__ import annotations
 
 import importlib
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from jobs import metrics
+from jobs import pipeline
 from jobs.coordinator import release
-from jobs.job import JobContext, JobDefinition
-from jobs.sink import SinkStats, serve
+from jobs.job import JobContext
+from jobs.queryable import QueryableJob
+from jobs.sink import serve
+from jobs.sinks import QStateSink, Reports
+from service.core.config import settings
 from service.core.errors import InvalidRequest
 from service.core.kafka import ensure_topic
 
-__all__ = ["EXAMPLES", "Builder", "RunningJob", "load_builder", "start_job"]
+__all__ = ["EXAMPLES", "MERGED", "Builder", "RunningJob", "load_builder", "start_job"]
 
 log = logging.getLogger(__name__)
 
-Builder = Callable[[SparkSession, JobContext], JobDefinition]
+Builder = Callable[[SparkSession, JobContext], QueryableJob]
 EXAMPLES = {"tweets": "jobs.examples.tweets:build", "ads": "jobs.examples.ads:build"}
+MERGED = "merged"  # the checkpoint folder (and query) of a job's merged operators
 
 
 def load_builder(name: str) -> Builder:
@@ -43,15 +51,14 @@ def load_builder(name: str) -> Builder:
 
 @dataclass
 class RunningJob:
-    definition: JobDefinition
+    job: QueryableJob
     context: JobContext
     queries: dict[str, StreamingQuery]
-    stats: dict[str, SinkStats]
-    _seen: dict[str, int] = field(default_factory=dict)
+    reports: dict[str, Reports]
 
     @property
     def name(self) -> str:
-        return self.definition.name
+        return self.job.name
 
     def stop(self) -> None:
         for q in self.queries.values():
@@ -69,43 +76,29 @@ class RunningJob:
             if not q.isActive and q.exception() is not None:
                 raise RuntimeError(f"query {name} failed: {q.exception()}")
 
-    def export_metrics(self) -> None:
-        """Copy new StreamingQueryProgress into the Prometheus metrics (the sink exports its
-        own commit metrics as it goes)."""
-        for name, q in self.queries.items():
-            for p in q.recentProgress:
-                if p.batchId <= self._seen.get(name, -1):
-                    continue
-                self._seen[name] = p.batchId
-                metrics.INPUT_RATE.labels(self.name, name).set(p.inputRowsPerSecond or 0.0)
-                metrics.PROCESSED_RATE.labels(self.name, name).set(
-                    p.processedRowsPerSecond or 0.0)
-                metrics.BATCH_SECONDS.labels(self.name, name).observe(
-                    p.durationMs.get("triggerExecution", 0) / 1000)
-                obs = (p.observedMetrics or {}).get("qstate_parse")
-                if obs is not None:
-                    metrics.DEAD_LETTERED.labels(self.name, self.definition.topic).inc(
-                        obs["dead_lettered"] or 0)
-
 
 def start_job(spark: SparkSession, builder: str | Builder, ctx: JobContext) -> RunningJob:
     build = load_builder(builder) if isinstance(builder, str) else builder
-    definition = build(spark, ctx)
-    ensure_topic(ctx.bootstrap, definition.topic)
-    # Each operator is its own streaming query over the topic; only the first one sends
-    # bad records to the dead-letter topic, so each lands there once.
-    ops = definition.operators
-    if len(ops) > 1:
-        ops = ops[:1] + build(spark, ctx.without_dead_letters()).operators[1:]
+    job = build(spark, ctx)
+    ensure_topic(ctx.bootstrap, job.topic)
+    cfg = settings()
+    retention = cfg.retention_ms if ctx.retention_ms is None else ctx.retention_ms
+    tasks = int(spark.conf.get("spark.sql.shuffle.partitions") or 200)
     queries: dict[str, StreamingQuery] = {}
-    stats: dict[str, SinkStats] = {}
-    for op in ops:
-        stats[op.name] = SinkStats()
+    reports: dict[str, Reports] = {}
+    if job.operators:
+        reports[MERGED] = Reports()
+        sink = QStateSink(ctx.storage, ctx.shards, cfg.commit_timeout_s, tasks)
+        queries[MERGED] = pipeline.start(
+            job, str(ctx.checkpoint / MERGED), sink, partitions=ctx.partitions,
+            retention_ms=retention, trigger_interval=ctx.trigger_interval,
+            reports=reports[MERGED])
+    for op in job.spark_state:
+        reports[op.name] = Reports()
         queries[op.name] = serve(
-            op.frame, job=definition.name, operator=op.name, key=op.key, states=op.states,
+            op.frame, job=job.name, operator=op.name, key=op.key, states=op.states,
             window=op.window, partitions=ctx.partitions,
             checkpoint=str(ctx.checkpoint / op.name), storage=ctx.storage, shards=ctx.shards,
-            retention_ms=ctx.retention_ms, trigger_interval=ctx.trigger_interval,
-            stats=stats[op.name])
-    return RunningJob(definition, ctx, queries, stats)
-
+            retention_ms=retention, trigger_interval=ctx.trigger_interval,
+            reports=reports[op.name])
+    return RunningJob(job, ctx, queries, reports)

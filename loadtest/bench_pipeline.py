@@ -25,7 +25,7 @@ from jobs.job import JobContext
 from jobs.runner import start_job
 from jobs.spark import spark_session
 from loadtest import results
-from service.embedded.broker import DevBroker
+from service.embedded.kafka import KafkaBroker
 from service.embedded.generate import produce
 from service.embedded.procs import ShardProcess
 
@@ -54,7 +54,7 @@ def main() -> None:
     args = ap.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="qstate-bench-"))
-    broker = DevBroker(tmp / "broker").start()
+    broker = KafkaBroker(tmp / "broker").start()
     shards = [ShardProcess.make(f"b{i}", tmp / "shards", str(tmp / "storage"), tmp / "logs")
               .start_and_wait() for i in range(2)]
     try:

@@ -33,7 +33,8 @@ from service.core import delta as deltas
 from service.core.address import PartitionId, partition_of
 from service.core.operator import OperatorSpec, WindowSpec, save_spec
 from service.core.storage import Storage
-from service.embedded.broker import DevBroker, free_port, wait_for_port
+from service.embedded.kafka import KafkaBroker
+from service.embedded.ports import free_port, wait_for_port
 from service.embedded.procs import Child, RouterProcess, ShardProcess, qstate_command
 
 P = 16
@@ -132,7 +133,7 @@ def main() -> None:
         children.append(raw)
         wait_for_port("127.0.0.1", raw_port, 30, raw.proc)
         if args.pipeline:
-            broker = DevBroker(tmp / "broker").start()
+            broker = KafkaBroker(tmp / "broker").start()
             children.append(Child("gen", qstate_command(
                 "generate", "tweets", "--bootstrap", broker.bootstrap, "--rate", "5000",
                 "--keys", "100000", "--no-progress"), tmp / "logs" / "gen.log").start())

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from service.embedded.broker import DevBroker
+from service.embedded.kafka import KafkaBroker
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -31,8 +31,8 @@ def session_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def broker(session_dir: Path) -> Iterator[DevBroker]:
-    b = DevBroker(data_dir=session_dir / "broker").start()
+def broker(session_dir: Path) -> Iterator[KafkaBroker]:
+    b = KafkaBroker(data_dir=session_dir / "broker").start()
     try:
         yield b
     finally:

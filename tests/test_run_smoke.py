@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.embedded.broker import free_port
+from service.embedded.ports import free_port
 
 pytestmark = pytest.mark.spark
 ROOT = Path(__file__).resolve().parents[1]

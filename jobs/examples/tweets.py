@@ -2,48 +2,76 @@
 
 Events on ``tweet-events``: ``{"tweet_id": str, "event": "impression"|"url-click",
 "time": epoch ms}``. Watermark 10 s.
+
+Merge mode (the default): one pass over the topic, both operators from it, the 1-minute
+window stored as 10 s panes. ``--option mode=spark-state`` builds the same operators as
+Spark stateful aggregations instead (for comparison: same answers, Spark keeps the state).
 """
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from jobs.job import JobContext, JobDefinition, QueryableOperator
-from jobs.parse import parse_json
+from jobs import aggregates as A
+from jobs.job import JobContext
+from jobs.parse import parse_events, parse_json
+from jobs.queryable import QueryableJob, SparkStateOperator, dlq_topic
 from jobs.source import read_kafka
+from jobs.windows import window
 from service.core.operator import WindowSpec
 
-__all__ = ["FIELDS", "JOB", "TOPIC", "build", "operators"]
+__all__ = ["FIELDS", "JOB", "KEYS", "TOPIC", "WATERMARK", "build", "spark_state_operators"]
 
 JOB = "tweets"
 TOPIC = "tweet-events"
 FIELDS = {"tweet_id": "string", "event": "string", "time": "long"}
+KEYS = ["tweet_id"]
 WATERMARK = "10 seconds"
 
 
-def _is(event: str) -> F.Column:
-    return F.when(F.col("event") == event, 1).otherwise(0)
+def _is(event: str) -> Column:
+    return F.col("event") == event
 
 
-def operators(events: DataFrame) -> list[QueryableOperator]:
+def spark_state_operators(events: DataFrame) -> list[SparkStateOperator]:
+    """The same two operators as Spark stateful aggregations (update mode)."""
     ev = events.withColumn("ts", F.timestamp_millis("time")).withWatermark("ts", WATERMARK)
     hourly = ev.groupBy(F.window("ts", "1 hour"), F.col("tweet_id")).agg(
-        F.sum(_is("impression")).alias("impressions"), F.sum(_is("url-click")).alias("clicks"))
-    minute = (ev.where(F.col("event") == "impression")
+        F.count(F.when(_is("impression"), 1)).alias("impressions"),
+        F.count(F.when(_is("url-click"), 1)).alias("clicks"))
+    minute = (ev.where(_is("impression"))
               .groupBy(F.window("ts", "1 minute", "10 seconds"), F.col("tweet_id"))
               .agg(F.count(F.lit(1)).alias("impressions")))
     return [
-        QueryableOperator("per_tweet_1h", hourly, "tweet_id", ["impressions", "clicks"],
-                          WindowSpec("tumbling", 3_600_000)),
-        QueryableOperator("per_tweet_1m", minute, "tweet_id", ["impressions"],
-                          WindowSpec("sliding", 60_000, 10_000)),
+        SparkStateOperator("per_tweet_1h", hourly, "tweet_id", ["impressions", "clicks"],
+                           WindowSpec("tumbling", 3_600_000)),
+        SparkStateOperator("per_tweet_1m", minute, "tweet_id", ["impressions"],
+                           WindowSpec("sliding", 60_000, 10_000)),
     ]
 
 
-def build(spark: SparkSession, ctx: JobContext) -> JobDefinition:
+def build(spark: SparkSession, ctx: JobContext) -> QueryableJob:
     topic = ctx.topic or TOPIC
-    raw = read_kafka(spark, ctx.bootstrap, topic, starting_offsets=ctx.starting_offsets,
-                     max_rows_per_trigger=ctx.max_rows_per_trigger)
-    events = parse_json(raw, FIELDS, dlq_topic=ctx.dlq_topic(topic), bootstrap=ctx.bootstrap)
-    return JobDefinition(ctx.job or JOB, topic, operators(events))
+
+    def read() -> DataFrame:
+        return read_kafka(spark, ctx.bootstrap, topic, starting_offsets=ctx.starting_offsets,
+                          max_offsets_per_trigger=ctx.max_rows_per_trigger)
+
+    events = parse_events(read(), FIELDS, keys=KEYS, dlq_topic=dlq_topic(topic),
+                          bootstrap=ctx.bootstrap)
+    job = QueryableJob(ctx.job or JOB, events, event_time="time", watermark=WATERMARK,
+                       topic=topic)
+    if ctx.options.get("mode") == "spark-state":
+        # each stateful operator is its own query over the topic; the first dead-letters
+        for i in range(2):
+            stream = parse_json(read(), FIELDS, keys=KEYS, bootstrap=ctx.bootstrap,
+                                dlq_topic=dlq_topic(topic) if i == 0 else None)
+            job.serve_spark_state(spark_state_operators(stream)[i])
+        return job
+    job.operator("per_tweet_1h").groupBy(window("1 hour"), "tweet_id").agg(
+        A.count(when=_is("impression")).alias("impressions"),
+        A.count(when=_is("url-click")).alias("clicks"))
+    job.operator("per_tweet_1m").where(_is("impression")).groupBy(
+        window("1 minute", "10 seconds"), "tweet_id").agg(A.count().alias("impressions"))
+    return job

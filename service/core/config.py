@@ -10,6 +10,7 @@ effective default, README's table lists them all (a test keeps it in step with t
 from __future__ import annotations
 
 import os
+import sys
 from functools import lru_cache
 from typing import Final
 
@@ -36,6 +37,13 @@ class Settings(BaseSettings):
         "", description="Checkpoint storage for delta files, snapshots and the assignment: a "
         "local path or a pyarrow filesystem URI (s3://bucket/prefix, hdfs://...). Empty: "
         "<home>/storage.")
+    kafka_jars: str = Field(
+        "", description="Folder of the Kafka broker's jars (`qstate run`, tests). Empty: "
+        "<venv>/jars/kafka, where `make setup` puts them.")
+    kafka_heap: str = Field("512m", description="Java heap of the embedded Kafka broker.")
+    spark_jars: str = Field(
+        "", description="Folder of Spark's Kafka connector jars, put on spark.jars. Empty: "
+        "<venv>/jars/spark, where `make setup` puts them.")
     metrics_host: str = Field(
         "127.0.0.1", description="Address of the /metrics endpoints of jobs and shards "
         "(0.0.0.0 in pods).")
@@ -127,6 +135,14 @@ class Settings(BaseSettings):
     @property
     def shard_data(self) -> str:
         return self.shard_data_dir or os.path.join(self.home, "shards")
+
+    @property
+    def kafka_jars_dir(self) -> str:
+        return self.kafka_jars or os.path.join(sys.prefix, "jars", "kafka")
+
+    @property
+    def spark_jars_dir(self) -> str:
+        return self.spark_jars or os.path.join(sys.prefix, "jars", "spark")
 
 
 # The documented defaults, unaffected by environment and config file: what library code

@@ -1,7 +1,16 @@
-"""Delta files: the rows one batch changed in one partition of one operator (DESIGN §3.3).
+"""Delta files: the rows one batch brings to one partition of one operator (DESIGN §3.3).
 
-Arrow IPC, columns ``key, start, end`` (epoch ms; null for non-windowed state) and one
-column per state. Written by Spark executors, read by shard servers.
+Arrow IPC. Columns ``key, start, end`` (epoch ms; null for non-windowed state), ``tag`` (a
+sliding window's pane tag, ``service.core.windows``; null otherwise), then per aggregate:
+
+    count                    name            int64
+    sum, min, max, value     name            int64 or double, null where no row had a value
+    avg                      name__sum       double, and name__n int64
+    approx_count_distinct    name            binary: an Apache DataSketches HLL sketch
+
+In merge mode a row is a batch's partial aggregate of a (key, window) — of a (key, pane,
+tag) for a sliding window, of a (key, session) for session windows; in spark-state mode it
+is the new value. Written by Spark executors, read by shard servers.
 """
 
 from __future__ import annotations
@@ -15,17 +24,28 @@ from service.core.errors import DeltaMismatch
 from service.core.operator import OperatorSpec
 from service.core.storage import Storage
 
-__all__ = ["delta_schema", "read_delta", "write_delta"]
+__all__ = ["delta_fields", "delta_schema", "read_delta", "write_delta"]
 
-_ARROW_TYPES = {"long": pa.int64(), "double": pa.float64()}
+def delta_fields(spec: OperatorSpec) -> list[pa.Field]:
+    """The per-aggregate columns of a delta file (after ``key, start, end, tag``)."""
+    out: list[pa.Field] = []
+    for name, a in spec.states.items():
+        num = pa.int64() if a.type == "long" else pa.float64()
+        if a.kind == "count":
+            out.append(pa.field(name, pa.int64()))
+        elif a.kind == "avg":
+            out += [pa.field(f"{name}__sum", pa.float64()), pa.field(f"{name}__n", pa.int64())]
+        elif a.kind == "approx_count_distinct":
+            out.append(pa.field(name, pa.binary()))
+        else:  # sum, min, max, value: null where no input row had a value
+            out.append(pa.field(name, num))
+    return out
 
 
 def delta_schema(spec: OperatorSpec) -> pa.Schema:
-    return pa.schema(
-        [pa.field("key", pa.string(), nullable=False),
-         pa.field("start", pa.int64()), pa.field("end", pa.int64())]
-        + [pa.field(name, _ARROW_TYPES[kind]) for name, kind in spec.states.items()]
-    )
+    return pa.schema([pa.field("key", pa.string(), nullable=False),
+                      pa.field("start", pa.int64()), pa.field("end", pa.int64()),
+                      pa.field("tag", pa.int64()), *delta_fields(spec)])
 
 
 def write_delta(storage: Storage, pid: PartitionId, batch: int, table: pa.Table) -> None:

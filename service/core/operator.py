@@ -1,13 +1,19 @@
-"""What a queryable operator is: its address, partitions, window and states.
+"""What a queryable operator is: its address, partitions, window and aggregates.
 
 The job writes this spec to checkpoint storage when it starts; shards and routers read it,
 so none of them needs the driver to answer.
+
+Two modes (DESIGN §3.3). In **merge** mode (the default) the shard is the operator's state:
+each batch brings per-batch partial aggregates, and the shard combines them with what it
+holds (count/sum add, min/max, avg as sum and count, approx_count_distinct as a mergeable
+HyperLogLog sketch). In **spark-state** mode Spark's stateful aggregation keeps the state and
+each batch's updated rows replace the served values (``value`` aggregates).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import orjson
 
@@ -16,12 +22,36 @@ from service.core.address import check_name
 from service.core.config import DEFAULTS
 from service.core.errors import InvalidRequest
 from service.core.storage import Storage
+from service.core.windows import pane_ms
 
-__all__ = ["OperatorSpec", "StateType", "WindowKind", "WindowSpec", "list_specs", "load_spec",
-           "save_spec"]
+__all__ = ["MERGEABLE", "AggKind", "Aggregate", "Mode", "OperatorSpec", "StateType",
+           "WindowKind", "WindowSpec", "list_specs", "load_spec", "save_spec"]
 
 StateType = Literal["long", "double"]
 WindowKind = Literal["tumbling", "sliding", "session", "none"]
+AggKind = Literal["count", "sum", "min", "max", "avg", "approx_count_distinct", "value"]
+Mode = Literal["merge", "spark-state"]
+MERGEABLE: frozenset[str] = frozenset(
+    {"count", "sum", "min", "max", "avg", "approx_count_distinct"})
+_KINDS = (*sorted(MERGEABLE), "value")
+_TYPES = ("long", "double")
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """One named aggregate of an operator; ``type`` is the type of its answers."""
+
+    kind: AggKind
+    type: StateType
+    lg_k: int = 0  # approx_count_distinct: the sketch has 2**lg_k registers
+
+    def __post_init__(self) -> None:
+        if self.kind not in _KINDS:
+            raise InvalidRequest(f"aggregate kind {self.kind!r}: use one of {', '.join(_KINDS)}")
+        if self.type not in _TYPES:
+            raise InvalidRequest(f"aggregate type must be 'long' or 'double', not {self.type!r}")
+        if self.kind == "approx_count_distinct" and not 4 <= self.lg_k <= 21:
+            raise InvalidRequest("approx_count_distinct needs lg_k between 4 and 21")
 
 
 @dataclass(frozen=True)
@@ -31,30 +61,63 @@ class WindowSpec:
     slide_ms: int = 0
     gap_ms: int = 0
 
+    def __post_init__(self) -> None:
+        if self.kind == "tumbling" and self.size_ms <= 0:
+            raise InvalidRequest("a tumbling window needs size_ms > 0")
+        if self.kind == "sliding" and not 0 < self.slide_ms <= self.size_ms:
+            raise InvalidRequest("a sliding window needs 0 < slide_ms <= size_ms")
+        if self.kind == "session" and self.gap_ms <= 0:
+            raise InvalidRequest("a session window needs gap_ms > 0")
+        if self.kind not in ("tumbling", "sliding", "session", "none"):
+            raise InvalidRequest(f"window kind {self.kind!r}: use tumbling, sliding, session "
+                                 "or none")
+
+    @property
+    def slide(self) -> int:
+        """The distance between window starts (a tumbling window slides by its size)."""
+        return self.slide_ms if self.kind == "sliding" else self.size_ms
+
+    @property
+    def pane_ms(self) -> int:
+        """How finely a sliding window is stored (tumbling: the window itself)."""
+        return pane_ms(self.size_ms, self.slide) if self.kind == "sliding" else self.size_ms
+
 
 @dataclass(frozen=True)
 class OperatorSpec:
     job: str
     operator: str
     key: str
-    states: dict[str, StateType]
+    states: dict[str, Aggregate]  # also accepts {name: "long" | "double"}: spark-state values
     partitions: int = DEFAULTS.partitions
     window: WindowSpec = field(default_factory=WindowSpec)
     retention_ms: int = DEFAULTS.retention_ms
-    merge: Literal["upsert"] = "upsert"
 
     def __post_init__(self) -> None:
         check_name("job", self.job)
         check_name("operator", self.operator)
         if not self.states:
-            raise InvalidRequest("an operator needs at least one state column")
-        for name, kind in self.states.items():
+            raise InvalidRequest("an operator needs at least one aggregate")
+        states: dict[str, Aggregate] = {}
+        for name, agg in self.states.items():
             check_name("state", name)
-            if kind not in ("long", "double"):
-                raise InvalidRequest(
-                    f"state {name!r}: type must be 'long' or 'double', not {kind!r}")
+            states[name] = agg if isinstance(agg, Aggregate) else Aggregate("value", agg)
+        kinds = {a.kind == "value" for a in states.values()}
+        if len(kinds) > 1:
+            raise InvalidRequest(f"{self.job}/{self.operator}: merged aggregates and Spark-state "
+                                 "values cannot be mixed in one operator")
+        object.__setattr__(self, "states", states)
         if not 1 <= self.partitions <= 4096:
             raise InvalidRequest("partitions must be between 1 and 4096")
+
+    @property
+    def mode(self) -> Mode:
+        return "spark-state" if next(iter(self.states.values())).kind == "value" else "merge"
+
+    @property
+    def panes(self) -> bool:
+        """A merged sliding window is stored as panes; Spark-state rows are whole windows."""
+        return self.mode == "merge" and self.window.kind == "sliding"
 
     @property
     def windowed(self) -> bool:
@@ -64,13 +127,18 @@ class OperatorSpec:
     def state_names(self) -> list[str]:
         return list(self.states)
 
+    @property
+    def types(self) -> dict[str, StateType]:
+        return {name: a.type for name, a in self.states.items()}
+
     def to_json(self) -> bytes:
         return orjson.dumps(asdict(self))
 
     @classmethod
     def from_json(cls, data: bytes) -> OperatorSpec:
-        raw = orjson.loads(data)
+        raw: dict[str, Any] = orjson.loads(data)
         raw["window"] = WindowSpec(**raw.get("window", {}))
+        raw["states"] = {n: Aggregate(**a) for n, a in raw["states"].items()}
         return cls(**raw)
 
 
@@ -81,8 +149,12 @@ def save_spec(storage: Storage, spec: OperatorSpec) -> None:
         if old.partitions != spec.partitions:
             raise InvalidRequest(
                 f"{spec.job}/{spec.operator} has {old.partitions} partitions in storage; "
-                f"changing to {spec.partitions} needs a rescale step"
-            )
+                f"changing to {spec.partitions} needs a rescale step")
+        if (old.states, old.window) != (spec.states, spec.window):
+            raise InvalidRequest(
+                f"{spec.job}/{spec.operator} is stored with other aggregates or another window "
+                "than the job declares now; its state would not mean what the new declaration "
+                "says: serve the changed aggregation under a new operator name")
     storage.write_bytes(path, spec.to_json())
 
 

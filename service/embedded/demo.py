@@ -18,7 +18,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
-from service.embedded.broker import DevBroker, wait_for_port
+from service.embedded.kafka import KafkaBroker
+from service.embedded.ports import wait_for_port
 from service.embedded.procs import Child, RouterProcess, ShardProcess, qstate_command
 
 __all__ = ["TOPICS", "Demo", "DemoConfig", "Status"]
@@ -47,7 +48,7 @@ class Demo:
     def __init__(self, cfg: DemoConfig) -> None:
         self.cfg = cfg
         self.children: list[Child] = []
-        self.broker: DevBroker | None = None
+        self.broker: KafkaBroker | None = None
         self.stop_event = threading.Event()
 
     def _spawn(self, child: Child) -> Child:
@@ -59,7 +60,7 @@ class Demo:
         host, port = cfg.bootstrap.rsplit(":", 1)
         if cfg.embedded_broker:
             console.print(f"starting dev broker on {cfg.bootstrap} (data in {cfg.home/'broker'})")
-            self.broker = DevBroker(cfg.home / "broker", int(port), host,
+            self.broker = KafkaBroker(cfg.home / "broker", int(port), host,
                                     log_path=logs / "broker.log").start()
         else:
             wait_for_port(host, int(port), 10)

@@ -8,7 +8,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from service.embedded.broker import free_port, wait_for_port
+from service.embedded.ports import free_port, wait_for_port
 
 __all__ = ["Child", "RouterProcess", "ShardProcess", "qstate_command"]
 

@@ -96,7 +96,7 @@ class QueryableStateService(pb_grpc.QueryableStateServicer):
             sp = s.spec
             out.operators.add(
                 name=sp.operator, key=sp.key,
-                states=[pb.StateInfo(name=n, type=t) for n, t in sp.states.items()],
+                states=[pb.StateInfo(name=n, type=t) for n, t in sp.types.items()],
                 window=pb.WindowSpec(kind=sp.window.kind, size_ms=sp.window.size_ms,
                                      slide_ms=sp.window.slide_ms, gap_ms=sp.window.gap_ms),
                 partitions=sp.partitions, retention_ms=sp.retention_ms,

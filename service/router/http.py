@@ -95,7 +95,7 @@ def _operator(s: OperatorStatus) -> OperatorInfo:
     sp = s.spec
     return OperatorInfo(
         name=sp.operator, key=sp.key,
-        states=[StateInfo(name=n, type=t) for n, t in sp.states.items()],
+        states=[StateInfo(name=n, type=t) for n, t in sp.types.items()],
         window=WindowInfo(kind=sp.window.kind, size_ms=sp.window.size_ms,
                           slide_ms=sp.window.slide_ms, gap_ms=sp.window.gap_ms),
         partitions=sp.partitions, partitions_available=s.partitions_available,

@@ -24,9 +24,11 @@ from rocksdict import AccessType, Options, Rdict
 from service.core.address import PartitionId
 from service.core.assignment import ServerInfo
 from service.core.config import DEFAULTS
+from service.core.operator import OperatorSpec
 from service.core.shard_files import Marker, partition_dir, read_marker
+from service.shard.codec import Codec
 from service.shard.layout import META
-from service.shard.store import Meta, WindowValue, read_windows
+from service.shard.reader import Meta, WindowValue, read_windows
 
 __all__ = ["LocalReader"]
 
@@ -62,6 +64,7 @@ class LocalReader:
         self.servers: dict[str, ServerInfo] = {}  # address -> co-located server
         self.ready: dict[str, set[PartitionId]] = {}
         self._dbs: dict[Key, _Secondary] = {}
+        self._codecs: dict[tuple[str, str], Codec] = {}
 
     def set_servers(self, infos: list[ServerInfo]) -> None:
         local = {i.address: i for i in infos
@@ -98,8 +101,15 @@ class LocalReader:
         self._dbs[k] = sec
         return sec
 
-    def read(self, address: str, pid: PartitionId, key: str, rng: tuple[int, int] | None,
-             limit: int = DEFAULTS.max_windows) -> tuple[Meta, list[WindowValue]] | None:
+    def _codec(self, spec: OperatorSpec) -> Codec:
+        codec = self._codecs.get((spec.job, spec.operator))
+        if codec is None or codec.spec != spec:
+            codec = self._codecs[(spec.job, spec.operator)] = Codec(spec)
+        return codec
+
+    def read(self, address: str, spec: OperatorSpec, pid: PartitionId, key: str,
+             rng: tuple[int, int] | None, limit: int = DEFAULTS.max_windows
+             ) -> tuple[Meta, list[WindowValue]] | None:
         """The answer from the owner's files, or None: ask the owner over gRPC."""
         info = self.servers.get(address)
         if info is None or pid not in self.ready.get(address, ()):
@@ -120,7 +130,7 @@ class LocalReader:
                     # seen after a flush+checkpoint on a restored primary: the WAL tail
                     # was not followed; a fresh secondary sees everything
                     sec = self._open(k, path, marker)
-            result = read_windows(sec.db, key, rng, limit)
+            result = read_windows(sec.db, self._codec(spec), key, rng, limit)
         except Exception as exc:  # files moving under us (restore, drop): use gRPC
             log.debug("local read of %s failed: %s", k, exc)
             self._close(k)

@@ -60,7 +60,7 @@ class PartitionReads:
         if self.local is None:
             return None
         address = self.routing.owner_now(pid)
-        res = address and self.local.read(address, pid, key, rng)
+        res = address and self.local.read(address, spec, pid, key, rng)
         if not res:
             return None
         LOCAL_READS.inc()

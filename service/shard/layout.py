@@ -1,8 +1,9 @@
 """Byte layout of one partition's RocksDB.
 
-``d | len(key):u16 | key | start:u64``  -> orjson ``[end, state values...]``
-``e | end:u64 | len(key):u16 | key | start:u64`` -> b""   (time index, for retention)
-``m``                                    -> orjson meta (last_batch, watermark, epoch)
+``d | len(key):u16 | key | start:u64``            -> value (``service.shard.codec``)
+``d | len(key):u16 | key | pane:u64 | tag:u64``   -> value of a (sub-)pane of a sliding window
+``e | end:u64 | <data key without d>``            -> b""   (time index, for retention)
+``m``                                             -> orjson meta (last_batch, watermark, epoch)
 
 Times are epoch ms shifted by 2**63 so big-endian bytes sort like signed integers. The
 length prefix makes every key's entries one contiguous range, so "windows of K between
@@ -14,7 +15,7 @@ from __future__ import annotations
 import struct
 
 __all__ = ["DATA", "INDEX", "META", "NO_WINDOW", "data_key", "data_key_of_index", "dec_time",
-           "enc_time", "index_key", "key_prefix", "start_of"]
+           "enc_time", "index_key", "key_prefix", "pane_of", "start_of", "tag_of"]
 
 DATA = b"d"
 INDEX = b"e"
@@ -31,7 +32,7 @@ def enc_time(ms: int) -> bytes:
 
 
 def dec_time(b: bytes) -> int:
-    return _U64.unpack(b)[0] - _SHIFT
+    return int(_U64.unpack(b)[0]) - _SHIFT
 
 
 def key_prefix(key: str) -> bytes:
@@ -39,8 +40,10 @@ def key_prefix(key: str) -> bytes:
     return DATA + _U16.pack(len(k)) + k
 
 
-def data_key(key: str, start: int) -> bytes:
-    return key_prefix(key) + enc_time(start)
+def data_key(key: str, start: int, tag: int | None = None) -> bytes:
+    """A window's (or a pane's, with its tag) data key."""
+    dk = key_prefix(key) + enc_time(start)
+    return dk if tag is None else dk + enc_time(tag)
 
 
 def index_key(end: int, data: bytes) -> bytes:
@@ -53,4 +56,15 @@ def data_key_of_index(index: bytes) -> bytes:
 
 
 def start_of(data: bytes) -> int:
+    """The start of a window's data key."""
+    return dec_time(data[-8:])
+
+
+def pane_of(data: bytes) -> int:
+    """The pane start of a pane's data key."""
+    return dec_time(data[-16:-8])
+
+
+def tag_of(data: bytes) -> int:
+    """The tag of a pane's data key (``service.core.windows.pane_tag``)."""
     return dec_time(data[-8:])

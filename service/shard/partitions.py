@@ -107,7 +107,7 @@ class Partitions:
 
     def _acquire(self, pid: PartitionId) -> None:
         spec = self.spec(pid.job, pid.operator)
-        held = Held(PartitionStore(partition_dir(self.server_dir, pid), spec.state_names))
+        held = Held(PartitionStore(partition_dir(self.server_dir, pid), spec))
         self._held[pid] = held
         self._bg.submit(self.recovery.bring_up, pid, held, lambda: self._held.get(pid) is held)
 

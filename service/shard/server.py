@@ -7,6 +7,7 @@ Every field is validated here; a qstate error leaves as its own gRPC code
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import grpc
@@ -19,9 +20,11 @@ from service.core.errors import InvalidRequest, QStateError, UnknownOperator, gr
 from service.core.operator import OperatorSpec
 from service.shard import metrics
 from service.shard.partitions import PartitionCommit, Partitions
-from service.shard.store import WindowValue
+from service.shard.reader import WindowValue
 
 __all__ = ["ShardService"]
+
+log = logging.getLogger(__name__)
 
 MAX_KEYS = 10_000
 
@@ -105,7 +108,7 @@ class ShardService(pb_grpc.ShardServicer):
         except QStateError as exc:
             await _abort(context, exc)
         idx = spec.state_names.index(request.state)
-        is_long = spec.states[request.state] == "long"
+        is_long = spec.types[request.state] == "long"
         rng = (request.from_ms, request.to_ms) if request.range else None
         limit = min(request.limit or self.max_windows, self.max_windows)
         reply = pb.LookupReply()
@@ -121,7 +124,12 @@ class ShardService(pb_grpc.ShardServicer):
                 continue
             try:
                 meta, windows = held.store.read(kq.key, rng, limit)
-            except Exception:  # closed under us: the partition just moved away
+            except Exception as exc:  # closed under us: the partition just moved away
+                if self.partitions.lookup(held_pid := PartitionId(
+                        request.job, request.operator, kq.partition)) is held:
+                    log.exception("reading %s of %s failed", kq.key[:80], held_pid)
+                    raise
+                log.info("%s moved away during a read: %s", held_pid, exc)
                 r.status = pb.NOT_OWNED
                 continue
             r.batch, r.watermark_ms = meta.last_batch, meta.watermark_ms

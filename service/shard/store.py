@@ -1,4 +1,11 @@
-"""One partition of one operator: a RocksDB instance with exactly-once batch application."""
+"""One partition of one operator: a RocksDB instance with exactly-once batch application.
+
+A batch is applied in one WriteBatch that also records ``last_batch``, the watermark and the
+epoch (synced, DESIGN §4), so a reader sees all of a batch or none and a re-run batch is
+skipped. How a delta meets what is stored depends on the operator (``service.shard.codec``):
+merged aggregates combine with the stored value of the same (key, window) — or (key, pane,
+tag) for a sliding window — and session windows merge per key (``_merge_sessions``).
+"""
 
 from __future__ import annotations
 
@@ -8,30 +15,26 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import orjson
 import pyarrow as pa
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
 from service.core import shard_files
 from service.core.errors import StaleEpoch
+from service.core.operator import OperatorSpec
 from service.shard import layout
+from service.shard.codec import Codec
 from service.shard.layout import INDEX, META, NO_WINDOW
+from service.shard.reader import Meta, WindowValue, read_windows
 
-__all__ = ["Meta", "PartitionStore", "WindowValue", "read_windows"]
+__all__ = ["ApplyStats", "PartitionStore"]
 
 
 @dataclass
-class Meta:
-    last_batch: int = -1
-    watermark_ms: int = 0
-    epoch: int = 0
-
-
-@dataclass(frozen=True)
-class WindowValue:
-    start: int | None  # None for non-windowed state
-    end: int | None
-    values: list[int | float | None]
+class ApplyStats:
+    rows: int = 0  # delta rows applied
+    writes: int = 0  # RocksDB puts and deletes of data, not counting the index and meta
 
 
 def _options() -> Options:
@@ -46,16 +49,19 @@ def _options() -> Options:
 
 
 class PartitionStore:
-    def __init__(self, path: Path, state_names: list[str]) -> None:
+    def __init__(self, path: Path, spec: OperatorSpec) -> None:
         path.mkdir(parents=True, exist_ok=True)
         self.token = uuid.uuid4().hex[:12]
         self.path = path
-        self.state_names = state_names
+        self.spec = spec
+        self.codec = Codec(spec)
+        self.panes = spec.panes
         self.db = Rdict(str(path), _options())
         self._sync = WriteOptions()
         self._sync.sync = True  # WAL synced at each commit (DESIGN §4)
         self.lock = threading.RLock()  # one writer at a time; readers use snapshots
         self.meta = self._load_meta()
+        self.last_apply = ApplyStats()
         self._mark()
 
     def _mark(self) -> None:
@@ -90,36 +96,135 @@ class PartitionStore:
             if batch <= self.meta.last_batch:
                 return False
             wb = WriteBatch(raw_mode=True)
+            late = self.meta.watermark_ms  # batch N's late-data watermark is batch N-1's
             watermark_ms = max(watermark_ms, self.meta.watermark_ms)
+            stats = ApplyStats()
             if retention_ms is not None:
-                self._expire(wb, watermark_ms - retention_ms)
+                stats.writes += self._expire(wb, watermark_ms - retention_ms)
             if delta is not None and delta.num_rows:
-                self._upsert(wb, delta)
+                stats.rows = delta.num_rows
+                if self.spec.window.kind == "session":
+                    stats.writes += self._merge_sessions(wb, delta, late)
+                else:
+                    stats.writes += self._merge_rows(wb, delta)
             meta = Meta(batch, watermark_ms, max(epoch, self.meta.epoch))
             wb.put(META, orjson.dumps(meta.__dict__))
             self.db.write(wb, self._sync)
             self.meta = meta
+            self.last_apply = stats
             self._mark()
             return True
 
-    def _upsert(self, wb: WriteBatch, delta: pa.Table) -> None:
+    def _data_keys(self, delta: pa.Table) -> list[bytes]:
         keys = delta.column("key").to_pylist()
-        starts = delta.column("start").to_pylist()
-        ends = delta.column("end").to_pylist()
-        cols = [delta.column(n).to_pylist() for n in self.state_names]
-        rows = []
-        for i, key in enumerate(keys):
-            start = starts[i]
-            dk = layout.data_key(key, NO_WINDOW if start is None else start)
-            rows.append((dk, ends[i], [c[i] for c in cols]))
-        rows.sort(key=lambda r: r[0])  # sorted WriteBatches are several times faster
-        for dk, end, vals in rows:
-            wb.put(dk, orjson.dumps([end, *vals]))
-            if end is not None:
-                wb.put(layout.index_key(end, dk), b"")
+        starts = delta.column("start").fill_null(NO_WINDOW).to_pylist()
+        if self.panes:
+            tags = delta.column("tag").to_pylist()
+            return [layout.data_key(k, s, t) for k, s, t in zip(keys, starts, tags, strict=True)]
+        return [layout.data_key(k, s) for k, s in zip(keys, starts, strict=True)]
+
+    def _merge_rows(self, wb: WriteBatch, delta: pa.Table) -> int:
+        """Each row meets the stored value of its exact data key: one multi-get of the
+        batch's keys, one vectorized combine, one sorted pass of puts."""
+        dks = self._data_keys(delta)
+        order = sorted(range(len(dks)), key=dks.__getitem__)
+        dks = [dks[i] for i in order]
+        delta = delta.take(pa.array(order, pa.int64()))
+        stored: list[bytes | None] = self.db.get(dks)  # type: ignore[arg-type,assignment]
+        old, present, old_blobs = self.codec.decode(stored)
+        new, new_blobs = self.codec.from_delta(delta)
+        merged, blobs = self.codec.combine(old, present, old_blobs, new, new_blobs)
+        values = self.codec.encode(merged, blobs)
+        ends = merged["end"]
+        windowed = self.spec.windowed
+        index_ends = self._index_ends(delta, ends) if windowed else None
+        for i, dk in enumerate(dks):
+            wb.put(dk, values[i])
+            if index_ends is not None and not present[i]:
+                wb.put(layout.index_key(int(index_ends[i]), dk), b"")
+        return len(dks)
+
+    def _index_ends(self, delta: pa.Table, ends: np.ndarray) -> np.ndarray:
+        """When a stored record stops mattering: its window's end, or for a pane the end of
+        the newest window that covers it."""
+        if not self.panes:
+            return ends
+        w = self.spec.window
+        panes = delta.column("start").to_numpy()
+        return panes - panes % w.slide + w.size_ms
+
+    def _merge_sessions(self, wb: WriteBatch, delta: pa.Table, late_ms: int) -> int:
+        """A key's new sessions merge with its open stored ones (end after the late-data
+        watermark, as Spark's state holds them) wherever they touch (start <= end); a session
+        that bridges two merges all three. Replaced sessions are deleted in the same batch."""
+        delta = delta.sort_by([("key", "ascending"), ("start", "ascending")])
+        keys = delta.column("key").to_pylist()
+        new, new_blobs = self.codec.from_delta(delta)
+        starts = delta.column("start").to_numpy()
+        writes = 0
+        i = 0
+        while i < len(keys):
+            j = i
+            while j < len(keys) and keys[j] == keys[i]:
+                j += 1
+            writes += self._merge_key_sessions(
+                wb, keys[i], late_ms, starts[i:j], new[i:j], [b[i:j] for b in new_blobs])
+            i = j
+        return writes
+
+    def _merge_key_sessions(self, wb: WriteBatch, key: str, late_ms: int, starts: np.ndarray,
+                            new: np.ndarray, new_blobs: list[list[bytes | None]]) -> int:
+        codec = self.codec
+        prefix = layout.key_prefix(key)
+        stored_keys, stored_values = [], []
+        it: Iterator[tuple[bytes, bytes]] = self.db.items(from_key=prefix)  # type: ignore[assignment]
+        for k, v in it:
+            if not k.startswith(prefix):
+                break
+            stored_keys.append(k)
+            stored_values.append(v)
+        old, _, old_blobs = codec.decode(stored_values)
+        open_ = [n for n in range(len(stored_keys)) if old["end"][n] > late_ms]
+        cands = [(layout.start_of(stored_keys[n]), "old", n) for n in open_]
+        cands += [(int(starts[n]), "new", n) for n in range(len(new))]
+        cands.sort()
+        writes = 0
+        cur: list[tuple[str, int]] = []
+        cur_start, cur_end = 0, 0
+
+        def flush() -> int:
+            olds = [n for kind, n in cur if kind == "old"]
+            if len(cur) == 1 and olds:
+                return 0  # an untouched stored session
+            recs = np.concatenate([(old if kind == "old" else new)[n:n + 1] for kind, n in cur])
+            blobs = [[(ob if kind == "old" else nb)[n] for kind, n in cur]
+                     for ob, nb in zip(old_blobs, new_blobs, strict=True)]
+            merged, merged_blobs = codec.fold(recs, blobs)
+            merged["end"] = cur_end
+            for n in olds:
+                wb.delete(stored_keys[n])
+                wb.delete(layout.index_key(int(old["end"][n]), stored_keys[n]))
+            dk = layout.data_key(key, cur_start)
+            [value] = codec.encode(np.array([merged], codec.dtype), [[b] for b in merged_blobs])
+            wb.put(dk, value)
+            wb.put(layout.index_key(cur_end, dk), b"")
+            return len(olds) + 1
+
+        for start, kind, n in cands:
+            end = int((old if kind == "old" else new)["end"][n])
+            if cur and start <= cur_end:
+                cur.append((kind, n))
+                cur_end = max(cur_end, end)
+                continue
+            if cur:
+                writes += flush()
+            cur, cur_start, cur_end = [(kind, n)], start, end
+        if cur:
+            writes += flush()
+        return writes
 
     def _expire(self, wb: WriteBatch, cutoff_ms: int) -> int:
-        """Delete windows that ended at or before ``cutoff_ms``: one range of the index."""
+        """Delete what ended at or before ``cutoff_ms``: one range of the index."""
         hi = INDEX + layout.enc_time(cutoff_ms + 1)
         n = 0
         keys: Iterator[bytes] = self.db.keys(from_key=INDEX)  # type: ignore[assignment]  # raw mode
@@ -135,38 +240,4 @@ class PartitionStore:
     # ---- read path --------------------------------------------------------------
     def read(self, key: str, range_ms: tuple[int, int] | None = None,
              limit: int = 1000) -> tuple[Meta, list[WindowValue]]:
-        return read_windows(self.db, key, range_ms, limit)
-
-
-def _decode(k: bytes, v: bytes) -> WindowValue:
-    end, *vals = orjson.loads(v)
-    start = layout.start_of(k)
-    return WindowValue(None if start == NO_WINDOW else start, end, vals)
-
-
-def read_windows(db: Rdict, key: str, range_ms: tuple[int, int] | None = None,
-                 limit: int = 1000) -> tuple[Meta, list[WindowValue]]:
-    """The key's latest window, or its windows starting in ``[from, to)`` oldest first, with
-    the meta of the batch they belong to. One snapshot: read-committed. Works on a primary
-    and on a secondary instance alike."""
-    snap = db.snapshot()
-    it = snap.iter()
-    it.seek(META)
-    meta = Meta(**orjson.loads(it.value())) if it.valid() and it.key() == META else Meta()
-    prefix = layout.key_prefix(key)
-    out: list[WindowValue] = []
-    if range_ms is None:
-        it.seek_for_prev(prefix + b"\xff" * 8)
-        if it.valid() and it.key().startswith(prefix):
-            out.append(_decode(it.key(), it.value()))
-        return meta, out
-    lo, hi = range_ms
-    it.seek(prefix + layout.enc_time(lo))
-    stop = prefix + layout.enc_time(hi)
-    while it.valid() and len(out) < limit:
-        k = it.key()
-        if k >= stop or not k.startswith(prefix):
-            break
-        out.append(_decode(k, it.value()))
-        it.next()
-    return meta, out
+        return read_windows(self.db, self.codec, key, range_ms, limit)

@@ -17,8 +17,8 @@ from confluent_kafka import Consumer, TopicPartition
 
 from loadtest.truth import load_events, window_counts
 from service.core.address import partition_of
-from service.embedded.broker import DevBroker
 from service.embedded.generate import produce
+from service.embedded.kafka import KafkaBroker
 from service.embedded.procs import Child, RouterProcess, ShardProcess, qstate_command
 from tests.helpers import http_windows
 
@@ -78,7 +78,7 @@ class Generator(threading.Thread):
 @dataclass
 class Deployment:
     root: Path
-    broker: DevBroker
+    broker: KafkaBroker
     shards: list[ShardProcess] = field(default_factory=list)
     router: RouterProcess | None = None
     job: Child | None = None

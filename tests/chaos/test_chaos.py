@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.embedded.broker import DevBroker
+from service.embedded.kafka import KafkaBroker
 from service.embedded.procs import RouterProcess
 from tests.chaos.harness import BOUNDARY, Deployment, Generator, compare
 
@@ -27,7 +27,7 @@ RESULTS: list[tuple[str, dict, float]] = []
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     root: Path = tmp_path_factory.mktemp("chaos")
-    broker = DevBroker(root / "broker").start()
+    broker = KafkaBroker(root / "broker").start()
     d = Deployment(root, broker)
     gen = Generator(broker.bootstrap, root / "events.jsonl")
     try:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from service.embedded.broker import free_port
+from service.embedded.ports import free_port
 from tests.shop import BATCHES, KEYS, Shop, views, window
 
 ROOT = Path(__file__).resolve().parents[2]

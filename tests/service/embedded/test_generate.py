@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 
 from jobs.examples.workloads import AD_FIELDS, TWEET_FIELDS, Tweets, events_over_span, load_mapping
 from service.embedded import generate as gen
-from service.embedded.broker import free_port
 from service.embedded.generate import DeliveryError, app, produce
+from service.embedded.ports import free_port
 
 T0 = 1_700_000_000_000
 PARTITIONS = 4

@@ -1,0 +1,127 @@
+"""Aggregates qstate merges, declared the way ``pyspark.sql.functions`` reads:
+
+    from jobs import aggregates as A
+    A.count().alias("views")
+    A.count(when=F.col("event") == "url-click").alias("clicks")
+    A.sum("price").alias("revenue"), A.avg("latency_ms"), A.max("t")
+    A.approx_count_distinct("user_id").alias("users")     # HyperLogLog, mergeable
+
+Each is computed per batch as a partial aggregate by a plain Spark ``groupBy`` and combined
+with the stored value on the shard (``service.shard.codec``): count and sum add, min and max
+keep the extreme, avg adds its sum and count, approx_count_distinct unions Apache
+DataSketches HLL sketches (Spark's ``hll_sketch_agg``). ``when`` counts or aggregates only
+the rows where the condition holds, in the same pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from service.core.errors import InvalidRequest
+from service.core.operator import Aggregate, StateType
+
+__all__ = ["Agg", "approx_count_distinct", "avg", "count", "max", "min", "sum"]
+
+Kind = Literal["count", "sum", "min", "max", "avg", "approx_count_distinct"]
+ColumnLike = str | Column
+
+
+@dataclass(frozen=True)
+class Agg:
+    kind: Kind
+    column: ColumnLike | None  # None: count rows
+    when: Column | None = None
+    name: str | None = None
+    lg_k: int = 12
+
+    def alias(self, name: str) -> Agg:
+        return replace(self, name=name)
+
+    @property
+    def label(self) -> str:
+        if self.name is None:
+            raise InvalidRequest(f"an aggregate {self.kind}({self._described()}) needs a name: "
+                                 "add .alias(\"...\")")
+        return self.name
+
+    def _described(self) -> str:
+        return "*" if self.column is None else str(self.column)
+
+    def _input(self) -> Column:
+        col = F.lit(1) if self.column is None else (
+            F.col(self.column) if isinstance(self.column, str) else self.column)
+        return F.when(self.when, col) if self.when is not None else col
+
+    def aggregate(self, events: DataFrame) -> Aggregate:
+        """The stored aggregate, its answer type decided by the input column's type."""
+        if self.kind in ("count", "approx_count_distinct"):
+            return Aggregate(self.kind, "long", self.lg_k if self.kind != "count" else 0)
+        if self.kind == "avg":
+            return Aggregate("avg", "double")
+        dtype = events.select(self._input().alias("_x")).schema["_x"].dataType
+        return Aggregate(self.kind, _numeric(dtype, self))
+
+    def partials(self) -> list[Column]:
+        """This aggregate's per-batch partial columns (named as ``codec.delta_fields``)."""
+        x, name = self._input(), self.label
+        if self.kind == "count":
+            return [F.count(x).alias(name)]
+        if self.kind == "avg":
+            return [F.sum(x.cast("double")).alias(f"{name}__sum"),
+                    F.count(x).alias(f"{name}__n")]
+        if self.kind == "approx_count_distinct":
+            return [F.hll_sketch_agg(x, self.lg_k).alias(name)]
+        fn = {"sum": F.sum, "min": F.min, "max": F.max}[self.kind]
+        return [fn(x).alias(name)]
+
+    def cast(self, agg: Aggregate) -> list[Column]:
+        """The partial columns cast to the types the delta file declares."""
+        name = self.label
+        if self.kind == "avg":
+            return [F.col(f"{name}__sum").cast("double").alias(f"{name}__sum"),
+                    F.col(f"{name}__n").cast("long").alias(f"{name}__n")]
+        if self.kind == "approx_count_distinct":
+            return [F.col(name)]
+        return [F.col(name).cast(agg.type).alias(name)]
+
+
+def _numeric(dtype: T.DataType, agg: Agg) -> StateType:
+    if isinstance(dtype, T.LongType | T.IntegerType | T.ShortType | T.ByteType):
+        return "long"
+    if isinstance(dtype, T.DoubleType | T.FloatType | T.DecimalType):
+        return "double"
+    raise InvalidRequest(f"{agg.kind}({agg._described()}) of a {dtype.simpleString()} column: "
+                         "only integral (exact) and floating values can be aggregated")
+
+
+def count(column: ColumnLike | None = None, *, when: Column | None = None) -> Agg:
+    """Rows (or rows where ``column`` is not null), optionally only where ``when`` holds."""
+    return Agg("count", None if column == "*" else column, when)
+
+
+def sum(column: ColumnLike, *, when: Column | None = None) -> Agg:
+    return Agg("sum", column, when)
+
+
+def min(column: ColumnLike, *, when: Column | None = None) -> Agg:
+    return Agg("min", column, when)
+
+
+def max(column: ColumnLike, *, when: Column | None = None) -> Agg:
+    return Agg("max", column, when)
+
+
+def avg(column: ColumnLike, *, when: Column | None = None) -> Agg:
+    return Agg("avg", column, when)
+
+
+def approx_count_distinct(column: ColumnLike, lg_k: int = 12, *,
+                          when: Column | None = None) -> Agg:
+    """Distinct values, estimated by a HyperLogLog sketch of 2**lg_k registers (lg_k 12:
+    about 1.6% relative error), mergeable across batches and partitions."""
+    return Agg("approx_count_distinct", column, when, lg_k=lg_k)

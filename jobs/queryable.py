@@ -1,0 +1,178 @@
+"""A queryable job in merge mode: one streaming query, every operator served (DESIGN §3.3).
+
+    events = parse_json(read_kafka(spark, bootstrap, "tweet-events"), FIELDS, ...)
+    job = QueryableJob("tweets", events, event_time="time", watermark="10 seconds")
+    job.operator("per_tweet_1h").groupBy(window("1 hour"), "tweet_id").agg(
+        A.count(when=F.col("event") == "impression").alias("impressions"),
+        A.count(when=F.col("event") == "url-click").alias("clicks"))
+    job.operator("per_tweet_1m").where(F.col("event") == "impression") \\
+        .groupBy(window("1 minute", "10 seconds"), "tweet_id").agg(A.count().alias("impressions"))
+
+The job is read and parsed once per batch (the batch is persisted), and each operator's
+per-batch partial aggregates are computed with a plain, stateless ``groupBy``: no Spark state
+store, the shard is the state. The watermark is Spark's own (``withWatermark`` on the
+stream): batch N drops, per window, rows whose window ended at or before batch N-1's
+watermark, exactly as Spark's stateful aggregation does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from jobs.aggregates import Agg
+from jobs.windows import END, KEY, START, TAG, Window, assign, duration_ms, session_bounds
+from service.core.errors import InvalidRequest
+from service.core.operator import MERGEABLE, Aggregate, OperatorSpec, WindowSpec
+
+__all__ = ["EVENT_TS", "MergeOperator", "QueryableJob", "SparkStateOperator", "dlq_topic"]
+
+# The event-time column qstate adds to the stream for Spark's watermark.
+EVENT_TS = "_qs_event_ts"
+
+
+def dlq_topic(topic: str) -> str:
+    """Where the bad records of ``topic`` go."""
+    return f"{topic}.dlq"
+
+
+@dataclass(frozen=True)
+class SparkStateOperator:
+    """An aggregation Spark keeps the state of (``jobs.sink.serve``): its own query."""
+
+    name: str
+    frame: DataFrame  # a streaming aggregation in update mode
+    key: str
+    states: list[str]
+    window: WindowSpec
+
+
+@dataclass
+class MergeOperator:
+    name: str
+    key: str
+    window: WindowSpec
+    aggs: list[Agg]
+    where: Column | None = None
+    specs: dict[str, Aggregate] = field(default_factory=dict)  # set by QueryableJob.resolve
+
+    def spec(self, job: str, partitions: int, retention_ms: int) -> OperatorSpec:
+        return OperatorSpec(job, self.name, self.key, dict(self.specs), partitions,
+                            self.window, retention_ms)
+
+    def partials(self, batch: DataFrame, event_ms: Column, late_ms: int) -> DataFrame:
+        """The batch's partial aggregates: ``key, start, end, tag`` and one column per
+        partial (as ``service.shard.codec.delta_fields`` names them)."""
+        rows = batch.where(self.where) if self.where is not None else batch
+        rows = assign(rows, self.window, event_ms, F.col(self.key), late_ms)
+        rows = rows.where(F.col(KEY).isNotNull())
+        parts = [c for a in self.aggs for c in a.partials()]
+        if self.window.kind == "session":
+            grouped = rows.groupBy(F.col(KEY), session_bounds(self.window).alias("_qs_s")) \
+                .agg(*parts)
+            grouped = (grouped.withColumn(START, F.unix_millis(F.col("_qs_s.start")))
+                       .withColumn(END, F.unix_millis(F.col("_qs_s.end")))
+                       .withColumn(TAG, F.lit(None).cast("long")))
+        else:
+            grouped = rows.groupBy(KEY, START, END, TAG).agg(*parts)
+        casts = [c for a in self.aggs for c in a.cast(self.specs[a.label])]
+        return grouped.select(F.col(KEY).alias("key"), F.col(START).alias("start"),
+                              F.col(END).alias("end"), F.col(TAG).alias("tag"), *casts)
+
+
+class _Grouped:
+    def __init__(self, job: QueryableJob, name: str, where: Column | None, window: WindowSpec,
+                 key: str) -> None:
+        self._job, self._name, self._where, self._window, self._key = (job, name, where,
+                                                                        window, key)
+
+    def agg(self, *aggs: Agg) -> MergeOperator:
+        for a in aggs:
+            if not isinstance(a, Agg):
+                raise InvalidRequest(
+                    f"operator {self._name!r}: {a!r} is not an aggregate qstate can merge "
+                    f"({', '.join(sorted(MERGEABLE))}, from jobs.aggregates); aggregate it "
+                    "with Spark's own groupBy and serve it with jobs.sink.serve (spark-state "
+                    "mode)")
+        op = MergeOperator(self._name, self._key, self._window, list(aggs), self._where)
+        self._job.add(op)
+        return op
+
+
+class _Builder:
+    def __init__(self, job: QueryableJob, name: str) -> None:
+        self._job, self._name = job, name
+        self._where: Column | None = None
+
+    def where(self, condition: Column) -> _Builder:
+        self._where = condition if self._where is None else (self._where & condition)
+        return self
+
+    filter = where
+
+    def groupBy(self, *by: Window | str) -> _Grouped:
+        windows = [b for b in by if isinstance(b, Window)]
+        keys = [b for b in by if isinstance(b, str)]
+        if len(windows) > 1 or len(keys) != 1 or len(by) != len(windows) + len(keys):
+            raise InvalidRequest(f"operator {self._name!r}: groupBy takes one key column "
+                                 "(a name) and at most one window(...) or session_window(...)")
+        w = windows[0].spec if windows else WindowSpec()
+        return _Grouped(self._job, self._name, self._where, w, keys[0])
+
+
+class QueryableJob:
+    """The operators of one job, computed from one stream of parsed events."""
+
+    def __init__(self, name: str, events: DataFrame, *, event_time: str,
+                 watermark: str | int, topic: str) -> None:
+        self.name = name
+        self.topic = topic
+        self.event_time = event_time
+        self.watermark_ms = duration_ms(watermark)
+        self.events = events
+        self.operators: list[MergeOperator] = []
+        self.spark_state: list[SparkStateOperator] = []
+
+    def operator(self, name: str) -> _Builder:
+        if any(op.name == name for op in self.operators):
+            raise InvalidRequest(f"job {self.name!r} already has an operator {name!r}")
+        return _Builder(self, name)
+
+    def serve_spark_state(self, op: SparkStateOperator) -> None:
+        """Serve an aggregation Spark keeps the state of, in its own streaming query."""
+        if op.name in {o.name for o in self.operators} | {o.name for o in self.spark_state}:
+            raise InvalidRequest(f"job {self.name!r} already has an operator {op.name!r}")
+        self.spark_state.append(op)
+
+    def add(self, op: MergeOperator) -> None:
+        names = [a.label for a in op.aggs]
+        if len(set(names)) != len(names) or not names:
+            raise InvalidRequest(f"operator {op.name!r}: give each aggregate its own name")
+        for a in op.aggs:
+            op.specs[a.label] = a.aggregate(self.events)
+        if op.key not in self.events.columns:
+            raise InvalidRequest(f"operator {op.name!r}: key column {op.key!r} is not one of "
+                                 f"{self.events.columns}")
+        self.operators.append(op)
+
+    def event_ms(self) -> Column:
+        """The event time as epoch milliseconds, whatever its declared type."""
+        dtype = self.events.schema[self.event_time].dataType
+        col = F.col(self.event_time)
+        if isinstance(dtype, T.TimestampType | T.TimestampNTZType):
+            return F.unix_millis(col)
+        if isinstance(dtype, T.LongType | T.IntegerType):
+            return col.cast("long")
+        raise InvalidRequest(f"event time {self.event_time!r} is {dtype.simpleString()}: use "
+                             "epoch milliseconds (long) or a timestamp")
+
+    def watermarked(self) -> DataFrame:
+        """The stream with Spark's watermark on the event time: Spark tracks the maximum
+        event time and records each batch's watermark in its offset log."""
+        ts = F.timestamp_millis(self.event_ms())
+        return self.events.withColumn(EVENT_TS, ts).withWatermark(
+            EVENT_TS, f"{self.watermark_ms} milliseconds")
+

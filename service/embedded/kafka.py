@@ -1,0 +1,211 @@
+"""The embedded broker: a single-node Apache Kafka in KRaft mode (one process, broker and
+controller), started from the jars `make setup` fetched (``deploy/maven/kafka-broker.pom.xml``).
+
+It is what `qstate run`, the tests (one per session) and the benchmarks talk to; a real
+cluster is used instead by pointing ``QSTATE_KAFKA_BOOTSTRAP`` at it. The data directory
+is formatted once and keeps its ports, so a restarted broker (``stop``/``kill`` then
+``start``) comes back with its topics and offsets, as a Kafka node does.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import signal
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+
+from service.core.config import DEFAULTS
+from service.core.errors import BrokerError
+from service.embedded.ports import free_port, java
+
+__all__ = ["KafkaBroker", "broker_classpath"]
+
+log = logging.getLogger(__name__)
+
+_LOG4J = """\
+status = warn
+appender.out.type = Console
+appender.out.name = out
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = warn
+rootLogger.appenderRef.out.ref = out
+logger.server.name = kafka.server.KafkaRaftServer
+logger.server.level = info
+"""
+
+
+def broker_classpath(jars: str) -> str:
+    folder = Path(jars or DEFAULTS.kafka_jars_dir)
+    if not any(folder.glob("kafka_2.13-*.jar")):
+        raise BrokerError(
+            f"no Kafka broker jars in {folder}: run `make setup` (it fetches them from Maven "
+            f"Central), or point QSTATE_KAFKA_JARS at a folder of kafka_2.13 and its "
+            f"dependencies")
+    return f"{folder}/*"
+
+
+@dataclass
+class KafkaBroker:
+    data_dir: Path
+    port: int = 0
+    host: str = "127.0.0.1"
+    log_path: Path | None = None
+    heap: str = DEFAULTS.kafka_heap
+    jars: str = ""
+    proc: subprocess.Popen | None = field(default=None, repr=False)
+    controller_port: int = 0
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    # ---- lifecycle --------------------------------------------------------------
+    def start(self, timeout: float = 90.0) -> KafkaBroker:
+        """Format (first time), start, and return once the broker answers a metadata
+        request; BrokerError with the log's tail if it exits or does not answer in time."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._keep_ports()
+        config = self._write_config()
+        classpath = broker_classpath(self.jars)
+        if not (self.data_dir / "logs" / "meta.properties").exists():
+            self._format(classpath, config)
+        log_path = self.log_path or self.data_dir / "broker.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        t0 = time.monotonic()
+        with open(log_path, "ab") as out:
+            self.proc = subprocess.Popen(
+                [*self._java(classpath), "kafka.Kafka", str(config)],
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True)
+        self._wait_ready(timeout, log_path)
+        log.info("Kafka broker on %s ready in %.1fs", self.bootstrap, time.monotonic() - t0)
+        return self
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """SIGTERM: a controlled shutdown (logs flushed, clean restart); killed if slow."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def kill(self) -> None:
+        """kill -9: no shutdown at all, as in a crash."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def __enter__(self) -> KafkaBroker:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ---- pieces -----------------------------------------------------------------
+    def _keep_ports(self) -> None:
+        """The ports of a data directory stay its own: the controller's is in its quorum
+        state, and clients of a restarted broker expect the same bootstrap."""
+        saved = self.data_dir / "ports.json"
+        if saved.exists():
+            ports = orjson.loads(saved.read_bytes())
+            self.port = self.port or ports["port"]
+            self.controller_port = ports["controller"]
+        self.port = self.port or free_port(self.host)
+        self.controller_port = self.controller_port or free_port("127.0.0.1")
+        saved.write_bytes(orjson.dumps({"port": self.port, "controller": self.controller_port}))
+
+    def _write_config(self) -> Path:
+        logs = self.data_dir / "logs"
+        c = self.controller_port
+        settings = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.voters": f"1@127.0.0.1:{c}",
+            "listeners": f"PLAINTEXT://{self.host}:{self.port},CONTROLLER://127.0.0.1:{c}",
+            "advertised.listeners": f"PLAINTEXT://{self.host}:{self.port}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            "log.dirs": str(logs),
+            "num.partitions": "4",
+            # one node: every internal topic has one replica, and few partitions (a group
+            # or transaction coordinator partition each costs start-up time)
+            "offsets.topic.replication.factor": "1",
+            "offsets.topic.num.partitions": "4",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.num.partitions": "4",
+            "share.coordinator.state.topic.replication.factor": "1",
+            "share.coordinator.state.topic.min.isr": "1",
+            "group.initial.rebalance.delay.ms": "0",
+            # after a kill -9 the controller waits out the dead broker's session before the
+            # restarted one may register: keep that short on one node
+            "broker.heartbeat.interval.ms": "500",
+            "broker.session.timeout.ms": "3000",
+            # topics are made on purpose (service.core.kafka.ensure_topic), never by a typo
+            "auto.create.topics.enable": "false",
+            # two cores: fewer threads than Kafka's defaults
+            "num.network.threads": "2",
+            "num.io.threads": "2",
+            "background.threads": "2",
+            "num.recovery.threads.per.data.dir": "1",
+        }
+        config = self.data_dir / "server.properties"
+        config.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
+        (self.data_dir / "log4j2.properties").write_text(_LOG4J)
+        return config
+
+    def _java(self, classpath: str) -> list[str]:
+        return [java(), f"-Xmx{self.heap}", f"-Xms{self.heap}", "-XX:+UseG1GC",
+                "-XX:MaxGCPauseMillis=20", "-Djava.awt.headless=true",
+                f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.properties'}",
+                "-cp", classpath]
+
+    def _format(self, classpath: str, config: Path) -> None:
+        cluster = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        r = subprocess.run([*self._java(classpath), "kafka.tools.StorageTool", "format",
+                            "-t", cluster, "-c", str(config)],
+                           capture_output=True, text=True, timeout=120)
+        if r.returncode != 0:
+            raise BrokerError(f"formatting Kafka storage in {self.data_dir} failed "
+                              f"({r.returncode}): {r.stderr[-2000:] or r.stdout[-2000:]}")
+
+    def _wait_ready(self, timeout: float, log_path: Path) -> None:
+        # its own logger: refused connections while the broker starts are expected, not news
+        admin = AdminClient({"bootstrap.servers": self.bootstrap, "log.connection.close": False,
+                             "logger": logging.getLogger(f"{__name__}.admin")})  # type: ignore[dict-item]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise BrokerError(f"the Kafka broker exited with {self.proc.returncode}: "
+                                  f"{_tail(log_path)}")
+            try:
+                if admin.list_topics(timeout=1).brokers:
+                    return
+            except KafkaException:
+                pass
+            time.sleep(0.2)
+        self.kill()
+        raise BrokerError(f"the Kafka broker on {self.bootstrap} did not answer within "
+                          f"{timeout:.0f}s: {_tail(log_path)}")
+
+
+def _tail(path: Path, n: int = 2000) -> str:
+    try:
+        return path.read_text(errors="replace")[-n:]
+    except OSError:
+        return f"(no log at {path})"
