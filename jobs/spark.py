@@ -11,7 +11,7 @@ from pyspark.sql import SparkSession
 
 from service.core.config import settings
 from service.core.errors import InvalidRequest
-from service.embedded.ports import java
+from service.core.jvm import java
 
 __all__ = ["STATE_CONF", "connector_jars", "spark_session"]
 

@@ -48,6 +48,7 @@ def main() -> None:
     apply_s, snaps = [], []
     for b in range(args.batches):
         t = pa.table({"key": keys, "start": [0] * len(keys), "end": [60_000] * len(keys),
+                      "tag": pa.nulls(len(keys), pa.int64()),
                       "n": [b + 1] * len(keys)}).cast(deltas.delta_schema(spec))
         deltas.write_delta(storage, PartitionId(spec.job, spec.operator, 0), b, t)
         write_manifest(storage, "bench", "counts", BatchManifest(b, b, {0: len(keys)}))

@@ -59,6 +59,7 @@ def load(storage: Storage, shards: list[ShardProcess], keys: int) -> None:
     written = {}
     for p, ks in by_p.items():
         t = pa.table({"key": ks, "start": [120_000] * len(ks), "end": [180_000] * len(ks),
+                      "tag": pa.nulls(len(ks), pa.int64()),
                       "views": [int(k[5:]) for k in ks]}).cast(deltas.delta_schema(SPEC))
         deltas.write_delta(storage, PartitionId(SPEC.job, SPEC.operator, p), 0, t)
         written[p] = t.num_rows

@@ -102,6 +102,7 @@ def start_shop(tmp: Path) -> Shop:
             mine = [k for k in keys if partition_of(k, P) == p]
             start, end = window(batch)
             t = pa.table({"key": mine, "start": [start] * len(mine), "end": [end] * len(mine),
+                          "tag": pa.nulls(len(mine), pa.int64()),
                           "views": [views(k, batch) for k in mine],
                           "avg_ms": [avg_ms(batch)] * len(mine)}).cast(deltas.delta_schema(SPEC))
             deltas.write_delta(storage, PartitionId(SPEC.job, SPEC.operator, p), batch, t)

@@ -17,7 +17,7 @@ from typing import Final
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["DEFAULTS", "Settings", "settings"]
+__all__ = ["DEFAULTS", "Settings", "settings", "settings_table"]
 
 
 class Settings(BaseSettings):
@@ -150,7 +150,21 @@ class Settings(BaseSettings):
 DEFAULTS: Final[Settings] = Settings.model_construct()
 
 
+def settings_table() -> str:
+    """README's table of every setting (``python -m service.core.config`` prints it)."""
+    rows = ["| setting | default | what |", "| --- | --- | --- |"]
+    for name, f in Settings.model_fields.items():
+        d = f.default
+        shown = "(empty)" if d == "" else str(d).lower() if isinstance(d, bool) else str(d)
+        rows.append(f"| `QSTATE_{name.upper()}` | `{shown}` | {f.description} |")
+    return "\n".join(rows)
+
+
 @lru_cache(maxsize=1)
 def settings() -> Settings:
     """The effective settings of this process (environment and config file read once)."""
     return Settings()
+
+
+if __name__ == "__main__":
+    print(settings_table())

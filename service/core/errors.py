@@ -26,6 +26,7 @@ __all__ = [
     "NotOwner",
     "QStateError",
     "StaleEpoch",
+    "StartFailed",
     "Unavailable",
     "UnknownOperator",
     "from_grpc",
@@ -117,7 +118,11 @@ class Fenced(CommitFailed):
     grpc_code = grpc.StatusCode.ABORTED
 
 
-class BrokerError(QStateError):
+class StartFailed(QStateError):
+    """A process qstate starts could not start: no Java, it exited, its port never opened."""
+
+
+class BrokerError(StartFailed):
     """The embedded Kafka broker could not be started or reached."""
 
 
@@ -189,4 +194,4 @@ def from_http(status: int, body: dict[str, Any]) -> QStateError:
 _BY_NAME: dict[str, type[QStateError]] = {
     c.__name__: c for c in (QStateError, InvalidRequest, InvalidAddress, NotFound,
                             UnknownOperator, Unavailable, StaleEpoch, NotOwner, DeltaMismatch,
-                            CommitFailed, Fenced, BrokerError, BadRecord)}
+                            CommitFailed, Fenced, StartFailed, BrokerError, BadRecord)}

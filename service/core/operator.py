@@ -12,7 +12,8 @@ each batch's updated rows replace the served values (``value`` aggregates).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 import orjson
@@ -83,32 +84,39 @@ class WindowSpec:
         return pane_ms(self.size_ms, self.slide) if self.kind == "sliding" else self.size_ms
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class OperatorSpec:
     job: str
     operator: str
     key: str
-    states: dict[str, Aggregate]  # also accepts {name: "long" | "double"}: spark-state values
-    partitions: int = DEFAULTS.partitions
-    window: WindowSpec = field(default_factory=WindowSpec)
-    retention_ms: int = DEFAULTS.retention_ms
+    states: dict[str, Aggregate]
+    partitions: int
+    window: WindowSpec
+    retention_ms: int
 
-    def __post_init__(self) -> None:
-        check_name("job", self.job)
-        check_name("operator", self.operator)
-        if not self.states:
+    def __init__(self, job: str, operator: str, key: str,
+                 states: Mapping[str, Aggregate | StateType],
+                 partitions: int = DEFAULTS.partitions, window: WindowSpec | None = None,
+                 retention_ms: int = DEFAULTS.retention_ms) -> None:
+        """``states`` maps each aggregate's name to its Aggregate, or to "long"/"double" for
+        a Spark-state value."""
+        check_name("job", job)
+        check_name("operator", operator)
+        if not states:
             raise InvalidRequest("an operator needs at least one aggregate")
-        states: dict[str, Aggregate] = {}
-        for name, agg in self.states.items():
+        normal: dict[str, Aggregate] = {}
+        for name, agg in states.items():
             check_name("state", name)
-            states[name] = agg if isinstance(agg, Aggregate) else Aggregate("value", agg)
-        kinds = {a.kind == "value" for a in states.values()}
-        if len(kinds) > 1:
-            raise InvalidRequest(f"{self.job}/{self.operator}: merged aggregates and Spark-state "
-                                 "values cannot be mixed in one operator")
-        object.__setattr__(self, "states", states)
-        if not 1 <= self.partitions <= 4096:
+            normal[name] = agg if isinstance(agg, Aggregate) else Aggregate("value", agg)
+        if len({a.kind == "value" for a in normal.values()}) > 1:
+            raise InvalidRequest(f"{job}/{operator}: merged aggregates and Spark-state values "
+                                 "cannot be mixed in one operator")
+        if not 1 <= partitions <= 4096:
             raise InvalidRequest("partitions must be between 1 and 4096")
+        for name, value in (("job", job), ("operator", operator), ("key", key),
+                            ("states", normal), ("partitions", partitions),
+                            ("window", window or WindowSpec()), ("retention_ms", retention_ms)):
+            object.__setattr__(self, name, value)
 
     @property
     def mode(self) -> Mode:

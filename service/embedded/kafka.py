@@ -24,7 +24,8 @@ from confluent_kafka.admin import AdminClient
 
 from service.core.config import DEFAULTS
 from service.core.errors import BrokerError
-from service.embedded.ports import free_port, java
+from service.core.jvm import java
+from service.embedded.ports import free_port
 
 __all__ = ["KafkaBroker", "broker_classpath"]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ from service.core.errors import DeltaMismatch, NotOwner, StaleEpoch, UnknownOper
 from service.core.operator import OperatorSpec, load_spec
 from service.core.shard_files import partition_dir
 from service.core.storage import Storage
+from service.shard import metrics
 from service.shard.held import Held
 from service.shard.recovery import Recovery
 from service.shard.snapshot import Snapshotter
@@ -156,8 +158,13 @@ class Partitions:
                 raise DeltaMismatch(f"delta for {pid} batch {batch} has {table.num_rows} rows, "
                                     f"committer announced {pc.rows}")
         retention = spec.retention_ms if spec.windowed else None
+        t0 = time.perf_counter()
         applied = held.store.apply(batch, watermark_ms, epoch, table, retention)
         if applied:
+            labels = (spec.job, spec.operator)
+            metrics.APPLY_SECONDS.labels(*labels).inc(time.perf_counter() - t0)
+            metrics.APPLIED_ROWS.labels(*labels).inc(held.store.last_apply.rows)
+            metrics.STATE_WRITES.labels(*labels).inc(held.store.last_apply.writes)
             self.snapshots.after_commit(pid, held)
         return applied, caught_up
 

@@ -215,8 +215,9 @@ def test_ads_exact_across_a_stop_and_restart(spark, broker, topic, tmp_path: Pat
 def test_merge_mode_answers_what_spark_stateful_aggregation_answers(
         spark, broker, topic, tmp_path: Path, storage_uri, shards) -> None:
     """Both modes over one topic, holding on-time events, then events 70-140 s behind the
-    newest (late for some or all of their one-minute windows), then on-time events again. All of it is in the topic before either job starts, and batches are capped
-    the same, so both see the same batches: every (key, window) must be equal."""
+    newest (late for some or all of their one-minute windows), then on-time events again.
+    All of it is in the topic before either job starts, and batches are capped the same, so
+    both see the same batches: every (key, window) must be equal."""
     wl = Tweets(keys=300, seed=9)
     log = tmp_path / "events.jsonl"
     t0 = BOUNDARY - 2 * 60_000

@@ -1,24 +1,22 @@
-"""parse_json: typed output, dead letters with their reasons, and the counts in the progress."""
+"""Parsing events: typed output, exact rules on both paths (pyarrow for whole batches,
+orjson record by record), dead letters with their reasons and source coordinates."""
 
 from __future__ import annotations
 
 import os
 import time
+from collections import Counter
 
 import orjson
+import pyarrow as pa
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from jobs.parse import (
-    DeadLetterWriter,
-    check_fields,
-    close_dlq_producers,
-    parse_json,
-    parse_value,
-)
+from jobs.dlq import DeadLetterWriter, close_dlq_producers
+from jobs.parse import ERROR_KIND, check_fields, parse_batches, parse_events, parse_value
 from jobs.source import read_kafka
-from service.core.errors import BadRecord
+from service.core.errors import BadRecord, InvalidRequest
 
 FIELDS = {"user": "string", "time": "long", "amount": "double", "ok": "boolean"}
 
@@ -30,9 +28,10 @@ def _close_cached_producers():
     close_dlq_producers()
 
 
-def reason(value: bytes | None, max_value_bytes: int = 1_048_576) -> str:
+def reason(value: bytes | None, max_value_bytes: int = 1_048_576,
+           keys: tuple[str, ...] = ()) -> str:
     with pytest.raises(BadRecord) as info:
-        parse_value(value, FIELDS, max_value_bytes)
+        parse_value(value, FIELDS, keys, max_value_bytes)
     return info.value.reason
 
 
@@ -84,18 +83,82 @@ def test_invalid_json_and_size_limit() -> None:
     assert reason(b"\xff\xfe").startswith("invalid JSON: ")
     good = orjson.dumps({"user": "x" * 100, "time": 1, "amount": 1, "ok": True})
     assert parse_value(good, FIELDS, max_value_bytes=len(good))
+    assert reason(b'{"user": "", "time": 1, "amount": 1, "ok": true}', keys=("user",)) == \
+        "field 'user': an empty key"
+    long_key = orjson.dumps({"user": "é" * 513, "time": 1, "amount": 1, "ok": True})
+    assert reason(long_key, keys=("user",)) == "field 'user': a key of 1026 bytes, more than 1024"
     assert reason(good, max_value_bytes=len(good) - 1) == (
         f"value is {len(good)} bytes, larger than the {len(good) - 1} limit"
     )
 
 
 def test_field_declarations_are_checked() -> None:
-    with pytest.raises(ValueError, match="supported"):
+    with pytest.raises(InvalidRequest, match="supported"):
         check_fields({"x": "int"})
-    with pytest.raises(ValueError, match="clashes"):
+    with pytest.raises(InvalidRequest, match="clashes"):
         check_fields({"offset": "long"})
-    with pytest.raises(ValueError, match="no fields"):
+    with pytest.raises(InvalidRequest, match="no fields"):
         check_fields({})
+    with pytest.raises(InvalidRequest, match="must be a declared string field"):
+        check_fields({"time": "long"}, keys=["time"])
+
+
+VALUES = [
+    b'{"user": "a", "time": 1, "amount": 2.5, "ok": true}',
+    b'{"user": "b", "time": -3, "amount": 7, "ok": false, "extra": {"x": [1, 2]}}',
+    b'{"user": "c", "time": "12", "amount": 1, "ok": true}',
+    b'{"user": 5, "time": 1, "amount": 1, "ok": true}',
+    b'{"user": "d", "time": 1.0, "amount": 1, "ok": true}',
+    b'{"user": "e", "time": 1e3, "amount": 1, "ok": true}',
+    b'{"user": "f", "amount": 1, "ok": true}',
+    b'{"user": null, "time": 1, "amount": 1, "ok": true}',
+    b'{"user": "", "time": 1, "amount": 1, "ok": true}',
+    b'{"user": "g",\n "time": 1, "amount": 1, "ok": true}',
+    b'{"user": "h", "time": 99999999999999999999, "amount": 1, "ok": true}',
+    b'{"user": "i", "time": 1, "time": 2, "amount": 1, "ok": true}',
+    b"[1]", b"7", b"{bad", None,
+]
+
+
+def batch_of(values: list[bytes | None]) -> pa.RecordBatch:
+    n = len(values)
+    return pa.RecordBatch.from_arrays(
+        [pa.array([b"k"] * n, pa.binary()), pa.array(values, pa.binary()),
+         pa.array(["t"] * n), pa.array([0] * n, pa.int32()), pa.array(range(n), pa.int64()),
+         pa.array([None] * n, pa.timestamp("us", tz="UTC"))],
+        ["key", "value", "topic", "partition", "offset", "timestamp"])
+
+
+def parsed(values: list[bytes | None]) -> list[dict]:
+    [out] = list(parse_batches(iter([batch_of(values)]), FIELDS, ["user"], None, "-", 1 << 20))
+    return out.to_pylist()
+
+
+@pytest.mark.parametrize("value", VALUES)
+def test_a_batch_and_each_record_alone_are_judged_alike(value: bytes | None) -> None:
+    """The whole-batch pyarrow path (all good) and the record-by-record path (any bad) give
+    the same verdict on every record, whatever its neighbours."""
+    good = VALUES[0]
+    alone = parsed([value])[0]
+    among_good = parsed([good, value, good])[1]
+    try:
+        want = parse_value(value, FIELDS, ["user"])
+    except BadRecord as exc:
+        assert (alone["_error"], alone[ERROR_KIND]) == (exc.reason, exc.kind)
+        assert (among_good["_error"], among_good[ERROR_KIND]) == (exc.reason, exc.kind)
+    else:
+        for row in (alone, among_good):
+            assert tuple(row[f] for f in FIELDS) == want and row["_error"] is None
+
+
+def test_an_all_good_batch_takes_the_fast_path_with_the_same_answer() -> None:
+    values = [orjson.dumps({"user": f"u{i}", "time": i, "amount": i / 2, "ok": i % 2 == 0,
+                            "extra": "x"}) for i in range(500)]
+    rows = parsed(values)
+    assert [tuple(r[f] for f in FIELDS) for r in rows] == [
+        parse_value(v, FIELDS) for v in values]
+    assert all(r["_error"] is None for r in rows)
+    assert [r["offset"] for r in rows] == list(range(500))  # source coordinates kept in order
 
 
 # ------------------------------------------------------------------------ Spark + broker
@@ -128,8 +191,7 @@ def read_topic(bootstrap: str, topic: str, expected: int, timeout: float = 30.0)
         consumer.close()
 
 
-@pytest.mark.spark
-def test_parse_json_stream_with_dead_letters(spark, broker, topic, tmp_path) -> None:
+def test_parse_events_stream_with_dead_letters(spark, broker, topic, tmp_path) -> None:
     bootstrap = broker.bootstrap
     dlq = f"{topic}-dlq"
     create_topic(bootstrap, topic, partitions=2, max_message_bytes=8 * 1024 * 1024)
@@ -143,14 +205,18 @@ def test_parse_json_stream_with_dead_letters(spark, broker, topic, tmp_path) -> 
         {"user": "big", "time": 1, "amount": 1.0, "ok": True, "pad": "x" * 2_000_000}
     )
     bad = {
-        "bad-json": (b'{"user": "a", "time": ', "invalid JSON: "),
-        "missing": (b'{"user": "a", "amount": 1.0, "ok": true}', "field 'time': missing"),
+        "bad-json": (b'{"user": "a", "time": ', "invalid JSON: ", "invalid_json"),
+        "missing": (b'{"user": "a", "amount": 1.0, "ok": true}', "field 'time': missing",
+                    "missing_field"),
         "wrong-type": (b'{"user": "a", "time": "soon", "amount": 1.0, "ok": true}',
-                       "field 'time': expected long, got string"),
+                       "field 'time': expected long, got string", "wrong_type"),
         "bool-long": (b'{"user": "a", "time": false, "amount": 1.0, "ok": true}',
-                      "field 'time': expected long, got boolean"),
-        "array": (b"[1]", "value is a JSON array, not an object"),
-        "huge": (huge, f"value is {len(huge)} bytes, larger than the 1048576 limit"),
+                      "field 'time': expected long, got boolean", "wrong_type"),
+        "array": (b"[1]", "value is a JSON array, not an object", "not_object"),
+        "empty-key": (b'{"user": "", "time": 1, "amount": 1.0, "ok": true}',
+                      "field 'user': an empty key", "bad_key"),
+        "huge": (huge, f"value is {len(huge)} bytes, larger than the 1048576 limit",
+                 "too_large"),
     }
     producer = Producer({"bootstrap.servers": bootstrap, "message.max.bytes": 16 * 1024 * 1024})
     sent: dict[str, tuple[int, int]] = {}
@@ -161,23 +227,25 @@ def test_parse_json_stream_with_dead_letters(spark, broker, topic, tmp_path) -> 
             sent[key] = (msg.partition(), msg.offset())
         return cb
 
-    items = [(k, orjson.dumps(v)) for k, v in good.items()] + [(k, v) for k, (v, _) in bad.items()]
+    items = [(k, orjson.dumps(v)) for k, v in good.items()] + [
+        (k, v) for k, (v, _, _) in bad.items()]
     for n, (key, value) in enumerate(items):
         # bad ones sprinkled between good ones, in both partitions
         producer.produce(topic, key=key, value=value, partition=n % 2, on_delivery=remember(key))
     assert producer.flush(30) == 0
 
     source = read_kafka(spark, bootstrap, topic)
-    parsed = parse_json(source, FIELDS, dlq_topic=dlq, bootstrap=bootstrap)
-    assert [(f.name, f.dataType.simpleString(), f.nullable) for f in parsed.schema.fields][:4] == [
+    events = parse_events(source, FIELDS, keys=["user"], dlq_topic=dlq, bootstrap=bootstrap)
+    assert [(f.name, f.dataType.simpleString(), f.nullable) for f in events.schema.fields][:4] == [
         ("user", "string", False), ("time", "bigint", False),
         ("amount", "double", False), ("ok", "boolean", False),
     ]
-    assert parsed.columns[4:] == ["topic", "partition", "offset", "timestamp"]
+    assert events.columns[4:] == ["topic", "partition", "offset", "timestamp", "_error",
+                                  ERROR_KIND]
 
     name = f"parsed_{topic.replace('-', '_')}"
     query = (
-        parsed.writeStream.format("memory").queryName(name)
+        events.writeStream.format("memory").queryName(name)
         .option("checkpointLocation", str(tmp_path / "ckpt"))
         .start()
     )
@@ -187,7 +255,11 @@ def test_parse_json_stream_with_dead_letters(spark, broker, topic, tmp_path) -> 
         query.stop()
     assert query.exception() is None
 
-    rows = spark.table(name).collect()
+    everything = spark.table(name).collect()
+    assert len(everything) == len(good) + len(bad)  # every record kept, the bad ones marked
+    assert Counter(r[ERROR_KIND] for r in everything if r[ERROR_KIND]) == Counter(
+        kind for _, _, kind in bad.values())
+    rows = [r for r in everything if r[ERROR_KIND] is None]
     assert len(rows) == len(good)
     by_user = {r.user: r for r in rows}
     for key, event in good.items():
@@ -199,19 +271,14 @@ def test_parse_json_stream_with_dead_letters(spark, broker, topic, tmp_path) -> 
         assert (r.topic, r.partition, r.offset) == (topic, *sent[key])
         assert r.timestamp is not None
 
-    metrics = [p.observedMetrics["qstate_parse"] for p in query.recentProgress
-               if "qstate_parse" in p.observedMetrics]
-    assert sum(m["dead_lettered"] for m in metrics) == len(bad)
-    assert sum(m["rows"] for m in metrics) == len(good) + len(bad)
-
     letters = read_topic(bootstrap, dlq, expected=len(bad))
     assert len(letters) == len(bad)
     for m in letters:
         key = m.key().decode()
-        value, why = bad[key]
+        value, why, kind = bad[key]
         headers = {k: v.decode() for k, v in m.headers()}
         assert m.value() == value
-        assert headers["qstate.error"].startswith(why)
+        assert headers["qstate.error"].startswith(why) and headers["qstate.kind"] == kind
         assert headers["qstate.topic"] == topic
         assert (int(headers["qstate.partition"]), int(headers["qstate.offset"])) == sent[key]
         assert int(headers["qstate.timestamp"]) > 1_600_000_000_000

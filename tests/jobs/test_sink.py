@@ -1,4 +1,5 @@
-"""The queryable sink end to end on a file source: Spark -> delta files -> shard servers."""
+"""Spark-state mode end to end on a file source: Spark's stateful aggregation -> delta files
+-> shard servers; a re-run batch changes nothing."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import pytest
 from pyspark.sql import functions as F
 
 from jobs.coordinator import release
-from jobs.sink import SinkStats, serve
+from jobs.sink import serve
+from jobs.sinks import Reports
 from service.core.operator import WindowSpec
 from tests.helpers import read_all_windows
 
@@ -35,7 +37,7 @@ def write_events(d: Path, n_files: int, per_file: int, seed: int) -> pd.DataFram
 
 
 def start(spark, src: Path, ckpt: Path, storage_uri: str, shards, job: str,
-          stats: SinkStats | None = None):
+          reports: Reports | None = None):
     events = (spark.readStream.schema("k string, t long").option("maxFilesPerTrigger", 1)
               .json(str(src))
               .withColumn("ts", F.timestamp_millis("t"))
@@ -45,7 +47,7 @@ def start(spark, src: Path, ckpt: Path, storage_uri: str, shards, job: str,
                  window=WindowSpec("tumbling", 10_000), partitions=P,
                  checkpoint=str(ckpt), storage=storage_uri,
                  shards=[s.address for s in shards], trigger_interval="0 seconds",
-                 stats=stats)
+                 reports=reports)
 
 
 def truth(df: pd.DataFrame) -> dict[tuple[str, int], int]:
@@ -66,12 +68,13 @@ def test_sink_is_exact_and_rerun_batch_changes_nothing(spark, tmp_path, storage_
     last = commits[-1]
     last.unlink()
     (last.parent / f".{last.name}.crc").unlink(missing_ok=True)
-    rerun = SinkStats()
+    rerun = Reports()
     q = start(spark, tmp_path / "src", tmp_path / "ckpt", storage_uri, shards, "sinktest", rerun)
     q.processAllAvailable()
     q.stop()
-    [report] = [r for r in rerun.reports if r.batch == int(last.name)]
-    assert (report.applied, report.skipped) == (0, P)  # every shard saw it before
+    [report] = [r for r in rerun.batches if r.batch == int(last.name)]
+    done = report.operators["per_key_10s"]
+    assert (done.applied, done.skipped) == (0, P)  # every shard saw it before
     again, _ = read_all_windows(storage_uri, "sinktest", "per_key_10s", "n", keys, P)
     assert again == got
     assert (tmp_path / "ckpt" / "commits" / last.name).exists()

@@ -11,7 +11,7 @@ from service.core.address import PartitionId
 from service.core.catalog import delta_batches
 from service.core.delta import delta_schema, read_delta, write_delta
 from service.core.errors import DeltaMismatch
-from service.core.operator import OperatorSpec, WindowSpec
+from service.core.operator import Aggregate, OperatorSpec, WindowSpec
 from service.core.storage import Storage
 
 PID = PartitionId("ads", "per_campaign", 5)
@@ -29,20 +29,32 @@ def sample_table() -> pa.Table:
         "key": ["c-1", "c-2", "ünï ✓"],
         "start": [0, 60_000, None],
         "end": [60_000, 120_000, None],
+        "tag": [None, None, None],
         "impressions": [3, None, 2**62],
         "spend": [0.5, 1e300, None],
     }, schema=delta_schema(SPEC))
 
 
-def test_schema_has_key_window_and_one_column_per_state() -> None:
+def test_schema_has_key_window_tag_and_one_column_per_state() -> None:
     schema = delta_schema(SPEC)
-    assert schema.names == ["key", "start", "end", "impressions", "spend"]
+    assert schema.names == ["key", "start", "end", "tag", "impressions", "spend"]
     assert [schema.field(n).type for n in schema.names] == [
-        pa.string(), pa.int64(), pa.int64(), pa.int64(), pa.float64()]
+        pa.string(), pa.int64(), pa.int64(), pa.int64(), pa.int64(), pa.float64()]
     assert not schema.field("key").nullable
     assert schema.field("start").nullable and schema.field("end").nullable  # not windowed
     swapped = OperatorSpec("j", "o", "k", {"b": "double", "a": "long"})
-    assert delta_schema(swapped).names == ["key", "start", "end", "b", "a"]  # spec order
+    assert delta_schema(swapped).names == ["key", "start", "end", "tag", "b", "a"]  # spec order
+
+
+def test_merged_aggregates_have_their_partial_columns() -> None:
+    spec = OperatorSpec("j", "o", "k", {
+        "n": Aggregate("count", "long"), "s": Aggregate("sum", "double"),
+        "lo": Aggregate("min", "long"), "mean": Aggregate("avg", "double"),
+        "users": Aggregate("approx_count_distinct", "long", 12)})
+    schema = delta_schema(spec)
+    assert schema.names[4:] == ["n", "s", "lo", "mean__sum", "mean__n", "users"]
+    assert [schema.field(n).type for n in schema.names[4:]] == [
+        pa.int64(), pa.float64(), pa.int64(), pa.float64(), pa.int64(), pa.binary()]
 
 
 def test_write_read_round_trip(storage: Storage) -> None:

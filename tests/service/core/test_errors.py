@@ -19,6 +19,7 @@ from service.core.errors import (
     NotOwner,
     QStateError,
     StaleEpoch,
+    StartFailed,
     Unavailable,
     UnknownOperator,
     from_grpc,
@@ -42,6 +43,7 @@ DOCUMENTED: dict[type[QStateError], tuple[int, grpc.StatusCode]] = {
     DeltaMismatch: (500, Code.DATA_LOSS),
     CommitFailed: (503, Code.UNAVAILABLE),
     Fenced: (409, Code.ABORTED),
+    StartFailed: (500, Code.INTERNAL),
     BrokerError: (500, Code.INTERNAL),
     BadRecord: (400, Code.INVALID_ARGUMENT),
 }

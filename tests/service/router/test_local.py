@@ -17,6 +17,7 @@ from rocksdict import Checkpoint
 
 from service.core.address import PartitionId
 from service.core.assignment import ServerInfo
+from service.core.operator import OperatorSpec, WindowSpec
 from service.core.shard_files import partition_dir
 from service.router.local import LocalReader
 from service.shard.store import PartitionStore
@@ -25,15 +26,19 @@ PID = PartitionId("j", "op", 3)
 ADDRESS = "127.0.0.1:7999"
 
 
+SPEC = OperatorSpec("j", "op", "k", {"n": "long"}, 8, WindowSpec("tumbling", 10))
+
+
 def delta(key: str, start: int, n: int) -> pa.Table:
     return pa.table({"key": [key], "start": pa.array([start], pa.int64()),
-                     "end": pa.array([start + 10], pa.int64()), "n": pa.array([n], pa.int64())})
+                     "end": pa.array([start + 10], pa.int64()),
+                     "tag": pa.nulls(1, pa.int64()), "n": pa.array([n], pa.int64())})
 
 
 @pytest.fixture
 def world(tmp_path: Path):
     server_dir = tmp_path / "shard"
-    store = PartitionStore(partition_dir(server_dir, PID), ["n"])
+    store = PartitionStore(partition_dir(server_dir, PID), SPEC)
     reader = LocalReader(tmp_path / "scratch")
     reader.set_servers([ServerInfo("s", ADDRESS, "", os.getpid(), 0, socket.gethostname(),
                                    str(server_dir))])
@@ -44,7 +49,7 @@ def world(tmp_path: Path):
 
 
 def value(reader: LocalReader, key: str = "k") -> tuple[int, int | float | None] | None:
-    res = reader.read(ADDRESS, PID, key, None)
+    res = reader.read(ADDRESS, SPEC, PID, key, None)
     if res is None:
         return None
     meta, ws = res
@@ -83,8 +88,8 @@ def test_refuses_what_it_must_not_read(world, tmp_path: Path) -> None:
     store, reader, _ = world
     store.apply(0, 0, 1, delta("k", 0, 1), None)
     assert value(reader) == (0, 1)
-    assert reader.read("10.0.0.9:7100", PID, "k", None) is None  # not a co-located server
-    assert reader.read(ADDRESS, PartitionId("j", "op", 4), "k", None) is None  # not ready
+    assert reader.read("10.0.0.9:7100", SPEC, PID, "k", None) is None  # not co-located
+    assert reader.read(ADDRESS, SPEC, PartitionId("j", "op", 4), "k", None) is None  # not ready
     reader.set_ready(ADDRESS, set())  # restoring (the owner's Describe says so)
     assert value(reader) is None
     reader.set_ready(ADDRESS, {PID})

@@ -41,6 +41,7 @@ def write_batch(storage: Storage, batch: int, truth: dict) -> dict[int, int]:
         mine = [k for k in KEYS if partition_of(k, P) == p]
         start = (batch // 3) * 1000
         t = pa.table({"key": mine, "start": [start] * len(mine), "end": [start + 1000] * len(mine),
+                      "tag": pa.nulls(len(mine), pa.int64()),
                       "n": [batch + 1] * len(mine)}).cast(deltas.delta_schema(SPEC))
         deltas.write_delta(storage, PartitionId(SPEC.job, SPEC.operator, p), batch, t)
         written[p] = len(mine)

@@ -29,6 +29,7 @@ def delta_for(p: int, batch: int, keys: list[str]) -> pa.Table:
     return pa.table({
         "key": mine, "start": pa.array([batch * 10] * len(mine), pa.int64()),
         "end": pa.array([batch * 10 + 10] * len(mine), pa.int64()),
+        "tag": pa.nulls(len(mine), pa.int64()),
         "n": pa.array([batch + 1] * len(mine), pa.int64()),
         "avg": pa.array([0.5 * batch] * len(mine), pa.float64()),
     }).cast(deltas.delta_schema(SPEC))

@@ -1,71 +1,368 @@
+"""``PartitionStore`` in merge mode against a brute-force model of Spark (``sim``): batches of
+partial aggregates applied with their watermarks must read back as Spark's own state would,
+window by window; plus exactly-once application, epochs, retention and spark-state values."""
+
 from __future__ import annotations
 
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from hypothesis import HealthCheck, Phase, given, settings
 
-from service.shard.store import PartitionStore, StaleEpoch
+from service.core.delta import delta_schema
+from service.core.errors import StaleEpoch
+from service.core.operator import Aggregate, OperatorSpec, WindowSpec
+from service.shard import layout
+from service.shard.store import PartitionStore
+from tests.service.shard.sim import (
+    FAR,
+    Batches,
+    Event,
+    SparkModel,
+    assert_answers,
+    check_index,
+    compare,
+    make_spec,
+    partials,
+    run,
+    scenarios,
+    scratch,
+    view,
+)
 
-
-def delta(rows: list[tuple[str, int | None, int | None, int, float]]) -> pa.Table:
-    keys, starts, ends, views, avg = zip(*rows, strict=True)
-    return pa.table({"key": list(keys), "start": pa.array(starts, pa.int64()),
-                     "end": pa.array(ends, pa.int64()), "views": pa.array(views, pa.int64()),
-                     "avg": pa.array(avg, pa.float64())})
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> PartitionStore:
-    return PartitionStore(tmp_path / "p0", ["views", "avg"])
-
-
-def test_upsert_latest_and_range(store: PartitionStore) -> None:
-    store.apply(0, 0, 1, delta([("a", 0, 10, 1, 0.5), ("a", 10, 20, 2, 1.5),
-                                ("ab", 5, 15, 7, 2.0)]), None)
-    meta, w = store.read("a")
-    assert meta.last_batch == 0
-    assert [(x.start, x.end, x.values) for x in w] == [(10, 20, [2, 1.5])]
-    store.apply(1, 5, 1, delta([("a", 10, 20, 5, 3.0)]), None)
-    meta, w = store.read("a", (0, 100))
-    assert meta.last_batch == 1 and meta.watermark_ms == 5
-    assert [(x.start, x.values[0]) for x in w] == [(0, 1), (10, 5)]
-    # "a" is a prefix of "ab" as a string, never as a stored key
-    assert [x.start for x in store.read("ab", (0, 100))[1]] == [5]
-    assert store.read("b")[1] == []
-
-
-def test_batch_is_applied_once(store: PartitionStore) -> None:
-    assert store.apply(3, 0, 1, delta([("k", 0, 10, 1, 0.0)]), None)
-    assert not store.apply(3, 0, 1, delta([("k", 0, 10, 99, 0.0)]), None)
-    assert not store.apply(2, 0, 1, delta([("k", 0, 10, 98, 0.0)]), None)
-    assert store.read("k")[1][0].values[0] == 1
+# derandomized: the same examples every run (no flakiness in a shared suite); not shrunk:
+# a failure prints its whole example, and the targeted tests below are the minimal cases
+SETTINGS = settings(max_examples=20, deadline=None, database=None, derandomize=True,
+                    phases=[Phase.explicit, Phase.generate],
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
-def test_negative_and_non_windowed_times(store: PartitionStore) -> None:
-    store.apply(0, 0, 1, delta([("k", -20, -10, 1, 0.0), ("k", 5, 15, 2, 0.0),
-                                ("n", None, None, 42, 1.0)]), None)
-    assert [x.start for x in store.read("k", (-100, 100))[1]] == [-20, 5]
-    [w] = store.read("n")[1]
-    assert (w.start, w.end, w.values) == (None, None, [42, 1.0])
+def replay(w: WindowSpec, batches: Batches, retention_ms: int | None = None,
+           past_retention_may_linger: bool = False) -> None:
+    """Apply the batches one by one, comparing everything with the model after each."""
+    with scratch() as d:
+        store = PartitionStore(Path(d) / "p", make_spec(w, retention_ms=retention_ms))
+        model = SparkModel(w)
+        try:
+            for i, b in enumerate(batches):
+                run(store, model, [b], retention_ms, first=i)
+                check_index(store)
+                compare(store, model, retention_ms,
+                        past_retention_may_linger=past_retention_may_linger)
+        finally:
+            store.close()
 
 
-def test_retention_deletes_closed_windows_by_range(store: PartitionStore) -> None:
-    store.apply(0, 0, 1, delta([(f"k{i}", s, s + 10, 1, 0.0)
-                                for i in range(50) for s in (0, 10, 20, 30)]), 100)
-    # watermark 125, retention 100: windows ending at or before 25 go
-    store.apply(1, 125, 1, None, 100)
-    starts = {x.start for i in range(50) for x in store.read(f"k{i}", (0, 100))[1]}
-    assert starts == {20, 30}
-    assert store.read("k0")[1][0].start == 30
+# ---- random batches against the model ------------------------------------------------------
+@pytest.mark.parametrize("kind", ["none", "tumbling", "sliding", "session"])
+def test_random_batches_read_back_as_spark_state(kind: str) -> None:
+    @SETTINGS
+    @given(scenarios(kind))
+    def check(case: tuple[WindowSpec, Batches]) -> None:
+        replay(*case)
+
+    check()
 
 
-def test_state_survives_reopen_and_stale_epoch_is_refused(tmp_path: Path) -> None:
-    s = PartitionStore(tmp_path / "p", ["views", "avg"])
-    s.apply(7, 70, 3, delta([("x", 0, 10, 9, 0.0)]), None)
-    s.close()
-    s = PartitionStore(tmp_path / "p", ["views", "avg"])
-    assert (s.meta.last_batch, s.meta.watermark_ms, s.meta.epoch) == (7, 70, 3)
-    assert s.read("x")[1][0].values[0] == 9
+@pytest.mark.parametrize("kind", ["tumbling", "sliding", "session"])
+def test_random_batches_with_retention(kind: str) -> None:
+    """Retention of at least one batch's watermark advance: nothing a batch writes is
+    already past retention. Windows that ended at or before watermark - retention are gone."""
+    from hypothesis import strategies as st
+
+    @SETTINGS
+    @given(scenarios(kind, max_jump=40), st.integers(40, 120))
+    def check(case: tuple[WindowSpec, Batches], retention: int) -> None:
+        replay(*case, retention_ms=retention)
+
+    check()
+
+
+@pytest.mark.parametrize("kind", ["tumbling", "sliding", "session"])
+def test_random_batches_with_watermark_jumps_past_retention(kind: str) -> None:
+    """The watermark may jump further than retention in one batch: rows of a window that is
+    still open (end after the previous watermark) but already past retention. Every stored
+    record must stay in the time index (else it never expires); whether such a window is
+    read until the next batch is left to the targeted tests below."""
+    from hypothesis import strategies as st
+
+    @SETTINGS
+    @given(scenarios(kind, max_jump=120, min_jump=20), st.integers(0, 20))
+    def check(case: tuple[WindowSpec, Batches], retention: int) -> None:
+        replay(*case, retention_ms=retention, past_retention_may_linger=True)
+
+    check()
+
+
+# ---- sessions --------------------------------------------------------------------------------
+def ev(key: str, t: int, v: int | None = 1, user: int = 0) -> Event:
+    return (key, t, v, user)
+
+
+def sessions_of(store: PartitionStore, key: str) -> list[tuple[int | None, int | None, int]]:
+    return [(w.start, w.end, int(w.values[0] or 0))
+            for w in store.read(key, (-FAR, FAR))[1]]
+
+
+def test_a_row_bridging_two_open_sessions_merges_all_three(tmp_path: Path) -> None:
+    w = WindowSpec("session", gap_ms=10)
+    store = PartitionStore(tmp_path / "p", make_spec(w, retention_ms=110))
+    model = SparkModel(w)
+    run(store, model, [([ev("k", 100, 1, 1), ev("k", 115, 2, 2), ev("k2", 100)], 0)])
+    assert sessions_of(store, "k") == [(100, 110, 1), (115, 125, 1)]
+    # [110, 120) touches [100, 110) and [115, 125): one session [100, 125)
+    run(store, model, [([ev("k", 110, 3, 3)], 50)], first=1)
+    assert sessions_of(store, "k") == [(100, 125, 3)]
+    assert_answers(store.read("k")[1][0].values, model.expected()["k"][100][1])
+    assert store.read("k", (101, FAR))[1] == []  # the session at 115 is gone
+    assert sessions_of(store, "k2") == [(100, 110, 1)]
+    compare(store, model)
+    check_index(store)
+    # the merged session keeps growing from its new end, and expires at it, not before
+    run(store, model, [([ev("k", 125, 4, 4)], 112)], first=2)
+    assert sessions_of(store, "k") == [(100, 135, 4)]
+    run(store, model, [([], 240)], retention_ms=110, first=3)  # cutoff 130
+    assert sessions_of(store, "k") == [(100, 135, 4)]
+    assert sessions_of(store, "k2") == []
+    run(store, model, [([], 245)], retention_ms=110, first=4)  # cutoff 135
+    assert sessions_of(store, "k") == []
+    check_index(store)
+    assert [k for k in store.db.keys() if k != layout.META] == []
+
+
+def test_a_new_session_in_one_batch_bridges_stored_ones(tmp_path: Path) -> None:
+    """A batch's own session (several rows) joins two stored sessions; a third stored session
+    further on stays apart."""
+    w = WindowSpec("session", gap_ms=10)
+    store = PartitionStore(tmp_path / "p", make_spec(w))
+    model = SparkModel(w)
+    run(store, model, [([ev("k", 0), ev("k", 40), ev("k", 100)], 0)])
+    run(store, model, [([ev("k", 12), ev("k", 20), ev("k", 30), ev("k", 5)], 5)], first=1)
+    assert sessions_of(store, "k") == [(0, 50, 6), (100, 110, 1)]
+    compare(store, model)
+    check_index(store)
+
+
+def test_a_row_touching_a_closed_session_starts_a_new_one(tmp_path: Path) -> None:
+    w = WindowSpec("session", gap_ms=10)
+    store = PartitionStore(tmp_path / "p", make_spec(w))
+    model = SparkModel(w)
+    run(store, model, [([ev("k", 100)], 0), ([], 110)])
+    # batch 2 drops against watermark 110: [100, 110) is closed (Spark evicted it)
+    run(store, model, [([ev("k", 110), ev("k", 105)], 110)], first=2)
+    assert sessions_of(store, "k") == [(100, 110, 1), (105, 120, 2)]
+    run(store, model, [([ev("k", 99)], 120)], first=3)  # late: [99, 109) ended
+    assert sessions_of(store, "k") == [(100, 110, 1), (105, 120, 2)]
+    compare(store, model)
+    check_index(store)
+
+
+# ---- exactly once, epochs ----------------------------------------------------------------------
+def dump(store: PartitionStore) -> list[tuple[bytes, bytes]]:
+    return list(store.db.items())
+
+
+def test_reapplying_a_batch_is_a_no_op(tmp_path: Path) -> None:
+    w = WindowSpec("sliding", 50, 20)
+    spec = make_spec(w)
+    store = PartitionStore(tmp_path / "p", spec)
+    model = SparkModel(w)
+    batch0 = [ev("k", t, t, t % 5) for t in range(0, 100, 7)]
+    run(store, model, [(batch0, 40)])
+    delta1 = partials(spec, [ev("k", 35), ev("k", 120)], 40)
+    assert store.apply(1, 60, 1, delta1, None)
+    model.batch([ev("k", 35), ev("k", 120)], 60)
+    before, meta = dump(store), store.meta
+    for b in (1, 0):  # the same batch again, then an older one
+        assert not store.apply(b, 999, 1, delta1, 10)
+        assert store.apply(b, 999, 1, None, 10) is False
+    assert dump(store) == before and store.meta == meta
+    compare(store, model)
+    # and it stays applied once across a reopen
+    store.close()
+    store = PartitionStore(tmp_path / "p", spec)
+    assert store.meta == meta
+    assert not store.apply(1, 60, 1, delta1, None)
+    compare(store, model)
+
+
+def test_a_stale_epoch_raises(tmp_path: Path) -> None:
+    w = WindowSpec("tumbling", 10)
+    spec = make_spec(w)
+    store = PartitionStore(tmp_path / "p", spec)
+    assert store.apply(0, 0, 3, partials(spec, [ev("k", 5)], 0), None)
+    before = dump(store)
     with pytest.raises(StaleEpoch):
-        s.apply(8, 80, 2, None, None)
+        store.apply(1, 10, 2, partials(spec, [ev("k", 6)], 0), None)
+    with pytest.raises(StaleEpoch):  # stale even for a batch already applied
+        store.apply(0, 10, 2, None, None)
+    assert dump(store) == before and store.meta.last_batch == 0
+    assert store.apply(1, 10, 4, None, None)  # a newer epoch is taken up
+    store.close()
+    store = PartitionStore(tmp_path / "p", spec)
+    assert (store.meta.last_batch, store.meta.epoch) == (1, 4)
+    with pytest.raises(StaleEpoch):
+        store.apply(2, 20, 3, None, None)
+
+
+def test_the_watermark_never_goes_back(tmp_path: Path) -> None:
+    w = WindowSpec("tumbling", 10)
+    spec = make_spec(w)
+    store = PartitionStore(tmp_path / "p", spec)
+    model = SparkModel(w)
+    run(store, model, [([ev("k", 5)], 50), ([ev("k", 45)], 20), ([ev("k", 45), ev("k", 55)], 30)])
+    assert store.meta.watermark_ms == 50
+    compare(store, model)  # batches 1 and 2 drop against 50: [40, 50) takes nothing
+    assert [(w.start, w.values[0]) for w in store.read("k", (0, 100))[1]] == [(0, 1), (50, 1)]
+
+
+# ---- retention -------------------------------------------------------------------------------------
+def test_retention_deletes_windows_ended_at_or_before_watermark_minus_retention(
+        tmp_path: Path) -> None:
+    w = WindowSpec("tumbling", 10)
+    spec = make_spec(w, retention_ms=100)
+    store = PartitionStore(tmp_path / "p", spec)
+    rows = [ev(f"k{i}", t) for i in range(20) for t in (-15, 5, 15, 25, 35)]
+    assert store.apply(0, -100, 1, partials(spec, rows, -100), 100)
+    assert store.apply(1, 125, 1, None, 100)  # cutoff 25: windows ending at <= 25 go
+    for i in range(20):
+        assert [x.start for x in store.read(f"k{i}", (-FAR, FAR))[1]] == [20, 30]
+    assert store.apply(2, 130, 1, None, 100)  # cutoff 30: [20, 30) ends at the cutoff
+    assert [x.start for x in store.read("k3", (-FAR, FAR))[1]] == [30]
+    assert store.read("k3")[1][0].start == 30
+    check_index(store)
+    assert store.apply(3, 1000, 1, None, 100)
+    assert [k for k in store.db.keys() if k != layout.META] == []
+
+
+def test_retention_of_sliding_windows_removes_whole_windows(tmp_path: Path) -> None:
+    """A window past retention is gone, not read back from its panes that newer windows
+    still need (size 20, slide 10: pane [10, 20) is in windows 0 and 10)."""
+    w = WindowSpec("sliding", 20, 10)
+    spec = make_spec(w, retention_ms=100)
+    store = PartitionStore(tmp_path / "p", spec)
+    model = SparkModel(w)
+    run(store, model, [([ev("k", 5), ev("k", 15), ev("k", 25)], 0)], retention_ms=100)
+    assert [(x.start, x.values[0]) for x in store.read("k", (-FAR, FAR))[1]] == [
+        (-10, 1), (0, 2), (10, 2), (20, 1)]
+    run(store, model, [([], 120)], retention_ms=100, first=1)  # cutoff 20: windows -10, 0 go
+    check_index(store)
+    assert [(x.start, x.values[0]) for x in store.read("k", (-FAR, FAR))[1]] == [
+        (10, 2), (20, 1)]
+
+
+@pytest.mark.parametrize("window", [WindowSpec("tumbling", 10), WindowSpec("sliding", 10, 5)],
+                         ids=["tumbling", "sliding"])
+def test_a_window_past_retention_on_arrival_is_not_kept_forever(tmp_path: Path,
+                                                                window: WindowSpec) -> None:
+    """Batch 1's watermark jumps past window [0, 10) + retention while the window is still open
+    for batch 1 (it drops against watermark 0): its row meets the stored record, and then the
+    window (pane) must still expire."""
+    spec = make_spec(window, retention_ms=100)
+    store = PartitionStore(tmp_path / "p", spec)
+    assert store.apply(0, 0, 1, partials(spec, [ev("k", 5)], 0), 100)
+    assert store.apply(1, 1000, 1, partials(spec, [ev("k", 6)], 0), 100)  # cutoff 900
+    assert store.apply(2, 2000, 1, None, 100)  # cutoff 1900
+    assert store.read("k", (-FAR, FAR))[1] == []
+    check_index(store)
+
+
+def test_a_window_already_past_retention_is_not_read(tmp_path: Path) -> None:
+    """Batch 0 drops against watermark 0, so [0, 10) takes its row; its own watermark 1000
+    with retention 100 puts [0, 10) past retention: it is not read after the batch."""
+    for w in (WindowSpec("tumbling", 10), WindowSpec("sliding", 10, 5),
+              WindowSpec("session", gap_ms=10)):
+        with scratch() as d:
+            spec = make_spec(w, retention_ms=100)
+            store = PartitionStore(Path(d) / "p", spec)
+            assert store.apply(0, 1000, 1, partials(spec, [ev("k", 0)], 0), 100)
+            assert store.read("k", (-FAR, FAR))[1] == [], w
+            assert store.read("k")[1] == [], w
+            store.close()
+
+
+def test_sessions_expire_at_their_end(tmp_path: Path) -> None:
+    w = WindowSpec("session", gap_ms=10)
+    store = PartitionStore(tmp_path / "p", make_spec(w, retention_ms=50))
+    model = SparkModel(w)
+    run(store, model, [([ev("a", 0), ev("a", 8), ev("b", 30)], 0)], retention_ms=50)
+    assert sessions_of(store, "a") == [(0, 18, 2)]
+    run(store, model, [([ev("a", 17)], 60)], retention_ms=50, first=1)  # cutoff 10
+    assert sessions_of(store, "a") == [(0, 27, 3)]
+    run(store, model, [([], 77)], retention_ms=50, first=2)  # cutoff 27
+    assert sessions_of(store, "a") == [] and sessions_of(store, "b") == [(30, 40, 1)]
+    check_index(store)
+    compare(store, model, retention_ms=50)
+
+
+# ---- non-windowed and spark-state operators ----------------------------------------------------
+def test_non_windowed_sum_min_max_avg(tmp_path: Path) -> None:
+    w = WindowSpec()
+    spec = make_spec(w)
+    store = PartitionStore(tmp_path / "p", spec)
+    model = SparkModel(w)
+    run(store, model, [([ev("k", 1, None, 1), ev("k", -5, None, 2)], 0)], retention_ms=None)
+    [got] = store.read("k")[1]
+    assert (got.start, got.end, got.values) == (None, None, [2, None, None, None, None, 2])
+    run(store, model, [([ev("k", 100, 7, 1), ev("k", -100, -3, 3), ev("j", 0, 0, 0)], 10),
+                       ([ev("k", 0, 4, 9)], 20)], first=1)
+    [got] = store.read("k")[1]
+    assert got.values == [5, 8, -3, 7.0, pytest.approx(8 / 3), 4]
+    assert store.read("k", (-FAR, FAR))[1] == []  # non-windowed state has no window range
+    compare(store, model)
+    check_index(store)  # nothing in the time index: never expires
+
+
+def value_delta(spec: OperatorSpec, rows: list[tuple[str, int | None, int | None, int | None,
+                                                     float | None]]) -> pa.Table:
+    return pa.Table.from_pylist(
+        [{"key": k, "start": s, "end": e, "tag": None, "v": v, "x": x} for k, s, e, v, x in rows],
+        schema=delta_schema(spec))
+
+
+@pytest.mark.parametrize("window", [WindowSpec("tumbling", 10), WindowSpec("sliding", 20, 10),
+                                    WindowSpec()], ids=["tumbling", "sliding", "none"])
+def test_spark_state_values_replace(tmp_path: Path, window: WindowSpec) -> None:
+    spec = OperatorSpec("j", "op", "k", {"v": "long", "x": "double"}, window=window)
+    assert spec.mode == "spark-state" and not spec.panes
+    store = PartitionStore(tmp_path / "p", spec)
+    size = window.size_ms
+
+    def win(s: int) -> tuple[int | None, int | None]:
+        return (s, s + size) if spec.windowed else (None, None)
+
+    starts = [0, 10] if spec.windowed else [0]
+    assert store.apply(0, 0, 1, value_delta(spec, [("k", *win(s), 5 + s, 0.5) for s in starts]
+                                           + [("o", *win(0), 1, 1.0)]), 100)
+    assert store.apply(1, 0, 1, value_delta(spec, [("k", *win(0), 2, None)]), 100)
+    assert store.apply(2, 0, 1, value_delta(spec, [("k", *win(0), None, -1.5)]), 100)
+    if spec.windowed:
+        assert view(store.read("k", (-FAR, FAR))[1]) == [
+            (0, size, [None, -1.5]), (10, 10 + size, [15, 0.5])]
+        assert view(store.read("k")[1]) == [(10, 10 + size, [15, 0.5])]
+    else:
+        assert view(store.read("k")[1]) == [(None, None, [None, -1.5])]
+    assert view(store.read("o")[1]) == [(*win(0), [1, 1.0])]
+    check_index(store)
+
+
+def test_merge_with_several_aggregates_of_one_kind(tmp_path: Path) -> None:
+    spec = OperatorSpec("j", "op", "k", {
+        "u1": Aggregate("approx_count_distinct", "long", 12), "n": Aggregate("count", "long"),
+        "u2": Aggregate("approx_count_distinct", "long", 12)},
+        window=WindowSpec("tumbling", 10))
+    store = PartitionStore(tmp_path / "p", spec)
+    from tests.service.shard.sim import sketch
+
+    def d(users1: range, users2: range, n: int) -> pa.Table:
+        return pa.Table.from_pylist([{"key": "k", "start": 0, "end": 10, "tag": None,
+                                      "u1": sketch(users1), "n": n, "u2": sketch(users2)}],
+                                    schema=delta_schema(spec))
+
+    store.apply(0, 0, 1, d(range(100), range(5), 3), None)
+    store.apply(1, 0, 1, d(range(50, 300), range(5, 7), 4), None)
+    [got] = store.read("k")[1]
+    assert got.values[1] == 7
+    assert got.values[0] == pytest.approx(300, rel=0.03)
+    assert got.values[2] == 7

@@ -1,0 +1,267 @@
+"""``service.shard.codec``: how a batch's partial aggregates combine with the stored ones,
+checked against expectations computed independently in plain Python."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import datasketches as ds
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from service.core.delta import delta_schema
+from service.core.operator import Aggregate, OperatorSpec, WindowSpec
+from service.shard.codec import Codec
+
+MERGED = OperatorSpec("j", "o", "k", {
+    "c": Aggregate("count", "long"),
+    "sl": Aggregate("sum", "long"),
+    "sd": Aggregate("sum", "double"),
+    "mnl": Aggregate("min", "long"),
+    "mxl": Aggregate("max", "long"),
+    "mnd": Aggregate("min", "double"),
+    "mxd": Aggregate("max", "double"),
+    "av": Aggregate("avg", "double"),
+    "u": Aggregate("approx_count_distinct", "long", 12),
+}, window=WindowSpec("tumbling", 10))
+NUMERIC = ["sl", "sd", "mnl", "mxl", "mnd", "mxd"]
+
+
+def sketch(items: Sequence[int]) -> bytes:
+    s = ds.hll_sketch(12, ds.tgt_hll_type.HLL_8)
+    for x in items:
+        s.update(x)
+    out: bytes = s.serialize_updatable()
+    return out
+
+
+class Part:
+    """One partial aggregate of a group of rows, and the raw rows it came from."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.n = rng.randint(0, 50)
+        self.ints: list[int] = [rng.randint(-10**6, 10**6) for _ in range(rng.randint(0, 4))]
+        self.floats: list[float] = [rng.uniform(-1e3, 1e3) for _ in range(rng.randint(0, 4))]
+        lo = rng.randint(0, 3000)
+        self.users = list(range(lo, lo + rng.randint(0, 1500)))
+
+    def row(self, start: int) -> dict[str, Any]:
+        ints, fl = self.ints, self.floats
+        return {
+            "key": "k", "start": start, "end": start + 10, "tag": None,
+            "c": self.n,
+            "sl": sum(ints) if ints else None, "sd": sum(fl) if fl else None,
+            "mnl": min(ints) if ints else None, "mxl": max(ints) if ints else None,
+            "mnd": min(fl) if fl else None, "mxd": max(fl) if fl else None,
+            "av__sum": sum(fl) if fl else None, "av__n": len(fl),
+            "u": sketch(self.users),
+        }
+
+
+def table(rows: list[dict[str, Any]], spec: OperatorSpec = MERGED) -> pa.Table:
+    return pa.Table.from_pylist(rows, schema=delta_schema(spec))
+
+
+def expected(parts: list[Part]) -> dict[str, Any]:
+    """The aggregates of all the parts' rows together, computed from the rows."""
+    ints = [x for p in parts for x in p.ints]
+    fl = [x for p in parts for x in p.floats]
+    return {
+        "c": sum(p.n for p in parts),
+        "sl": sum(ints) if ints else None, "sd": math.fsum(fl) if fl else None,
+        "mnl": min(ints) if ints else None, "mxl": max(ints) if ints else None,
+        "mnd": min(fl) if fl else None, "mxd": max(fl) if fl else None,
+        "av": math.fsum(fl) / len(fl) if fl else None,
+        "u": len({u for p in parts for u in p.users}),
+    }
+
+
+def check(answer: list[int | float | None], want: dict[str, Any]) -> None:
+    got = dict(zip(MERGED.states, answer, strict=True))
+    for name in ("c", "sl", "mnl", "mxl", "mnd", "mxd"):
+        assert got[name] == want[name], name
+        if want[name] is not None:
+            kind = int if MERGED.states[name].type == "long" else float
+            assert type(got[name]) is kind, name
+    for name in ("sd", "av"):
+        if want[name] is None:
+            assert got[name] is None, name
+        else:
+            assert got[name] == pytest.approx(want[name], rel=1e-9, abs=1e-6), name
+    true_u = want["u"]
+    assert got["u"] == pytest.approx(true_u, rel=0.04, abs=1), (got["u"], true_u)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_combine_matches_the_rows_aggregated_at_once(seed: int) -> None:
+    rng = random.Random(seed)
+    codec = Codec(MERGED)
+    n = 40
+    olds = [Part(rng) for _ in range(n)]
+    news = [Part(rng) for _ in range(n)]
+    present = [rng.random() < 0.7 for _ in range(n)]
+    # stored values go through bytes, absent ones are None (as a RocksDB multi-get answers)
+    rec, blobs = codec.from_delta(table([p.row(10 * i) for i, p in enumerate(olds)]))
+    encoded = codec.encode(rec, blobs)
+    stored = [v if here else None for v, here in zip(encoded, present, strict=True)]
+    old, old_present, old_blobs = codec.decode(stored)
+    assert old_present.tolist() == present
+    new, new_blobs = codec.from_delta(table([p.row(10 * i) for i, p in enumerate(news)]))
+    out, out_blobs = codec.combine(old, old_present, old_blobs, new, new_blobs)
+    assert out["end"].tolist() == [10 * i + 10 for i in range(n)]
+    for i in range(n):
+        parts = [olds[i], news[i]] if present[i] else [news[i]]
+        check(codec.answers(out[i], [b[i] for b in out_blobs]), expected(parts))
+
+
+def test_combine_nulls_keep_the_side_that_has_a_value() -> None:
+    codec = Codec(MERGED)
+    empty = {"key": "k", "start": 0, "end": 10, "tag": None, "c": 0, "sl": None, "sd": None,
+             "mnl": None, "mxl": None, "mnd": None, "mxd": None, "av__sum": None, "av__n": 0,
+             "u": sketch([])}
+    full = {**empty, "c": 2, "sl": 5, "sd": 1.5, "mnl": -3, "mxl": 8, "mnd": -0.5, "mxd": 2.0,
+            "av__sum": 3.0, "av__n": 2, "u": sketch([1, 2])}
+    want_full = [2, 5, 1.5, -3, 8, -0.5, 2.0, 1.5, 2]
+    present = np.ones(1, bool)
+    for a, b, want in [(empty, full, want_full), (full, empty, want_full),
+                       (empty, empty, [0, None, None, None, None, None, None, None, 0])]:
+        old, old_blobs = codec.from_delta(table([a]))
+        new, new_blobs = codec.from_delta(table([b]))
+        out, blobs = codec.combine(old, present, old_blobs, new, new_blobs)
+        assert codec.answers(out[0], [x[0] for x in blobs]) == want
+    # an absent stored record (as decode gives it) counts for nothing
+    new, new_blobs = codec.from_delta(table([empty]))
+    zero, absent, none_blobs = codec.decode([None])
+    assert not absent[0]
+    out, blobs = codec.combine(zero, absent, none_blobs, new, new_blobs)
+    assert codec.answers(out[0], [x[0] for x in blobs])[:8] == [
+        0, None, None, None, None, None, None, None]
+
+
+def test_min_max_of_negative_and_extreme_values() -> None:
+    codec = Codec(MERGED)
+    big = 2**62
+    rows = [{"key": "k", "start": 0, "end": 10, "tag": None, "c": 1, "sl": big, "sd": -1e300,
+             "mnl": -big, "mxl": -big, "mnd": -1e300, "mxd": -1e300, "av__sum": 1.0,
+             "av__n": 1, "u": None},
+            {"key": "k", "start": 0, "end": 10, "tag": None, "c": 1, "sl": big - 1, "sd": 1e300,
+             "mnl": -big + 1, "mxl": -big + 1, "mnd": 1e300, "mxd": 1e300, "av__sum": 2.0,
+             "av__n": 1, "u": None}]
+    rec, blobs = codec.from_delta(table(rows))
+    acc, acc_blobs = codec.fold(rec, blobs)
+    assert codec.answers(acc, acc_blobs) == [2, 2 * big - 1, 0.0, -big, -big + 1, -1e300, 1e300,
+                                             1.5, 0]
+
+
+def test_min_ignores_nan_as_spark_does() -> None:
+    """Spark orders NaN above every other double: min(NaN, 1.0) is 1.0, max is NaN. A batch
+    whose only value is NaN must not make the window's min NaN."""
+    codec = Codec(MERGED)
+    base = {"key": "k", "start": 0, "end": 10, "tag": None, "c": 1, "sl": None, "sd": None,
+            "mnl": None, "mxl": None, "av__sum": None, "av__n": 0, "u": None}
+    rec, blobs = codec.from_delta(table([{**base, "mnd": math.nan, "mxd": math.nan},
+                                         {**base, "mnd": 1.0, "mxd": 1.0}]))
+    acc, acc_blobs = codec.fold(rec, blobs)
+    got = dict(zip(MERGED.states, codec.answers(acc, acc_blobs), strict=True))
+    assert math.isnan(got["mxd"])  # type: ignore[arg-type]
+    assert got["mnd"] == 1.0
+
+
+def test_spark_state_values_are_replaced() -> None:
+    spec = OperatorSpec("j", "o", "k", {"v": "long", "x": "double"},
+                        window=WindowSpec("tumbling", 10))
+    codec = Codec(spec)
+    rows_old = [{"key": "k", "start": s, "end": s + 10, "tag": None, "v": v, "x": x}
+                for s, v, x in [(0, 5, 0.5), (10, 7, None), (20, None, 2.5)]]
+    rows_new = [{"key": "k", "start": s, "end": s + 10, "tag": None, "v": v, "x": x}
+                for s, v, x in [(0, 1, None), (10, None, 3.5), (20, -4, 1.0)]]
+    old, old_blobs = codec.from_delta(table(rows_old, spec))
+    new, new_blobs = codec.from_delta(table(rows_new, spec))
+    out, blobs = codec.combine(old, np.ones(3, bool), old_blobs, new, new_blobs)
+    assert blobs == []
+    assert [codec.answers(out[i], []) for i in range(3)] == [[1, None], [None, 3.5], [-4, 1.0]]
+    # a value that is replaced by a smaller one is not kept as a max would be
+    rec, rb = codec.fold(np.concatenate([new[:1], old[:1]]), [])
+    assert codec.answers(rec, rb) == [5, 0.5]
+
+
+TWO_SKETCHES = OperatorSpec("j", "o", "k", {
+    "u1": Aggregate("approx_count_distinct", "long", 12),
+    "c": Aggregate("count", "long"),
+    "u2": Aggregate("approx_count_distinct", "long", 12),
+    "mx": Aggregate("max", "double"),
+}, window=WindowSpec("tumbling", 10))
+NO_SKETCH = OperatorSpec("j", "o", "k", {
+    "c": Aggregate("count", "long"), "s": Aggregate("sum", "long"),
+    "a": Aggregate("avg", "double"), "mn": Aggregate("min", "double")})
+
+
+@pytest.mark.parametrize("spec", [MERGED, TWO_SKETCHES, NO_SKETCH],
+                         ids=["one-sketch", "two-sketches", "no-sketch"])
+def test_encode_decode_round_trip(spec: OperatorSpec) -> None:
+    rng = np.random.default_rng(7)
+    codec = Codec(spec)
+    n = 30
+    rec = np.zeros(n, codec.dtype)
+    for name in codec.dtype.names or ():
+        if codec.dtype[name] == np.dtype("u1"):
+            rec[name] = rng.integers(0, 2, n)
+        elif codec.dtype[name].kind == "i":
+            rec[name] = rng.integers(-2**62, 2**62, n)
+        else:
+            rec[name] = rng.normal(0, 1e6, n)
+    blobs: list[list[bytes | None]] = [
+        [None if i % 7 == 0 else sketch(range(i * (j + 1), i * (j + 2) + 5)) for i in range(n)]
+        for j in range(len(codec.sketches))]
+    values = codec.encode(rec, blobs)
+    assert all(len(v) == codec.width for v in values) or codec.sketches
+    with_absent = [None if i % 5 == 3 else v for i, v in enumerate(values)]
+    back, present, back_blobs = codec.decode(with_absent)
+    assert present.tolist() == [i % 5 != 3 for i in range(n)]
+    for i in range(n):
+        if present[i]:
+            assert back[i].tobytes() == rec[i].tobytes()
+            for b, bb in zip(blobs, back_blobs, strict=True):
+                assert (bb[i] or None) == b[i]  # an empty sketch comes back empty
+        else:
+            assert back[i].tobytes() == bytes(codec.width)
+            assert all(bb[i] is None for bb in back_blobs)
+    assert codec.decode([])[0].shape == (0,)
+
+
+def test_fold_of_many_records() -> None:
+    rng = random.Random(3)
+    codec = Codec(MERGED)
+    parts = [Part(rng) for _ in range(60)]
+    rec, blobs = codec.from_delta(table([p.row(0) for p in parts]))
+    acc, acc_blobs = codec.fold(rec, blobs)
+    check(codec.answers(acc, acc_blobs), expected(parts))
+    # one record folds to itself
+    one, one_blobs = codec.fold(rec[5:6], [b[5:6] for b in blobs])
+    assert one.tobytes() == rec[5].tobytes() and one_blobs == [blobs[0][5]]
+
+
+def test_sketch_union_estimate_is_close_to_the_true_distinct_count() -> None:
+    codec = Codec(MERGED)
+    rng = random.Random(11)
+    # 40 batches of overlapping user ids: 0..~60k distinct
+    sets = []
+    for _ in range(40):
+        lo = rng.randint(0, 50_000)
+        sets.append(range(lo, lo + rng.randint(1, 10_000)))
+    base = {"key": "k", "start": 0, "end": 10, "tag": None, "c": 1, "sl": None, "sd": None,
+            "mnl": None, "mxl": None, "mnd": None, "mxd": None, "av__sum": None, "av__n": 0}
+    rec, blobs = codec.from_delta(table([{**base, "u": sketch(s)} for s in sets]))
+    acc, acc_blobs = codec.fold(rec, blobs)
+    true = len({x for s in sets for x in s})
+    est = codec.answers(acc, acc_blobs)[-1]
+    assert isinstance(est, int)
+    assert abs(est - true) <= 0.04 * true, (est, true)
+    # union is idempotent: folding the result with its own inputs changes nothing
+    again, again_blobs = codec.fold(np.concatenate([acc[None], rec]),
+                                    [[acc_blobs[0], *blobs[0]]])
+    assert codec.answers(again, again_blobs)[-1] == est
