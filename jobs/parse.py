@@ -46,6 +46,9 @@ __all__ = ["ARROW_TYPES", "ERROR_COLUMN", "ERROR_KIND", "KINDS", "PASSTHROUGH", 
 
 ERROR_COLUMN = "_error"
 ERROR_KIND = "_error_kind"
+# Kafka's columns: the dead letters' coordinates come from them; a job may keep any of them
+# (``keep``), e.g. the record timestamp as its event time. Not kept, they cost nothing after
+# the parse.
 PASSTHROUGH = ("topic", "partition", "offset", "timestamp")
 # The reasons a record is dead-lettered, as metric labels (a fixed, small set).
 KINDS = ("null_value", "too_large", "invalid_json", "not_object", "missing_field",
@@ -210,14 +213,15 @@ def _timestamps_ms(batch: pa.RecordBatch) -> list[int | None]:
 
 def parse_batches(batches: Iterator[pa.RecordBatch], fields: Mapping[str, str],
                   keys: Sequence[str], dlq_topic: str | None, bootstrap: str,
-                  max_value_bytes: int) -> Iterator[pa.RecordBatch]:
+                  max_value_bytes: int, keep: Sequence[str] = PASSTHROUGH
+                  ) -> Iterator[pa.RecordBatch]:
     """The mapInArrow body: every input row out, typed, with ``_error`` and ``_error_kind``
     set on the bad ones (which also went to the dead-letter topic)."""
     fields = dict(fields)
     kinds = list(fields.values())
     schema = pa.schema([(n, ARROW_TYPES[k]) for n, k in fields.items()])
     filler = tuple(_FILLER[k] for k in kinds)
-    names = [*fields, *PASSTHROUGH, ERROR_COLUMN, ERROR_KIND]
+    names = [*fields, *keep, ERROR_COLUMN, ERROR_KIND]
     writer: DeadLetterWriter | None = None
     for batch in batches:
         n = batch.num_rows
@@ -227,7 +231,7 @@ def parse_batches(batches: Iterator[pa.RecordBatch], fields: Mapping[str, str],
             fast = None
         if fast is not None:
             none = pa.nulls(n, pa.string())
-            arrays = [*fast.columns, *(batch.column(c) for c in PASSTHROUGH), none, none]
+            arrays = [*fast.columns, *(batch.column(c) for c in keep), none, none]
             yield pa.RecordBatch.from_arrays([a.combine_chunks() if isinstance(
                 a, pa.ChunkedArray) else a for a in arrays], names=names)
             continue
@@ -248,7 +252,7 @@ def parse_batches(batches: Iterator[pa.RecordBatch], fields: Mapping[str, str],
             _dead_letter(writer, batch, raw, bad, errors, why)
         columns = list(zip(*rows, strict=True)) if rows else [() for _ in kinds]
         arrays = [pa.array(col, ARROW_TYPES[k]) for col, k in zip(columns, kinds, strict=True)]
-        arrays += [batch.column(c) for c in PASSTHROUGH]
+        arrays += [batch.column(c) for c in keep]
         arrays += [pa.array(errors, pa.string()), pa.array(why, pa.string())]
         yield pa.RecordBatch.from_arrays(arrays, names=names)
 
@@ -277,41 +281,45 @@ def _dead_letter(writer: DeadLetterWriter, batch: pa.RecordBatch, values: list[A
 # ------------------------------------------------------------------------ the Spark side
 
 
-def _output_schema(fields: Mapping[str, str], input_schema: StructType) -> StructType:
+def _output_schema(fields: Mapping[str, str], input_schema: StructType, keep: Sequence[str]
+                   ) -> StructType:
     return StructType(
         [StructField(name, SPARK_TYPES[kind], nullable=False) for name, kind in fields.items()]
-        + [input_schema[name] for name in PASSTHROUGH]
+        + [input_schema[name] for name in keep]
         + [StructField(ERROR_COLUMN, StringType(), nullable=True),
            StructField(ERROR_KIND, StringType(), nullable=True)])
 
 
 def parse_events(df: DataFrame, fields: Mapping[str, str], *, keys: Sequence[str] = (),
                  dlq_topic: str | None, bootstrap: str, max_value_bytes: int = 1_048_576,
-                 create_dlq: bool = True) -> DataFrame:
-    """Every record of ``df`` (a ``read_kafka`` DataFrame): the declared ``fields`` typed,
-    ``topic, partition, offset, timestamp``, and ``_error``/``_error_kind`` set on the
-    records that do not fit (which go to ``dlq_topic`` with their reason)."""
+                 create_dlq: bool = True, keep: Sequence[str] = ()) -> DataFrame:
+    """Every record of ``df`` (a ``read_kafka`` DataFrame): the declared ``fields`` typed, the
+    Kafka columns named in ``keep`` (of topic, partition, offset, timestamp), and
+    ``_error``/``_error_kind`` set on the records that do not fit (which go to ``dlq_topic``
+    with their reason and coordinates)."""
     check_fields(fields, keys)
+    if set(keep) - set(PASSTHROUGH):
+        raise InvalidRequest(f"parse: keep takes some of {PASSTHROUGH}, not {list(keep)}")
     missing = [c for c in ("key", "value", *PASSTHROUGH) if c not in df.columns]
     if missing:
         raise InvalidRequest(f"parse: input lacks columns {missing}; expected read_kafka output")
     if create_dlq and dlq_topic is not None:
         ensure_dlq(bootstrap, dlq_topic)
     fields = dict(fields)
-    keys = list(keys)
+    keys, keep = list(keys), list(keep)
 
     def parse(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        return parse_batches(batches, fields, keys, dlq_topic, bootstrap, max_value_bytes)
+        return parse_batches(batches, fields, keys, dlq_topic, bootstrap, max_value_bytes, keep)
 
     return df.select("key", "value", *PASSTHROUGH).mapInArrow(
-        parse, _output_schema(fields, df.schema))
+        parse, _output_schema(fields, df.schema, keep))
 
 
 def parse_json(df: DataFrame, fields: Mapping[str, str], *, keys: Sequence[str] = (),
                dlq_topic: str | None, bootstrap: str, max_value_bytes: int = 1_048_576,
-               create_dlq: bool = True) -> DataFrame:
+               create_dlq: bool = True, keep: Sequence[str] = ()) -> DataFrame:
     """``parse_events`` without the bad records: only the good ones, without the error
     columns (for a plain Spark aggregation, e.g. in spark-state mode)."""
     return parse_events(df, fields, keys=keys, dlq_topic=dlq_topic, bootstrap=bootstrap,
-                        max_value_bytes=max_value_bytes, create_dlq=create_dlq) \
+                        max_value_bytes=max_value_bytes, create_dlq=create_dlq, keep=keep) \
         .where(F.col(ERROR_KIND).isNull()).drop(ERROR_COLUMN, ERROR_KIND)

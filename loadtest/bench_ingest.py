@@ -53,6 +53,7 @@ from rich.console import Console
 from jobs import pipeline
 from jobs.examples import ads, tweets
 from jobs.examples.workloads import Ads, Tweets, Workload, events_over_span, write_mapping
+from jobs.coordinator import release
 from jobs.job import JobContext
 from jobs.parse import parse_events
 from jobs.queryable import QueryableJob
@@ -364,6 +365,7 @@ def run_sink_on(sink: str, spark: SparkSession, args: argparse.Namespace, broker
         wait_all([query], args.events)
     finally:
         query.stop()
+        release(storage, job_name)  # its heartbeats end with the run
     whole, steady, batches = progress_rates([query], args.events)
     return Run(sink, args.events, whole, steady, batches, stage_shares(reports))
 

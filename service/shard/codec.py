@@ -129,7 +129,8 @@ class Codec:
                 if a.kind == "sum":
                     out[name] = np.where(o_has, o, 0) + np.where(n_has, v, 0)
                 else:
-                    pick = np.minimum if a.kind == "min" else np.maximum
+                    # Spark orders NaN above every number: min skips it, max keeps it
+                    pick = np.fmin if a.kind == "min" else np.maximum
                     both = pick(o, v)
                     out[name] = np.where(o_has & n_has, both, np.where(o_has, o, v))
                 out[has] = o_has | n_has

@@ -47,7 +47,8 @@ def read_windows(db: Rdict, codec: Codec, key: str, range_ms: tuple[int, int] | 
     meta = Meta(**orjson.loads(it.value())) if it.valid() and it.key() == META else Meta()
     prefix = layout.key_prefix(key)
     if codec.spec.panes:
-        return meta, _sliding(it, codec, prefix, range_ms, limit)
+        cutoff = meta.watermark_ms - codec.spec.retention_ms  # what retention has deleted
+        return meta, _sliding(it, codec, prefix, range_ms, limit, cutoff)
     out: list[WindowValue] = []
     if range_ms is None:
         it.seek_for_prev(prefix + b"\xff" * 8)
@@ -75,7 +76,7 @@ def _window(codec: Codec, k: bytes, v: bytes) -> WindowValue:
 
 
 def _sliding(it: object, codec: Codec, prefix: bytes, range_ms: tuple[int, int] | None,
-             limit: int) -> list[WindowValue]:
+             limit: int, cutoff: int) -> list[WindowValue]:
     w = codec.spec.window
     size, slide = w.size_ms, w.slide
     if range_ms is None:
@@ -86,8 +87,13 @@ def _sliding(it: object, codec: Codec, prefix: bytes, range_ms: tuple[int, int] 
         lo, hi = newest, newest + 1
     else:
         lo, hi = range_ms
+    # a window that ended at or before the retention cutoff is gone, though some of its
+    # panes may still serve newer windows
+    lo = max(lo, cutoff - size + 1)
+    if lo >= hi:
+        return []
     # panes that can be in a window starting in [lo, hi)
-    first_pane, stop = lo, hi + size
+    first_pane, stop = lo, min(hi + size, (1 << 63) - 1)
     it.seek(prefix + layout.enc_time(first_pane))  # type: ignore[attr-defined]
     end_key = prefix + layout.enc_time(stop)
     keys: list[bytes] = []

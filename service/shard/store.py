@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 import orjson
 import pyarrow as pa
-from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+import pyarrow.compute as pc
+from rocksdict import BlockBasedOptions, Options, Rdict, WriteBatch, WriteOptions
 
 from service.core import shard_files
 from service.core.errors import StaleEpoch
@@ -40,6 +41,12 @@ class ApplyStats:
 def _options() -> Options:
     opts = Options(raw_mode=True)
     opts.create_if_missing(True)
+    # most keys of a batch are new at millions of keys: a Bloom filter answers "absent"
+    # without reading a block
+    table = BlockBasedOptions()
+    table.set_bloom_filter(10, False)
+    table.set_cache_index_and_filter_blocks(True)
+    opts.set_block_based_table_factory(table)
     # a server holds many partitions: keep each one's memtables small
     opts.set_write_buffer_size(8 << 20)
     opts.set_max_write_buffer_number(2)
@@ -99,14 +106,16 @@ class PartitionStore:
             late = self.meta.watermark_ms  # batch N's late-data watermark is batch N-1's
             watermark_ms = max(watermark_ms, self.meta.watermark_ms)
             stats = ApplyStats()
+            cutoff = NO_WINDOW  # what ended at or before it is past retention
             if retention_ms is not None:
-                stats.writes += self._expire(wb, watermark_ms - retention_ms)
+                cutoff = watermark_ms - retention_ms
+                stats.writes += self._expire(wb, cutoff)
             if delta is not None and delta.num_rows:
                 stats.rows = delta.num_rows
                 if self.spec.window.kind == "session":
-                    stats.writes += self._merge_sessions(wb, delta, late)
+                    stats.writes += self._merge_sessions(wb, delta, late, cutoff)
                 else:
-                    stats.writes += self._merge_rows(wb, delta)
+                    stats.writes += self._merge_rows(wb, delta, cutoff)
             meta = Meta(batch, watermark_ms, max(epoch, self.meta.epoch))
             wb.put(META, orjson.dumps(meta.__dict__))
             self.db.write(wb, self._sync)
@@ -115,34 +124,36 @@ class PartitionStore:
             self._mark()
             return True
 
-    def _data_keys(self, delta: pa.Table) -> list[bytes]:
-        keys = delta.column("key").to_pylist()
-        starts = delta.column("start").fill_null(NO_WINDOW).to_pylist()
-        if self.panes:
-            tags = delta.column("tag").to_pylist()
-            return [layout.data_key(k, s, t) for k, s, t in zip(keys, starts, tags, strict=True)]
-        return [layout.data_key(k, s) for k, s in zip(keys, starts, strict=True)]
-
-    def _merge_rows(self, wb: WriteBatch, delta: pa.Table) -> int:
-        """Each row meets the stored value of its exact data key: one multi-get of the
-        batch's keys, one vectorized combine, one sorted pass of puts."""
-        dks = self._data_keys(delta)
-        order = sorted(range(len(dks)), key=dks.__getitem__)
-        dks = [dks[i] for i in order]
-        delta = delta.take(pa.array(order, pa.int64()))
+    def _merge_rows(self, wb: WriteBatch, delta: pa.Table, cutoff: int) -> int:
+        """Each row meets the stored value of its exact data key: keys built vectorized,
+        one multi-get of the batch's keys in sorted order, one vectorized combine, one
+        sorted pass of puts. A row already past retention is not kept (what was stored of
+        it, ``_expire`` deletes in the same batch)."""
+        starts = delta.column("start").fill_null(NO_WINDOW).to_numpy()
+        tags = delta.column("tag").fill_null(0).to_numpy() if self.panes else None
+        keys = layout.data_keys(delta.column("key").combine_chunks(), starts, tags)
+        order = pc.sort_indices(keys)
+        keys, delta = keys.take(order), delta.take(order)
+        dks: list[bytes] = keys.to_pylist()
         stored: list[bytes | None] = self.db.get(dks)  # type: ignore[arg-type,assignment]
         old, present, old_blobs = self.codec.decode(stored)
         new, new_blobs = self.codec.from_delta(delta)
         merged, blobs = self.codec.combine(old, present, old_blobs, new, new_blobs)
         values = self.codec.encode(merged, blobs)
-        ends = merged["end"]
-        windowed = self.spec.windowed
-        index_ends = self._index_ends(delta, ends) if windowed else None
-        for i, dk in enumerate(dks):
-            wb.put(dk, values[i])
-            if index_ends is not None and not present[i]:
-                wb.put(layout.index_key(int(index_ends[i]), dk), b"")
-        return len(dks)
+        if not self.spec.windowed:
+            for dk, value in zip(dks, values, strict=True):
+                wb.put(dk, value)
+            return len(dks)
+        ends = self._index_ends(delta, merged["end"])
+        keep = ends > cutoff
+        for dk, value, kept in zip(dks, values, keep.tolist(), strict=True):
+            if kept:
+                wb.put(dk, value)
+        fresh = keep & ~present
+        if fresh.any():
+            for ik in layout.index_keys(ends[fresh], keys.filter(pa.array(fresh))).to_pylist():
+                wb.put(ik, b"")
+        return int(keep.sum())
 
     def _index_ends(self, delta: pa.Table, ends: np.ndarray) -> np.ndarray:
         """When a stored record stops mattering: its window's end, or for a pane the end of
@@ -153,7 +164,8 @@ class PartitionStore:
         panes = delta.column("start").to_numpy()
         return panes - panes % w.slide + w.size_ms
 
-    def _merge_sessions(self, wb: WriteBatch, delta: pa.Table, late_ms: int) -> int:
+    def _merge_sessions(self, wb: WriteBatch, delta: pa.Table, late_ms: int,
+                        cutoff: int) -> int:
         """A key's new sessions merge with its open stored ones (end after the late-data
         watermark, as Spark's state holds them) wherever they touch (start <= end); a session
         that bridges two merges all three. Replaced sessions are deleted in the same batch."""
@@ -168,12 +180,14 @@ class PartitionStore:
             while j < len(keys) and keys[j] == keys[i]:
                 j += 1
             writes += self._merge_key_sessions(
-                wb, keys[i], late_ms, starts[i:j], new[i:j], [b[i:j] for b in new_blobs])
+                wb, keys[i], late_ms, starts[i:j], new[i:j], [b[i:j] for b in new_blobs],
+                cutoff)
             i = j
         return writes
 
     def _merge_key_sessions(self, wb: WriteBatch, key: str, late_ms: int, starts: np.ndarray,
-                            new: np.ndarray, new_blobs: list[list[bytes | None]]) -> int:
+                            new: np.ndarray, new_blobs: list[list[bytes | None]],
+                            cutoff: int) -> int:
         codec = self.codec
         prefix = layout.key_prefix(key)
         stored_keys, stored_values = [], []
@@ -204,6 +218,8 @@ class PartitionStore:
             for n in olds:
                 wb.delete(stored_keys[n])
                 wb.delete(layout.index_key(int(old["end"][n]), stored_keys[n]))
+            if cur_end <= cutoff:
+                return len(olds)  # already past retention
             dk = layout.data_key(key, cur_start)
             [value] = codec.encode(np.array([merged], codec.dtype), [[b] for b in merged_blobs])
             wb.put(dk, value)

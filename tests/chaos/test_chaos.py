@@ -129,7 +129,7 @@ def test_kill9_router_start_another(world):
 
 
 def test_restart_the_broker(world):
-    _, gen = world
+    _ = world
 
     def inject(d: Deployment) -> float:
         # kill -9 under load, producers running: idempotent producers ride through (their

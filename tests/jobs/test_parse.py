@@ -152,8 +152,9 @@ def test_a_batch_and_each_record_alone_are_judged_alike(value: bytes | None) -> 
 
 
 def test_an_all_good_batch_takes_the_fast_path_with_the_same_answer() -> None:
-    values = [orjson.dumps({"user": f"u{i}", "time": i, "amount": i / 2, "ok": i % 2 == 0,
-                            "extra": "x"}) for i in range(500)]
+    values: list[bytes | None] = [orjson.dumps(
+        {"user": f"u{i}", "time": i, "amount": i / 2, "ok": i % 2 == 0, "extra": "x"})
+        for i in range(500)]
     rows = parsed(values)
     assert [tuple(r[f] for f in FIELDS) for r in rows] == [
         parse_value(v, FIELDS) for v in values]
@@ -235,7 +236,8 @@ def test_parse_events_stream_with_dead_letters(spark, broker, topic, tmp_path) -
     assert producer.flush(30) == 0
 
     source = read_kafka(spark, bootstrap, topic)
-    events = parse_events(source, FIELDS, keys=["user"], dlq_topic=dlq, bootstrap=bootstrap)
+    events = parse_events(source, FIELDS, keys=["user"], dlq_topic=dlq, bootstrap=bootstrap,
+                          keep=["topic", "partition", "offset", "timestamp"])
     assert [(f.name, f.dataType.simpleString(), f.nullable) for f in events.schema.fields][:4] == [
         ("user", "string", False), ("time", "bigint", False),
         ("amount", "double", False), ("ok", "boolean", False),

@@ -272,12 +272,22 @@ def compare(store: PartitionStore, model: SparkModel, retention_ms: int | None =
             assert latest == []
 
 
+def raw_items(store: PartitionStore) -> list[tuple[bytes, bytes]]:
+    """Everything in the partition's RocksDB (raw mode: bytes to bytes), in key order."""
+    return [(bytes(k), bytes(v)) for k, v in store.db.items()]  # type: ignore[arg-type]
+
+
+def data_and_index_keys(store: PartitionStore) -> list[bytes]:
+    """The stored keys other than the meta: windows, panes, sessions and their index."""
+    return [k for k, _ in raw_items(store) if k != layout.META]
+
+
 def check_index(store: PartitionStore) -> None:
     """Every stored window (or pane, or session) has exactly one time-index entry, at the
     time it stops mattering, and every index entry names a stored record."""
     data: dict[bytes, bytes] = {}
     index: dict[bytes, int] = {}
-    for k, v in store.db.items():
+    for k, v in raw_items(store):
         if k.startswith(layout.DATA):
             data[k] = v
         elif k.startswith(layout.INDEX):

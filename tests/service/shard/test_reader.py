@@ -8,12 +8,11 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-from rocksdict import Rdict
 
 from service.core.operator import WindowSpec
 from service.shard.codec import Codec
 from service.shard.reader import Meta, WindowValue, read_windows
-from service.shard.store import PartitionStore, _options
+from service.shard.store import PartitionStore
 from tests.service.shard.sim import (
     FAR,
     KEYS,
@@ -84,13 +83,12 @@ def test_random_range_reads_session() -> None:
 
 # ---- particular cases ---------------------------------------------------------------------
 def test_an_empty_partition_reads_nothing(tmp_path: Path) -> None:
-    spec = make_spec(WindowSpec("sliding", 50, 20))
-    db = Rdict(str(tmp_path / "p"), _options())
-    try:
-        assert read_windows(db, Codec(spec), "k") == (Meta(), [])
-        assert read_windows(db, Codec(spec), "k", (-FAR, FAR)) == (Meta(), [])
-    finally:
-        db.close()
+    for w in (WindowSpec("sliding", 50, 20), WindowSpec("tumbling", 10), WindowSpec()):
+        store = PartitionStore(tmp_path / w.kind, make_spec(w))  # no batch yet: no meta
+        codec = Codec(store.spec)
+        assert read_windows(store.db, codec, "k") == (Meta(), [])
+        assert read_windows(store.db, codec, "k", (-FAR, FAR)) == (Meta(), [])
+        store.close()
 
 
 def test_keys_that_prefix_each_other_stay_apart(tmp_path: Path) -> None:
@@ -104,7 +102,7 @@ def test_keys_that_prefix_each_other_stay_apart(tmp_path: Path) -> None:
         for k in [*keys, "b", "a\x00\x00"]:
             want = model.expected().get(k, {})
             _, latest = store.read(k)
-            if not w.kind == "none":
+            if w.kind != "none":
                 _, got = store.read(k, (-FAR, FAR))
                 assert spans(got) == [(s, want[s][0]) for s in sorted(want)], (w, k)  # type: ignore[type-var]
             for x in latest:

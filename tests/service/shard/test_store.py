@@ -4,6 +4,7 @@ window by window; plus exactly-once application, epochs, retention and spark-sta
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import pyarrow as pa
@@ -13,7 +14,6 @@ from hypothesis import HealthCheck, Phase, given, settings
 from service.core.delta import delta_schema
 from service.core.errors import StaleEpoch
 from service.core.operator import Aggregate, OperatorSpec, WindowSpec
-from service.shard import layout
 from service.shard.store import PartitionStore
 from tests.service.shard.sim import (
     FAR,
@@ -23,11 +23,14 @@ from tests.service.shard.sim import (
     assert_answers,
     check_index,
     compare,
+    data_and_index_keys,
     make_spec,
     partials,
+    raw_items,
     run,
     scenarios,
     scratch,
+    sketch,
     view,
 )
 
@@ -128,7 +131,7 @@ def test_a_row_bridging_two_open_sessions_merges_all_three(tmp_path: Path) -> No
     run(store, model, [([], 245)], retention_ms=110, first=4)  # cutoff 135
     assert sessions_of(store, "k") == []
     check_index(store)
-    assert [k for k in store.db.keys() if k != layout.META] == []
+    assert data_and_index_keys(store) == []
 
 
 def test_a_new_session_in_one_batch_bridges_stored_ones(tmp_path: Path) -> None:
@@ -160,7 +163,7 @@ def test_a_row_touching_a_closed_session_starts_a_new_one(tmp_path: Path) -> Non
 
 # ---- exactly once, epochs ----------------------------------------------------------------------
 def dump(store: PartitionStore) -> list[tuple[bytes, bytes]]:
-    return list(store.db.items())
+    return raw_items(store)
 
 
 def test_reapplying_a_batch_is_a_no_op(tmp_path: Path) -> None:
@@ -217,7 +220,7 @@ def test_the_watermark_never_goes_back(tmp_path: Path) -> None:
     assert [(w.start, w.values[0]) for w in store.read("k", (0, 100))[1]] == [(0, 1), (50, 1)]
 
 
-# ---- retention -------------------------------------------------------------------------------------
+# ---- retention -----------------------------------------------------------------------------
 def test_retention_deletes_windows_ended_at_or_before_watermark_minus_retention(
         tmp_path: Path) -> None:
     w = WindowSpec("tumbling", 10)
@@ -233,7 +236,7 @@ def test_retention_deletes_windows_ended_at_or_before_watermark_minus_retention(
     assert store.read("k3")[1][0].start == 30
     check_index(store)
     assert store.apply(3, 1000, 1, None, 100)
-    assert [k for k in store.db.keys() if k != layout.META] == []
+    assert data_and_index_keys(store) == []
 
 
 def test_retention_of_sliding_windows_removes_whole_windows(tmp_path: Path) -> None:
@@ -314,8 +317,8 @@ def test_non_windowed_sum_min_max_avg(tmp_path: Path) -> None:
     check_index(store)  # nothing in the time index: never expires
 
 
-def value_delta(spec: OperatorSpec, rows: list[tuple[str, int | None, int | None, int | None,
-                                                     float | None]]) -> pa.Table:
+def value_delta(spec: OperatorSpec, rows: Sequence[tuple[str, int | None, int | None,
+                                                        int | None, float | None]]) -> pa.Table:
     return pa.Table.from_pylist(
         [{"key": k, "start": s, "end": e, "tag": None, "v": v, "x": x} for k, s, e, v, x in rows],
         schema=delta_schema(spec))
@@ -353,8 +356,6 @@ def test_merge_with_several_aggregates_of_one_kind(tmp_path: Path) -> None:
         "u2": Aggregate("approx_count_distinct", "long", 12)},
         window=WindowSpec("tumbling", 10))
     store = PartitionStore(tmp_path / "p", spec)
-    from tests.service.shard.sim import sketch
-
     def d(users1: range, users2: range, n: int) -> pa.Table:
         return pa.Table.from_pylist([{"key": "k", "start": 0, "end": 10, "tag": None,
                                       "u1": sketch(users1), "n": n, "u2": sketch(users2)}],
