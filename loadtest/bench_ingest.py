@@ -51,9 +51,9 @@ from pyspark.sql.streaming import StreamingQuery
 from rich.console import Console
 
 from jobs import pipeline
+from jobs.coordinator import release
 from jobs.examples import ads, tweets
 from jobs.examples.workloads import Ads, Tweets, Workload, events_over_span, write_mapping
-from jobs.coordinator import release
 from jobs.job import JobContext
 from jobs.parse import parse_events
 from jobs.queryable import QueryableJob
