@@ -58,8 +58,8 @@ def dead_letters(bootstrap: str, topic: str) -> list[tuple[bytes | None, bytes |
         while len(out) < sum(ends.values()):
             for m in c.consume(num_messages=sum(ends.values()) - len(out), timeout=5):
                 assert m.error() is None
-                pairs: list = m.headers() or []
-                headers = {str(k): bytes(v).decode() for k, v in pairs}
+                headers = {str(k): bytes(v).decode()  # type: ignore[arg-type]
+                           for k, v in m.headers() or []}
                 out.append((m.key(), m.value(), headers))  # type: ignore[arg-type]
         return out
     finally:
