@@ -58,7 +58,7 @@ def dead_letters(bootstrap: str, topic: str) -> list[tuple[bytes | None, bytes |
         while len(out) < sum(ends.values()):
             for m in c.consume(num_messages=sum(ends.values()) - len(out), timeout=5):
                 assert m.error() is None
-                headers = {str(k): bytes(v).decode()  # type: ignore[arg-type]
+                headers = {str(k): bytes(v).decode()  # type: ignore[arg-type,str-unpack]
                            for k, v in m.headers() or []}
                 out.append((m.key(), m.value(), headers))  # type: ignore[arg-type]
         return out
