@@ -6,11 +6,12 @@
     A.sum("price").alias("revenue"), A.avg("latency_ms"), A.max("t")
     A.approx_count_distinct("user_id").alias("users")     # HyperLogLog, mergeable
 
-Each is computed per batch as a partial aggregate by a plain Spark ``groupBy`` and combined
-with the stored value on the shard (``service.shard.codec``): count and sum add, min and max
-keep the extreme, avg adds its sum and count, approx_count_distinct unions Apache
-DataSketches HLL sketches (Spark's ``hll_sketch_agg``). ``when`` counts or aggregates only
-the rows where the condition holds, in the same pass.
+Spark evaluates each one's input per row (``input``: a column expression, null where ``when``
+does not hold); the batch's partial aggregates are computed on the executors
+(``jobs.partials``) and combined with the stored value on the shard
+(``service.shard.codec``): count and sum add, min and max keep the extreme, avg adds its sum
+and count, approx_count_distinct unions Apache DataSketches HLL sketches. ``when`` counts or
+aggregates only the rows where the condition holds, in the same pass.
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ class Agg:
     def _described(self) -> str:
         return "*" if self.column is None else str(self.column)
 
-    def _input(self) -> Column:
+    def input(self) -> Column:
+        """The value this aggregate takes of a row: null where ``when`` does not hold."""
         col = F.lit(1) if self.column is None else (
             F.col(self.column) if isinstance(self.column, str) else self.column)
         return F.when(self.when, col) if self.when is not None else col
@@ -63,31 +65,8 @@ class Agg:
             return Aggregate(self.kind, "long", self.lg_k if self.kind != "count" else 0)
         if self.kind == "avg":
             return Aggregate("avg", "double")
-        dtype = events.select(self._input().alias("_x")).schema["_x"].dataType
+        dtype = events.select(self.input().alias("_x")).schema["_x"].dataType
         return Aggregate(self.kind, _numeric(dtype, self))
-
-    def partials(self) -> list[Column]:
-        """This aggregate's per-batch partial columns (named as ``codec.delta_fields``)."""
-        x, name = self._input(), self.label
-        if self.kind == "count":
-            return [F.count(x).alias(name)]
-        if self.kind == "avg":
-            return [F.sum(x.cast("double")).alias(f"{name}__sum"),
-                    F.count(x).alias(f"{name}__n")]
-        if self.kind == "approx_count_distinct":
-            return [F.hll_sketch_agg(x, self.lg_k).alias(name)]
-        fn = {"sum": F.sum, "min": F.min, "max": F.max}[self.kind]
-        return [fn(x).alias(name)]
-
-    def cast(self, agg: Aggregate) -> list[Column]:
-        """The partial columns cast to the types the delta file declares."""
-        name = self.label
-        if self.kind == "avg":
-            return [F.col(f"{name}__sum").cast("double").alias(f"{name}__sum"),
-                    F.col(f"{name}__n").cast("long").alias(f"{name}__n")]
-        if self.kind == "approx_count_distinct":
-            return [F.col(name)]
-        return [F.col(name).cast(agg.type).alias(name)]
 
 
 def _numeric(dtype: T.DataType, agg: Agg) -> StateType:

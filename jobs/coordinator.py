@@ -35,7 +35,12 @@ from service.core.errors import (
     Unavailable,
     from_grpc,
 )
-from service.core.manifest import BatchManifest, delete_manifests_through, write_manifest
+from service.core.manifest import (
+    BatchManifest,
+    Fragments,
+    delete_manifests_through,
+    write_manifest,
+)
 from service.core.operator import OperatorSpec
 from service.core.shard_client import ShardClients
 from service.core.storage import Storage
@@ -135,7 +140,7 @@ class Coordinator:
 
     # ---- commits ----------------------------------------------------------------
     def commit(self, spec: OperatorSpec, batch: int, watermark_ms: int,
-               written: dict[int, int]) -> CommitOutcome:
+               written: dict[int, Fragments]) -> CommitOutcome:
         """Record batch ``batch`` and commit it on every owner. Returns once each partition
         acknowledged; re-plans as partitions move; raises if fenced or out of time."""
         t0 = time.perf_counter()
@@ -159,8 +164,10 @@ class Coordinator:
                 addr: (parts, self.clients.stub(addr).Commit.future(pb.CommitRequest(
                     job=spec.job, operator=spec.operator, batch=batch,
                     watermark_ms=watermark_ms, epoch=epoch,
-                    partitions=[pb.PartitionDelta(partition=p, has_delta=p in written,
-                                                  rows=written.get(p, 0)) for p in parts]),
+                    partitions=[pb.PartitionDelta(
+                        partition=p, has_delta=p in written,
+                        rows=sum(written.get(p, {}).values()),
+                        fragments=sorted(written.get(p, {}))) for p in parts]),
                     timeout=remaining))
                 for addr, parts in plan.items() if parts}
             errors = {}

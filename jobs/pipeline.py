@@ -23,6 +23,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from jobs import metrics
 from jobs.parse import ERROR_KIND
+from jobs.partials import Plan
 from jobs.queryable import QueryableJob
 from jobs.sinks import BatchReport, OperatorReport, PartialsSink, Reports, batch_watermark_ms
 
@@ -46,8 +47,9 @@ def start(job: QueryableJob, checkpoint: str, sink: PartialsSink, *, partitions:
     def one_operator(name: str, good: DataFrame, batch: int, late: int,
                      watermark: int) -> OperatorReport:
         op = next(o for o in job.operators if o.name == name)
-        partials = op.partials(good, event_ms, late)
-        return sink.write(specs[name], partials, batch, watermark)
+        spec = specs[name]
+        rows = op.project(good, event_ms, spec.partitions)
+        return sink.write(rows, Plan(spec, late, batch), watermark)
 
     def run_batch(df: DataFrame, batch: int) -> None:
         t0 = time.perf_counter()

@@ -24,7 +24,8 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from jobs.aggregates import Agg
-from jobs.windows import END, KEY, START, TAG, Window, assign, duration_ms, session_bounds
+from jobs.partials import INPUT, KEY, PART, TIME
+from jobs.windows import Window, duration_ms
 from service.core.errors import InvalidRequest
 from service.core.operator import MERGEABLE, Aggregate, OperatorSpec, WindowSpec
 
@@ -57,30 +58,22 @@ class MergeOperator:
     window: WindowSpec
     aggs: list[Agg]
     where: Column | None = None
-    specs: dict[str, Aggregate] = field(default_factory=dict)  # set by QueryableJob.resolve
+    specs: dict[str, Aggregate] = field(default_factory=dict)  # set by QueryableJob.add
 
     def spec(self, job: str, partitions: int, retention_ms: int) -> OperatorSpec:
         return OperatorSpec(job, self.name, self.key, dict(self.specs), partitions,
                             self.window, retention_ms)
 
-    def partials(self, batch: DataFrame, event_ms: Column, late_ms: int) -> DataFrame:
-        """The batch's partial aggregates: ``key, start, end, tag`` and one column per
-        partial (as ``service.shard.codec.delta_fields`` names them)."""
+    def project(self, batch: DataFrame, event_ms: Column, partitions: int) -> DataFrame:
+        """What the executors aggregate (``jobs.partials``): the operator's rows of the batch
+        with the key (a string), the event time, the key's shard partition and each
+        aggregate's input, evaluated by Spark."""
         rows = batch.where(self.where) if self.where is not None else batch
-        rows = assign(rows, self.window, event_ms, F.col(self.key), late_ms)
-        rows = rows.where(F.col(KEY).isNotNull())
-        parts = [c for a in self.aggs for c in a.partials()]
-        if self.window.kind == "session":
-            grouped = rows.groupBy(F.col(KEY), session_bounds(self.window).alias("_qs_s")) \
-                .agg(*parts)
-            grouped = (grouped.withColumn(START, F.unix_millis(F.col("_qs_s.start")))
-                       .withColumn(END, F.unix_millis(F.col("_qs_s.end")))
-                       .withColumn(TAG, F.lit(None).cast("long")))
-        else:
-            grouped = rows.groupBy(KEY, START, END, TAG).agg(*parts)
-        casts = [c for a in self.aggs for c in a.cast(self.specs[a.label])]
-        return grouped.select(F.col(KEY).alias("key"), F.col(START).alias("start"),
-                              F.col(END).alias("end"), F.col(TAG).alias("tag"), *casts)
+        key = F.col(self.key).cast("string")
+        return rows.where(key.isNotNull()).select(
+            key.alias(KEY), event_ms.alias(TIME),
+            F.pmod(F.xxhash64(key), F.lit(partitions)).cast("int").alias(PART),
+            *[a.input().alias(INPUT(i)) for i, a in enumerate(self.aggs)])
 
 
 class _Grouped:

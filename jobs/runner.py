@@ -83,12 +83,11 @@ def start_job(spark: SparkSession, builder: str | Builder, ctx: JobContext) -> R
     ensure_topic(ctx.bootstrap, job.topic)
     cfg = settings()
     retention = cfg.retention_ms if ctx.retention_ms is None else ctx.retention_ms
-    tasks = int(spark.conf.get("spark.sql.shuffle.partitions") or 200)
     queries: dict[str, StreamingQuery] = {}
     reports: dict[str, Reports] = {}
     if job.operators:
         reports[MERGED] = Reports()
-        sink = QStateSink(ctx.storage, ctx.shards, cfg.commit_timeout_s, tasks)
+        sink = QStateSink(ctx.storage, ctx.shards, cfg.commit_timeout_s)
         queries[MERGED] = pipeline.start(
             job, str(ctx.checkpoint / MERGED), sink, partitions=ctx.partitions,
             retention_ms=retention, trigger_interval=ctx.trigger_interval,

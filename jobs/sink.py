@@ -20,6 +20,7 @@ from pyspark.sql import types as T
 from pyspark.sql.streaming import StreamingQuery
 
 from jobs import metrics
+from jobs.partials import PART, Plan
 from jobs.sinks import BatchReport, QStateSink, Reports, batch_watermark_ms
 from service.core.config import settings
 from service.core.errors import InvalidRequest
@@ -50,6 +51,8 @@ def _rows(df: DataFrame, spec: OperatorSpec, window_col: str | None) -> DataFram
         cols += [none.alias("start"), none.alias("end")]
     cols.append(none.alias("tag"))
     cols += [F.col(n).cast(t).alias(n) for n, t in spec.types.items()]
+    cols.append(F.pmod(F.xxhash64(F.col(spec.key).cast("string")),
+                       F.lit(spec.partitions)).cast("int").alias(PART))
     return df.where(F.col(spec.key).isNotNull()).select(*cols)
 
 
@@ -83,17 +86,17 @@ def serve(df: DataFrame, *, job: str, operator: str, key: str,
                                              for n, t in state_types.items()},
                         partitions or cfg.partitions, window,
                         cfg.retention_ms if retention_ms is None else retention_ms)
-    tasks = int(df.sparkSession.conf.get("spark.sql.shuffle.partitions") or 200)
-    sink = QStateSink(storage or cfg.storage_uri, shards, cfg.commit_timeout_s, tasks)
+    sink = QStateSink(storage or cfg.storage_uri, shards, cfg.commit_timeout_s)
     sink.prepare([spec])
     reports = reports if reports is not None else Reports()
 
     def sink_batch(batch_df: DataFrame, batch: int) -> None:
         t0 = time.perf_counter()
         watermark = batch_watermark_ms(checkpoint, batch)
-        done = sink.write(spec, _rows(batch_df, spec, window_col), batch, watermark)
-        report = BatchReport(batch, done.rows, {}, watermark, batch_watermark_ms(
-            checkpoint, batch - 1), 0.0, time.perf_counter() - t0, {operator: done})
+        late = batch_watermark_ms(checkpoint, batch - 1)
+        done = sink.write(_rows(batch_df, spec, window_col), Plan(spec, late, batch), watermark)
+        report = BatchReport(batch, done.rows, {}, watermark, late, 0.0,
+                             time.perf_counter() - t0, {operator: done})
         reports.batches.append(report)
         metrics.observe_batch(job, None, report)
 

@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import orjson
-from pyspark.sql import DataFrame
+import pyarrow as pa
+from pyspark.sql import DataFrame, Row
 
 from jobs import metrics
 from jobs.coordinator import coordinator_for
-from jobs.deltas import write_deltas
+from jobs.partials import PART, Plan, aggregate, fragment_writer
+from service.core.manifest import Fragments
 from service.core.operator import OperatorSpec, save_spec
 from service.core.storage import Storage
 
@@ -37,7 +40,7 @@ def batch_watermark_ms(checkpoint: str, batch: int) -> int:
 @dataclass
 class OperatorReport:
     rows: int = 0  # partial rows written for the operator
-    write_s: float = 0.0  # aggregate + write (one Spark job)
+    write_s: float = 0.0  # aggregate + write delta files (one Spark job)
     commit_s: float = 0.0
     applied: int = 0
     skipped: int = 0
@@ -69,19 +72,28 @@ class Reports:
 class PartialsSink(Protocol):
     def prepare(self, specs: list[OperatorSpec]) -> None: ...
 
-    def write(self, spec: OperatorSpec, partials: DataFrame, batch: int,
-              watermark_ms: int) -> OperatorReport: ...
+    def write(self, rows: DataFrame, plan: Plan, watermark_ms: int) -> OperatorReport:
+        """Take one operator's rows of a batch: projected by Spark for merged operators
+        (``MergeOperator.project``, aggregated by the sink on the executors), final values
+        for spark-state ones (``plan.spec.mode``)."""
+        ...
+
+
+def _written(result: list[Row]) -> dict[int, Fragments]:
+    out: dict[int, Fragments] = {}
+    for r in result:
+        out.setdefault(r["partition"], {})[r["fragment"]] = r["rows"]
+    return out
 
 
 class QStateSink:
     """Delta files on checkpoint storage, then ``Commit(N)`` on every owning shard."""
 
-    def __init__(self, storage_uri: str, shards: list[str] | None, commit_timeout_s: float,
-                 tasks: int) -> None:
+    def __init__(self, storage_uri: str, shards: list[str] | None,
+                 commit_timeout_s: float) -> None:
         self.storage_uri = storage_uri
         self.shards = shards
         self.commit_timeout_s = commit_timeout_s
-        self.tasks = tasks
 
     def prepare(self, specs: list[OperatorSpec]) -> None:
         storage = Storage(self.storage_uri)
@@ -92,15 +104,20 @@ class QStateSink:
         for spec in specs:
             self.coordinator.register(spec)
 
-    def write(self, spec: OperatorSpec, partials: DataFrame, batch: int,
-              watermark_ms: int) -> OperatorReport:
+    def write(self, rows: DataFrame, plan: Plan, watermark_ms: int) -> OperatorReport:
+        spec = plan.spec
         t0 = time.perf_counter()
-        written = write_deltas(partials, spec, self.storage_uri, batch, self.tasks)
+        final = spec.mode == "spark-state"
+        if final:  # one task per shard partition: Spark's rows are whole values
+            tasks = int(rows.sparkSession.conf.get("spark.sql.shuffle.partitions") or 200)
+            rows = rows.repartition(min(tasks, spec.partitions), PART)
+        written = _written(rows.mapInArrow(fragment_writer(plan, self.storage_uri, final),
+                                           "partition int, fragment int, rows long").collect())
         t1 = time.perf_counter()
-        done = self.coordinator.commit(spec, batch, watermark_ms, written)
+        done = self.coordinator.commit(spec, plan.batch, watermark_ms, written)
         metrics.COMMIT_SECONDS.labels(spec.job, spec.operator).observe(done.seconds)
-        return OperatorReport(sum(written.values()), t1 - t0, done.seconds, done.applied,
-                              done.skipped)
+        return OperatorReport(sum(sum(f.values()) for f in written.values()), t1 - t0,
+                              done.seconds, done.applied, done.skipped)
 
 
 class NoopSink:
@@ -109,8 +126,13 @@ class NoopSink:
     def prepare(self, specs: list[OperatorSpec]) -> None:
         pass
 
-    def write(self, spec: OperatorSpec, partials: DataFrame, batch: int,
-              watermark_ms: int) -> OperatorReport:
+    def write(self, rows: DataFrame, plan: Plan, watermark_ms: int) -> OperatorReport:
         t0 = time.perf_counter()
-        rows = partials.count()
-        return OperatorReport(rows, time.perf_counter() - t0)
+
+        def count(it: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            batches = list(it)
+            n = aggregate(pa.Table.from_batches(batches), plan).num_rows if batches else 0
+            yield pa.RecordBatch.from_arrays([pa.array([n], pa.int64())], ["rows"])
+
+        n = sum(r["rows"] for r in rows.mapInArrow(count, "rows long").collect())
+        return OperatorReport(n, time.perf_counter() - t0)

@@ -357,7 +357,7 @@ def run_sink_on(sink: str, spark: SparkSession, args: argparse.Namespace, broker
         return Run(sink, args.events, whole, steady, batches, {})
     job = build(args.workload, spark, ctx)
     reports = Reports()
-    target = QStateSink(storage, ctx.shards, DEFAULTS.commit_timeout_s, 4)
+    target = QStateSink(storage, ctx.shards, DEFAULTS.commit_timeout_s)
     query = pipeline.start(job, str(ckpt / "merged"), target, partitions=P,
                            retention_ms=DEFAULTS.retention_ms, trigger_interval="0 seconds",
                            reports=reports)

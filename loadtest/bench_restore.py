@@ -51,9 +51,9 @@ def main() -> None:
                       "tag": pa.nulls(len(keys), pa.int64()),
                       "n": [b + 1] * len(keys)}).cast(deltas.delta_schema(spec))
         deltas.write_delta(storage, PartitionId(spec.job, spec.operator, 0), b, t)
-        write_manifest(storage, "bench", "counts", BatchManifest(b, b, {0: len(keys)}))
+        write_manifest(storage, "bench", "counts", BatchManifest(b, b, {0: {0: len(keys)}}))
         t0 = time.perf_counter()
-        a.commit("bench", "counts", b, b, 1, [PartitionCommit(0, True, len(keys))])
+        a.commit("bench", "counts", b, b, 1, [PartitionCommit(0, (0,), len(keys))])
         apply_s.append(time.perf_counter() - t0)
     a._bg.shutdown(wait=True)  # let the last snapshot finish
     snaps = snapshot_batches(storage, PartitionId("bench", "counts", 0))

@@ -62,7 +62,7 @@ def load(storage: Storage, shards: list[ShardProcess], keys: int) -> None:
                       "tag": pa.nulls(len(ks), pa.int64()),
                       "views": [int(k[5:]) for k in ks]}).cast(deltas.delta_schema(SPEC))
         deltas.write_delta(storage, PartitionId(SPEC.job, SPEC.operator, p), 0, t)
-        written[p] = t.num_rows
+        written[p] = {0: t.num_rows}
     coord.commit(SPEC, 0, 120_000, written)
 
 

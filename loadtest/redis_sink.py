@@ -14,10 +14,11 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
 
+from jobs.partials import Plan, aggregate
 from jobs.sinks import OperatorReport
 from service.core.operator import OperatorSpec
 from service.core.windows import ALL_WINDOWS
@@ -37,18 +38,42 @@ def _client(host: str, port: int) -> Any:
     return c
 
 
-def _pusher(spec: OperatorSpec, host: str, port: int, fields: list[tuple[str, str]]
-            ) -> Any:
+def _windows(table: pa.Table, spec: OperatorSpec) -> pa.Table:
+    """Pane partials as window partials: each pane row repeated in every window it counts in
+    (its tag's first window on), then summed per (key, window)."""
+    w = spec.window
+    starts = table.column("start").to_numpy()
+    tags = table.column("tag").to_numpy()
+    first = starts - w.size_ms - (starts - w.size_ms) % w.slide_ms + w.slide_ms
+    first = np.where(tags == ALL_WINDOWS, first, tags)
+    last = starts - starts % w.slide_ms
+    counts = (last - first) // w.slide_ms + 1
+    rows = np.repeat(np.arange(len(starts)), counts)
+    offsets = np.arange(len(rows)) - np.repeat(np.cumsum(counts) - counts, counts)
+    exploded = table.take(pa.array(rows)).set_column(
+        table.schema.get_field_index("start"), "start",
+        pa.array(np.repeat(first, counts) + offsets * w.slide_ms))
+    names = [n for n in exploded.column_names if n not in ("key", "start", "end", "tag")]
+    summed = exploded.group_by(["key", "start"]).aggregate([(n, "sum") for n in names])
+    return summed.rename_columns([n.removesuffix("_sum") for n in summed.column_names])
+
+
+def _pusher(plan: Plan, host: str, port: int, fields: list[tuple[str, str]]) -> Any:
+    spec = plan.spec
     prefix = f"{spec.job}:{spec.operator}:"
 
     def push(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        r = _client(host, port)
+        table = pa.Table.from_batches(list(batches))
         n = 0
-        for b in batches:
-            cols = b.to_pydict()
+        if table.num_rows:
+            partial = aggregate(table, plan)
+            if spec.panes:  # one write per window, as the classic job does
+                partial = _windows(partial, spec)
+            r = _client(host, port)
+            cols = partial.to_pydict()
             keys, starts = cols["key"], cols["start"]
             pipe = r.pipeline(transaction=False)
-            for i in range(b.num_rows):
+            for i in range(partial.num_rows):
                 h = f"{prefix}{keys[i]}:{starts[i]}"
                 for name, op in fields:
                     v = cols[name][i]
@@ -57,7 +82,7 @@ def _pusher(spec: OperatorSpec, host: str, port: int, fields: list[tuple[str, st
                 if (i + 1) % _CHUNK == 0:
                     pipe.execute()
             pipe.execute()
-            n += b.num_rows
+            n = partial.num_rows
         yield pa.RecordBatch.from_arrays([pa.array([n], pa.int64())], ["rows"])
 
     return push
@@ -70,22 +95,10 @@ class RedisSink:
     def prepare(self, specs: list[OperatorSpec]) -> None:
         _client(self.host, self.port).flushall()
 
-    def write(self, spec: OperatorSpec, partials: DataFrame, batch: int,
-              watermark_ms: int) -> OperatorReport:
+    def write(self, rows: DataFrame, plan: Plan, watermark_ms: int) -> OperatorReport:
         t0 = time.perf_counter()
         fields = [(name, "int" if a.type == "long" else "float")
-                  for name, a in spec.states.items() if a.kind in ("count", "sum")]
-        rows = partials
-        if spec.panes:  # one write per window, as the classic job does
-            w = spec.window
-            first = F.col("start") - F.lit(w.size_ms) - F.pmod(
-                F.col("start") - F.lit(w.size_ms), F.lit(w.slide_ms)) + F.lit(w.slide_ms)
-            first = F.when(F.col("tag") == F.lit(ALL_WINDOWS), first).otherwise(F.col("tag"))
-            last = F.col("start") - F.pmod(F.col("start"), F.lit(w.slide_ms))
-            rows = rows.withColumn("start", F.explode(F.sequence(first, last,
-                                                                 F.lit(w.slide_ms))))
-            rows = rows.groupBy("key", "start").agg(*[F.sum(n).alias(n) for n, _ in fields])
-        rows = rows.select("key", "start", *[n for n, _ in fields])
-        done = rows.mapInArrow(_pusher(spec, self.host, self.port, fields), "rows long")
+                  for name, a in plan.spec.states.items() if a.kind in ("count", "sum")]
+        done = rows.mapInArrow(_pusher(plan, self.host, self.port, fields), "rows long")
         n = sum(r["rows"] for r in done.collect())
         return OperatorReport(n, time.perf_counter() - t0)

@@ -21,14 +21,16 @@ NOT_OWNED: KeyStatus
 RESTORING: KeyStatus
 
 class PartitionDelta(_message.Message):
-    __slots__ = ("partition", "has_delta", "rows")
+    __slots__ = ("partition", "has_delta", "rows", "fragments")
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     HAS_DELTA_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
+    FRAGMENTS_FIELD_NUMBER: _ClassVar[int]
     partition: int
     has_delta: bool
     rows: int
-    def __init__(self, partition: _Optional[int] = ..., has_delta: _Optional[bool] = ..., rows: _Optional[int] = ...) -> None: ...
+    fragments: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, partition: _Optional[int] = ..., has_delta: _Optional[bool] = ..., rows: _Optional[int] = ..., fragments: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CommitRequest(_message.Message):
     __slots__ = ("job", "operator", "batch", "watermark_ms", "epoch", "partitions")

@@ -106,7 +106,7 @@ def start_shop(tmp: Path) -> Shop:
                           "views": [views(k, batch) for k in mine],
                           "avg_ms": [avg_ms(batch)] * len(mine)}).cast(deltas.delta_schema(SPEC))
             deltas.write_delta(storage, PartitionId(SPEC.job, SPEC.operator, p), batch, t)
-            written[p] = t.num_rows
+            written[p] = {0: t.num_rows}
         coord.commit(SPEC, batch, batch * WINDOW, written)
     # Nothing more to commit: stop the heartbeats, so a test that kills a shard on purpose
     # sees its partitions stay where they are (no lease to race).

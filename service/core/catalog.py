@@ -7,7 +7,7 @@ from service.core import paths
 from service.core.address import PartitionId
 from service.core.storage import Storage
 
-__all__ = ["delta_batches", "manifest_batches", "snapshot_batches"]
+__all__ = ["delta_batches", "delta_files", "manifest_batches", "snapshot_batches"]
 
 
 def manifest_batches(storage: Storage, job: str, operator: str) -> list[int]:
@@ -15,7 +15,15 @@ def manifest_batches(storage: Storage, job: str, operator: str) -> list[int]:
 
 
 def delta_batches(storage: Storage, pid: PartitionId) -> list[int]:
-    return paths.batches(storage.list_names(paths.deltas_dir(pid)), paths.ARROW)
+    """Batches with delta fragments for ``pid``, each once."""
+    return sorted(set(paths.batches(storage.list_names(paths.deltas_dir(pid)), paths.ARROW)))
+
+
+def delta_files(storage: Storage, pid: PartitionId) -> list[tuple[int, str]]:
+    """(batch, path) of every delta fragment of ``pid``."""
+    d = paths.deltas_dir(pid)
+    return [(b, f"{d}/{n}") for n in storage.list_names(d)
+            if n.endswith(paths.ARROW) and (b := paths.batch_of(n)) is not None]
 
 
 def snapshot_batches(storage: Storage, pid: PartitionId) -> list[int]:

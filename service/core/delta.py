@@ -15,6 +15,8 @@ is the new value. Written by Spark executors, read by shard servers.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
@@ -24,7 +26,7 @@ from service.core.errors import DeltaMismatch
 from service.core.operator import OperatorSpec
 from service.core.storage import Storage
 
-__all__ = ["delta_fields", "delta_schema", "read_delta", "write_delta"]
+__all__ = ["delta_fields", "delta_schema", "read_delta", "read_deltas", "write_delta"]
 
 def delta_fields(spec: OperatorSpec) -> list[pa.Field]:
     """The per-aggregate columns of a delta file (after ``key, start, end, tag``)."""
@@ -48,17 +50,25 @@ def delta_schema(spec: OperatorSpec) -> pa.Schema:
                       pa.field("tag", pa.int64()), *delta_fields(spec)])
 
 
-def write_delta(storage: Storage, pid: PartitionId, batch: int, table: pa.Table) -> None:
+def write_delta(storage: Storage, pid: PartitionId, batch: int, table: pa.Table,
+                fragment: int = 0) -> None:
     sink = pa.BufferOutputStream()
     with ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table)
-    storage.write_bytes(paths.delta(pid, batch), sink.getvalue().to_pybytes())
+    storage.write_bytes(paths.delta(pid, batch, fragment), sink.getvalue().to_pybytes())
 
 
-def read_delta(storage: Storage, pid: PartitionId, batch: int) -> pa.Table:
-    """The delta of ``batch`` for ``pid``; DeltaMismatch naming the file if it is missing or
-    cannot be decoded."""
-    path = paths.delta(pid, batch)
+def read_deltas(storage: Storage, pid: PartitionId, batch: int,
+                fragments: Iterable[int]) -> pa.Table:
+    """Batch ``batch``'s delta for ``pid``: its fragments, one table."""
+    tables = [read_delta(storage, pid, batch, f) for f in sorted(fragments)]
+    return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+
+
+def read_delta(storage: Storage, pid: PartitionId, batch: int, fragment: int = 0) -> pa.Table:
+    """One fragment of the delta of ``batch`` for ``pid``; DeltaMismatch naming the file if
+    it is missing or cannot be decoded."""
+    path = paths.delta(pid, batch, fragment)
     try:
         with storage.open_file(path) as f:
             return ipc.open_file(f).read_all()

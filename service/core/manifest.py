@@ -16,26 +16,32 @@ from service.core import paths
 from service.core.catalog import manifest_batches
 from service.core.storage import Storage
 
-__all__ = ["BatchManifest", "delete_manifests_through", "read_manifest", "write_manifest"]
+__all__ = ["BatchManifest", "Fragments", "delete_manifests_through", "read_manifest",
+           "write_manifest"]
+
+
+Fragments = dict[int, int]  # fragment -> rows in it
 
 
 @dataclass(frozen=True)
 class BatchManifest:
     batch: int
     watermark_ms: int
-    deltas: dict[int, int]  # partition -> rows in its delta file
+    deltas: dict[int, Fragments]  # partition -> its delta fragments
 
 
 def write_manifest(storage: Storage, job: str, operator: str, m: BatchManifest) -> None:
     data = orjson.dumps({"batch": m.batch, "watermark_ms": m.watermark_ms,
-                         "deltas": {str(p): n for p, n in sorted(m.deltas.items())}})
+                         "deltas": {str(p): {str(f): n for f, n in sorted(fs.items())}
+                                    for p, fs in sorted(m.deltas.items())}})
     storage.write_bytes(paths.manifest(job, operator, m.batch), data)
 
 
 def read_manifest(storage: Storage, job: str, operator: str, batch: int) -> BatchManifest:
     raw = orjson.loads(storage.read_bytes(paths.manifest(job, operator, batch)))
     return BatchManifest(raw["batch"], raw["watermark_ms"],
-                         {int(p): n for p, n in raw["deltas"].items()})
+                         {int(p): {int(f): n for f, n in fs.items()}
+                          for p, fs in raw["deltas"].items()})
 
 
 def delete_manifests_through(storage: Storage, job: str, operator: str, batch: int) -> int:

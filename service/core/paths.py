@@ -6,14 +6,15 @@ One room for it (DESIGN §3-4). Paths are relative to the storage root::
     cluster/assignments/{job}.json                     partition owners and the job's epoch
     jobs/{job}/{op}/operator.json                      the operator's spec
     jobs/{job}/{op}/batches/{N}.json                   batch manifests (what batch N wrote)
-    jobs/{job}/{op}/deltas/{p}/{N}.arrow               batch N's delta for partition p
+    jobs/{job}/{op}/deltas/{p}/{N}-{f}.arrow           fragment f of batch N's delta for
+                                                       partition p (f: the Spark task)
     jobs/{job}/{op}/snapshots/{p}/{N}.json             a snapshot of p as of batch N (written
                                                        last: a snapshot is whole or absent)
     jobs/{job}/{op}/snapshots/{p}/{N}/{file}           its small mutable RocksDB files
     jobs/{job}/{op}/snapshots/{p}/sst/{sha1}.sst       SST files, content-addressed, shared
 
-``{N}`` is a batch id zero-padded to 20 digits and ``{p}`` a partition number padded to 5,
-so names sort as numbers do.
+``{N}`` is a batch id zero-padded to 20 digits, ``{p}`` and ``{f}`` numbers padded to 5, so
+names sort as numbers do.
 """
 
 from __future__ import annotations
@@ -39,8 +40,9 @@ def batch_name(batch: int, suffix: str = "") -> str:
 
 
 def batch_of(name: str) -> int | None:
-    """The batch id in a file name written by ``batch_name``; None for any other name."""
-    stem = name.split(".", 1)[0]
+    """The batch id in a file name written by ``batch_name`` (and ``delta``); None for any
+    other name."""
+    stem = name.split(".", 1)[0].split("-", 1)[0]
     ok = len(stem) == _BATCH_DIGITS and stem.isascii() and stem.isdigit()
     return int(stem) if ok else None
 
@@ -86,8 +88,8 @@ def deltas_dir(pid: PartitionId) -> str:
     return f"{operator_dir(pid.job, pid.operator)}/deltas/{pid.partition:05d}"
 
 
-def delta(pid: PartitionId, batch: int) -> str:
-    return f"{deltas_dir(pid)}/{batch_name(batch, ARROW)}"
+def delta(pid: PartitionId, batch: int, fragment: int) -> str:
+    return f"{deltas_dir(pid)}/{batch_name(batch)}-{fragment:05d}{ARROW}"
 
 
 def snapshots_dir(pid: PartitionId) -> str:

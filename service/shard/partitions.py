@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class PartitionCommit:
     partition: int
-    has_delta: bool
+    fragments: tuple[int, ...]  # none: the batch had no rows for the partition
     rows: int
 
 
@@ -152,8 +152,8 @@ class Partitions:
             raise DeltaMismatch(f"{pid} is still restoring")
         caught_up = self.recovery.catch_up(pid, held, batch - 1)
         table = None
-        if pc.has_delta:
-            table = deltas.read_delta(self.storage, pid, batch)
+        if pc.fragments:
+            table = deltas.read_deltas(self.storage, pid, batch, pc.fragments)
             if table.num_rows != pc.rows:
                 raise DeltaMismatch(f"delta for {pid} batch {batch} has {table.num_rows} rows, "
                                     f"committer announced {pc.rows}")

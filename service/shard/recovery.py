@@ -79,7 +79,8 @@ class Recovery:
         epoch = self.epoch(pid.job)
         for b in needed:
             m = read_manifest(self.storage, pid.job, pid.operator, b)
-            table = deltas.read_delta(self.storage, pid, b) if pid.partition in m.deltas else None
+            fragments = m.deltas.get(pid.partition)
+            table = deltas.read_deltas(self.storage, pid, b, fragments) if fragments else None
             store.apply(b, m.watermark_ms, epoch, table, retention)
         return len(needed)
 

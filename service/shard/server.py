@@ -67,8 +67,10 @@ class ShardService(pb_grpc.ShardServicer):
             for pd in request.partitions:
                 if pd.partition >= spec.partitions:
                     raise InvalidRequest(f"partition {pd.partition} >= {spec.partitions}")
-            parts = [PartitionCommit(pd.partition, pd.has_delta, pd.rows)
-                     for pd in request.partitions]
+            parts = [PartitionCommit(pd.partition, tuple(pd.fragments) if pd.has_delta else (),
+                                     pd.rows) for pd in request.partitions]
+            if any(pd.has_delta and not pd.fragments for pd in request.partitions):
+                raise InvalidRequest("a partition with a delta names its fragments")
             res = await asyncio.to_thread(
                 self.partitions.commit, request.job, request.operator, request.batch,
                 request.watermark_ms, request.epoch, parts)

@@ -21,7 +21,7 @@ from rocksdict import Checkpoint
 
 from service.core import paths
 from service.core.address import PartitionId
-from service.core.catalog import delta_batches, snapshot_batches
+from service.core.catalog import delta_files, snapshot_batches
 from service.core.storage import Storage
 from service.shard.held import Held
 from service.shard.store import PartitionStore
@@ -138,9 +138,9 @@ class Snapshotter:
                     self.storage.delete(f"{base}/{rel}")
                     with self._lock:
                         self._uploaded.discard(f"{base}/{rel}")
-        for b in delta_batches(self.storage, pid):
+        for b, path in delta_files(self.storage, pid):
             if b <= kept[0]:
-                self.storage.delete(paths.delta(pid, b))
+                self.storage.delete(path)
         return kept[0]
 
 

@@ -134,10 +134,11 @@ class PartitionStore:
         keys = layout.data_keys(delta.column("key").combine_chunks(), starts, tags)
         order = pc.sort_indices(keys)
         keys, delta = keys.take(order), delta.take(order)
+        new, new_blobs = self.codec.from_delta(delta)
+        keys, delta, new, new_blobs = self._fold_duplicates(keys, delta, new, new_blobs)
         dks: list[bytes] = keys.to_pylist()
         stored: list[bytes | None] = self.db.get(dks)  # type: ignore[arg-type,assignment]
         old, present, old_blobs = self.codec.decode(stored)
-        new, new_blobs = self.codec.from_delta(delta)
         merged, blobs = self.codec.combine(old, present, old_blobs, new, new_blobs)
         values = self.codec.encode(merged, blobs)
         if not self.spec.windowed:
@@ -154,6 +155,29 @@ class PartitionStore:
             for ik in layout.index_keys(ends[fresh], keys.filter(pa.array(fresh))).to_pylist():
                 wb.put(ik, b"")
         return int(keep.sum())
+
+    def _fold_duplicates(self, keys: pa.Array, delta: pa.Table, new: np.ndarray,
+                         new_blobs: list[list[bytes | None]]
+                         ) -> tuple[pa.Array, pa.Table, np.ndarray, list[list[bytes | None]]]:
+        """Rows of one data key from several fragments (tasks) of the batch, combined into
+        one, in key order (``keys`` is sorted)."""
+        n = len(keys)
+        if n < 2:
+            return keys, delta, new, new_blobs
+        same = pc.equal(keys.slice(1), keys.slice(0, n - 1)).to_numpy(zero_copy_only=False)
+        if not same.any():
+            return keys, delta, new, new_blobs
+        firsts = np.flatnonzero(np.concatenate(([True], ~same)))
+        ends = np.append(firsts[1:], n)
+        out, out_blobs = new[firsts].copy(), [[b[i] for i in firsts] for b in new_blobs]
+        for j, (lo, hi) in enumerate(zip(firsts.tolist(), ends.tolist(), strict=True)):
+            if hi - lo > 1:
+                rec, blobs = self.codec.fold(new[lo:hi], [b[lo:hi] for b in new_blobs])
+                out[j] = rec
+                for b, v in zip(out_blobs, blobs, strict=True):
+                    b[j] = v
+        take = pa.array(firsts)
+        return keys.take(take), delta.take(take), out, out_blobs
 
     def _index_ends(self, delta: pa.Table, ends: np.ndarray) -> np.ndarray:
         """When a stored record stops mattering: its window's end, or for a pane the end of

@@ -6,7 +6,7 @@ import pytest
 
 from service.core import paths
 from service.core.address import PartitionId
-from service.core.catalog import delta_batches, manifest_batches, snapshot_batches
+from service.core.catalog import delta_batches, delta_files, manifest_batches, snapshot_batches
 from service.core.storage import Storage
 
 P3 = PartitionId("j", "op", 3)
@@ -36,12 +36,15 @@ def test_manifest_batches_numeric_order_and_only_manifests(storage: Storage) -> 
 def test_delta_batches_are_per_partition(storage: Storage) -> None:
     others = [PartitionId("j", "op", 4), PartitionId("j", "op2", 3), PartitionId("j2", "op", 3)]
     for b in (100, 9, 10):
-        storage.write_bytes(paths.delta(P3, b), b"")
+        for fragment in (0, 3):  # two tasks wrote for the partition: one batch
+            storage.write_bytes(paths.delta(P3, b, fragment), b"")
     for i, pid in enumerate(others):
-        storage.write_bytes(paths.delta(pid, 50 + i), b"")
+        storage.write_bytes(paths.delta(pid, 50 + i, 0), b"")
     storage.write_bytes(f"{paths.deltas_dir(P3)}/{paths.batch_name(7, paths.JSON)}", b"")
     assert delta_batches(storage, P3) == [9, 10, 100]
     assert [delta_batches(storage, pid) for pid in others] == [[50], [51], [52]]
+    assert sorted(delta_files(storage, P3)) == sorted(
+        (b, paths.delta(P3, b, f)) for b in (9, 10, 100) for f in (0, 3))
 
 
 def test_snapshot_batches_count_only_finished_snapshots(storage: Storage) -> None:

@@ -9,7 +9,7 @@ import pytest
 from service.core import paths
 from service.core.address import PartitionId
 from service.core.catalog import delta_batches
-from service.core.delta import delta_schema, read_delta, write_delta
+from service.core.delta import delta_schema, read_delta, read_deltas, write_delta
 from service.core.errors import DeltaMismatch
 from service.core.operator import Aggregate, OperatorSpec, WindowSpec
 from service.core.storage import Storage
@@ -60,7 +60,7 @@ def test_merged_aggregates_have_their_partial_columns() -> None:
 def test_write_read_round_trip(storage: Storage) -> None:
     table = sample_table()
     write_delta(storage, PID, 12, table)
-    assert storage.exists(paths.delta(PID, 12))
+    assert storage.exists(paths.delta(PID, 12, 0))
     back = read_delta(storage, PID, 12)
     assert back.schema == table.schema
     assert back.equals(table)
@@ -80,13 +80,21 @@ def test_rewrite_replaces_the_delta(storage: Storage) -> None:
     smaller = sample_table().slice(0, 1)
     write_delta(storage, PID, 3, smaller)  # a re-run batch
     assert read_delta(storage, PID, 3).to_pylist() == smaller.to_pylist()
-    assert storage.list_names(paths.deltas_dir(PID)) == [paths.batch_name(3, paths.ARROW)]
+    assert storage.list_names(paths.deltas_dir(PID)) == [
+        paths.delta(PID, 3, 0).rsplit("/", 1)[1]]
+
+
+def test_fragments_read_as_one_delta(storage: Storage) -> None:
+    table = sample_table()
+    write_delta(storage, PID, 5, table.slice(0, 2), fragment=1)
+    write_delta(storage, PID, 5, table.slice(2), fragment=4)
+    assert read_deltas(storage, PID, 5, [4, 1]).to_pylist() == table.to_pylist()
 
 
 def test_the_file_is_arrow_ipc(storage: Storage) -> None:
     # shard servers and Spark executors agree on the format, not only on this module
     write_delta(storage, PID, 1, sample_table())
-    with pa.OSFile(storage.full(paths.delta(PID, 1))) as f:
+    with pa.OSFile(storage.full(paths.delta(PID, 1, 0))) as f:
         assert ipc.open_file(f).read_all().equals(sample_table())
 
 
@@ -94,7 +102,7 @@ def test_missing_delta_names_the_file(storage: Storage) -> None:
     with pytest.raises(DeltaMismatch) as info:
         read_delta(storage, PID, 9)
     msg = str(info.value)
-    assert paths.delta(PID, 9) in msg
+    assert paths.delta(PID, 9, 0) in msg
     assert "missing" in msg
 
 
@@ -105,16 +113,16 @@ def test_missing_delta_names_the_file(storage: Storage) -> None:
 def test_corrupt_delta_names_the_file(storage: Storage, corrupt: bytes | str) -> None:
     if corrupt == "truncated":
         write_delta(storage, PID, 4, sample_table())
-        whole = storage.read_bytes(paths.delta(PID, 4))
+        whole = storage.read_bytes(paths.delta(PID, 4, 0))
         data = whole[: len(whole) // 2]
     else:
         assert isinstance(corrupt, bytes)
         data = corrupt
-    storage.write_bytes(paths.delta(PID, 4), data)
+    storage.write_bytes(paths.delta(PID, 4, 0), data)
     with pytest.raises(DeltaMismatch) as info:
         read_delta(storage, PID, 4)
     msg = str(info.value)
-    assert paths.delta(PID, 4) in msg
+    assert paths.delta(PID, 4, 0) in msg
     assert "unreadable" in msg
 
 

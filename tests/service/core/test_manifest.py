@@ -23,7 +23,8 @@ manifests = st.builds(
     BatchManifest,
     batch=st.integers(0, 2**63 - 1),  # a Spark batch id is a long
     watermark_ms=st.integers(-(2**63), 2**63 - 1),
-    deltas=st.dictionaries(st.integers(0, 4095), st.integers(0, 2**40), max_size=20),
+    deltas=st.dictionaries(st.integers(0, 4095), st.dictionaries(
+        st.integers(0, 1000), st.integers(0, 2**40), min_size=1, max_size=4), max_size=20),
 )
 
 
@@ -41,14 +42,15 @@ def test_write_read_round_trip(m: BatchManifest) -> None:
 
 def test_manifest_file_is_plain_json_at_its_path(tmp_path: Path) -> None:
     s = Storage(str(tmp_path))
-    write_manifest(s, "j", "op", BatchManifest(7, 1000, {3: 10, 1: 2}))
+    write_manifest(s, "j", "op", BatchManifest(7, 1000, {3: {0: 10, 2: 4}, 1: {1: 2}}))
     raw = orjson.loads(s.read_bytes(paths.manifest("j", "op", 7)))
-    assert raw == {"batch": 7, "watermark_ms": 1000, "deltas": {"1": 2, "3": 10}}
+    assert raw == {"batch": 7, "watermark_ms": 1000,
+                   "deltas": {"1": {"1": 2}, "3": {"0": 10, "2": 4}}}
 
 
 def test_rewriting_a_batch_replaces_its_manifest(tmp_path: Path) -> None:
     s = Storage(str(tmp_path))
-    write_manifest(s, "j", "op", BatchManifest(3, 1, {0: 5}))
+    write_manifest(s, "j", "op", BatchManifest(3, 1, {0: {0: 5}}))
     write_manifest(s, "j", "op", BatchManifest(3, 2, {}))  # the batch was re-run
     assert read_manifest(s, "j", "op", 3) == BatchManifest(3, 2, {})
     assert manifest_batches(s, "j", "op") == [3]
@@ -74,13 +76,13 @@ def test_delete_manifests_through(batches: set[int], through: int) -> None:
     with tempfile.TemporaryDirectory() as d:
         s = Storage(d)
         for b in batches:
-            write_manifest(s, "j", "op", BatchManifest(b, b * 10, {b % 4: 1}))
+            write_manifest(s, "j", "op", BatchManifest(b, b * 10, {b % 4: {0: 1}}))
         write_manifest(s, "j", "op2", BatchManifest(0, 0, {}))  # another operator: untouched
         deleted = delete_manifests_through(s, "j", "op", through)
         assert deleted == sum(1 for b in batches if b <= through)
         kept = sorted(b for b in batches if b > through)
         assert manifest_batches(s, "j", "op") == kept
         for b in kept:
-            assert read_manifest(s, "j", "op", b) == BatchManifest(b, b * 10, {b % 4: 1})
+            assert read_manifest(s, "j", "op", b) == BatchManifest(b, b * 10, {b % 4: {0: 1}})
         assert manifest_batches(s, "j", "op2") == [0]
         assert delete_manifests_through(s, "j", "op", through) == 0  # nothing left to delete

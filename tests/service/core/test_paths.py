@@ -80,7 +80,7 @@ def test_layout_matches_the_documented_tree() -> None:
     assert paths.spec("ads", "per_campaign") == "jobs/ads/per_campaign/operator.json"
     assert paths.manifest("ads", "per_campaign", n) == (
         f"jobs/ads/per_campaign/batches/{padded}.json")
-    assert paths.delta(pid, n) == f"jobs/ads/per_campaign/deltas/00007/{padded}.arrow"
+    assert paths.delta(pid, n, 3) == f"jobs/ads/per_campaign/deltas/00007/{padded}-00003.arrow"
     assert paths.snapshot(pid, n) == f"jobs/ads/per_campaign/snapshots/00007/{padded}.json"
     assert paths.snapshot_member(n, "CURRENT") == f"{padded}/CURRENT"
     assert paths.sst_member("ab12") == "sst/ab12.sst"
@@ -97,7 +97,7 @@ def test_files_live_in_their_directories(pid: PartitionId, n: int) -> None:
     assert parent(paths.spec(pid.job, pid.operator)) == op_dir
     assert parent(paths.manifest(pid.job, pid.operator, n)) == paths.manifests_dir(
         pid.job, pid.operator)
-    assert parent(paths.delta(pid, n)) == paths.deltas_dir(pid)
+    assert parent(paths.delta(pid, n, 0)) == paths.deltas_dir(pid)
     assert parent(paths.snapshot(pid, n)) == paths.snapshots_dir(pid)
     for d in (paths.manifests_dir(pid.job, pid.operator), paths.deltas_dir(pid),
               paths.snapshots_dir(pid)):
@@ -105,7 +105,7 @@ def test_files_live_in_their_directories(pid: PartitionId, n: int) -> None:
     # the assignment lives apart from operator folders: no operator name can collide with it
     assert not paths.assignment(pid.job).startswith(f"{paths.jobs_dir()}/")
     # the names the catalog lists read back as the batch they were written for
-    assert paths.batches([paths.delta(pid, n).rsplit("/", 1)[1]], paths.ARROW) == [n]
+    assert paths.batches([paths.delta(pid, n, 2).rsplit("/", 1)[1]], paths.ARROW) == [n]
     assert paths.batches([paths.snapshot(pid, n).rsplit("/", 1)[1]], paths.JSON) == [n]
     member_dir = paths.snapshot_member(n, "MANIFEST-000001").split("/", 1)[0]
     assert paths.batch_of(member_dir) == n
@@ -123,5 +123,6 @@ def test_partition_directories_sort_as_numbers(partitions: list[int]) -> None:
 def test_distinct_partitions_and_batches_get_distinct_files(a: PartitionId, b: PartitionId,
                                                             m: int, n: int) -> None:
     if (a, m) != (b, n):
-        assert paths.delta(a, m) != paths.delta(b, n)
+        assert paths.delta(a, m, 0) != paths.delta(b, n, 0)
         assert paths.snapshot(a, m) != paths.snapshot(b, n)
+    assert paths.delta(a, m, 0) != paths.delta(a, m, 1)  # fragments of one batch

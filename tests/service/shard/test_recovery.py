@@ -44,7 +44,7 @@ def write_batch(storage: Storage, batch: int, truth: dict) -> dict[int, int]:
                       "tag": pa.nulls(len(mine), pa.int64()),
                       "n": [batch + 1] * len(mine)}).cast(deltas.delta_schema(SPEC))
         deltas.write_delta(storage, PartitionId(SPEC.job, SPEC.operator, p), batch, t)
-        written[p] = len(mine)
+        written[p] = {0: len(mine)}
         for k in mine:
             truth[(k, start)] = batch + 1
     return written

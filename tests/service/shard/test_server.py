@@ -70,7 +70,8 @@ def write_batch(storage: Storage, batch: int, parts=range(4)) -> dict[int, int]:
         t = delta_for(p, batch, KEYS)
         deltas.write_delta(storage, PartitionId(SPEC.job, SPEC.operator, p), batch, t)
         written[p] = t.num_rows
-    write_manifest(storage, "j", "op", BatchManifest(batch, batch * 10, written))
+    write_manifest(storage, "j", "op", BatchManifest(
+        batch, batch * 10, {p: {0: n} for p, n in written.items()}))
     return written
 
 
@@ -79,7 +80,8 @@ def commit(stub, storage: Storage, batch: int, parts=range(4), rows=None, epoch=
     req = pb.CommitRequest(job="j", operator="op", batch=batch, watermark_ms=batch * 10,
                            epoch=epoch)
     for p in parts:
-        req.partitions.add(partition=p, has_delta=True, rows=written[p] if rows is None else rows)
+        req.partitions.add(partition=p, has_delta=True, fragments=[0],
+                           rows=written[p] if rows is None else rows)
     return stub.Commit(req, timeout=10)
 
 

@@ -1,0 +1,200 @@
+"""One operator's per-batch partial aggregates, computed on the executors in Arrow.
+
+Spark evaluates the operator's filter and every aggregate's input expression (the JVM is
+good at that), and hands each task's rows over as Arrow batches with the columns ``KEY``,
+``TIME``, ``PART`` (the key's shard partition, ``pmod(xxhash64(key), P)``) and one input per
+aggregate. Here each task assigns its rows to windows or panes with Spark's late-data rule
+(``service.core.windows``), groups them with Arrow's hash aggregation and hands the partial
+rows on: as delta files of its own (one fragment per partition it holds), or to a benchmark's
+baseline. No Spark shuffle: the shard combines fragments of the same key as it combines
+batches, so a key seen by two tasks is still counted once each.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from service.core import delta as deltas
+from service.core.address import PartitionId
+from service.core.operator import OperatorSpec
+from service.core.storage import Storage
+from service.core.windows import ALL_WINDOWS, first_open_start
+
+__all__ = ["INPUT", "KEY", "PART", "TIME", "Plan", "aggregate", "fragment_writer"]
+
+# The columns Spark hands over (jobs.queryable projects them).
+KEY, TIME, PART = "_qs_key", "_qs_t", "_qs_p"
+
+
+def INPUT(i: int) -> str:
+    return f"_qs_a{i}"
+
+
+_NO_TAG = 0  # the tag of rows that are not panes (replaced by null in the delta)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a task needs to aggregate one operator's rows of one batch."""
+
+    spec: OperatorSpec
+    late_ms: int  # batch N-1's watermark: a window ended at or before it takes no more rows
+    batch: int
+
+
+def _assign(t: np.ndarray, plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Window (or pane) start, end and tag of each row, and which rows are kept."""
+    w, late = plan.spec.window, plan.late_ms
+    n = len(t)
+    tags = np.full(n, _NO_TAG, np.int64)
+    if w.kind == "none":
+        zeros = np.zeros(n, np.int64)
+        return zeros, zeros, tags, np.ones(n, bool)
+    if w.kind == "tumbling":
+        start = t - t % w.size_ms
+        end = start + w.size_ms
+        return start, end, tags, end > late
+    if w.kind == "sliding":
+        size, slide, g = w.size_ms, w.slide_ms, w.pane_ms
+        pane = t - t % g
+        older = pane - size
+        oldest = older - older % slide + slide
+        newest = pane - pane % slide
+        open_from = first_open_start(late, size, slide)
+        tags = np.where(open_from <= oldest, ALL_WINDOWS, open_from).astype(np.int64)
+        return pane, pane + g, tags, open_from <= newest
+    # session: each row opens [t, t + gap); late when that ended at or before the watermark
+    return t, t + w.gap_ms, tags, t + w.gap_ms > late
+
+
+def _sessions(rows: pa.Table, gap: int) -> pa.Array:
+    """Session ids within one batch: rows sorted by (key, time), a new session where the key
+    changes or the gap to the previous row is more than ``gap`` (Spark merges a row whose
+    [t, t + gap) touches the session's end)."""
+    k, t = rows.column(KEY).combine_chunks(), rows.column(TIME).to_numpy()
+    new = np.ones(len(t), bool)
+    if len(t) > 1:
+        same = pc.equal(k.slice(1), k.slice(0, len(k) - 1)).to_numpy(zero_copy_only=False)
+        new[1:] = ~same | (np.diff(t) > gap)
+    return pa.array(np.cumsum(new))
+
+
+def _sketches(rows: pa.Table, groups: list[str], column: str, lg_k: int) -> pa.Table:
+    """An HLL sketch per group of the column's non-null values."""
+    import datasketches as ds
+
+    listed = rows.group_by(groups, use_threads=False).aggregate([(column, "list")])
+    out = []
+    for values in listed.column(f"{column}_list").to_pylist():
+        sketch = ds.hll_sketch(lg_k, ds.tgt_hll_type.HLL_8)
+        for v in values:
+            if v is not None:
+                sketch.update(v)
+        out.append(sketch.serialize_updatable() if not sketch.is_empty() else None)
+    return listed.drop_columns([f"{column}_list"]).append_column(column, pa.array(out,
+                                                                                   pa.binary()))
+
+
+def aggregate(rows: pa.Table, plan: Plan) -> pa.Table:
+    """The partial rows of ``rows`` (one task's): ``PART``, key, start, end, tag and the
+    partial columns ``service.core.delta.delta_fields`` names."""
+    spec = plan.spec
+    t = rows.column(TIME).to_numpy(zero_copy_only=False)
+    start, end, tag, keep = _assign(t, plan)
+    rows = rows.append_column("_s", pa.array(start)).append_column("_e", pa.array(end)) \
+        .append_column("_g", pa.array(tag)).filter(pa.array(keep))
+    w = spec.window
+    if w.kind == "session":
+        rows = rows.sort_by([(KEY, "ascending"), (TIME, "ascending")])
+        rows = rows.append_column("_sid", _sessions(rows, w.gap_ms))
+        groups = [PART, KEY, "_sid"]
+        bounds = [("_s", "min"), ("_e", "max")]
+    else:
+        groups = [PART, KEY, "_s", "_g"]
+        bounds = [("_e", "max")]
+    aggs: list[tuple[str, str]] = list(bounds)
+    sketch_cols: list[tuple[str, int]] = []
+    for i, a in enumerate(spec.states.values()):
+        col = INPUT(i)
+        if a.kind == "avg":
+            rows = rows.set_column(rows.schema.get_field_index(col), col,
+                                   rows.column(col).cast(pa.float64()))
+            aggs += [(col, "sum"), (col, "count")]
+        elif a.kind == "approx_count_distinct":
+            sketch_cols.append((col, a.lg_k))
+        else:
+            aggs.append((col, {"count": "count", "sum": "sum", "min": "min",
+                               "max": "max"}[a.kind]))
+    out = rows.group_by(groups, use_threads=False).aggregate(aggs)
+    for col, lg_k in sketch_cols:
+        sk = _sketches(rows, groups, col, lg_k)
+        out = out.join(sk, groups, join_type="left outer", use_threads=False)
+    start_col = "_s_min" if w.kind == "session" else "_s"
+    columns: dict[str, pa.Array | pa.ChunkedArray] = {
+        PART: out.column(PART), "key": out.column(KEY),
+        "start": out.column(start_col), "end": out.column("_e_max"),
+        "tag": out.column("_g") if spec.panes else pa.nulls(out.num_rows, pa.int64())}
+    if w.kind == "none":
+        columns["start"] = columns["end"] = pa.nulls(out.num_rows, pa.int64())
+    for i, (name, a) in enumerate(spec.states.items()):
+        col = INPUT(i)
+        if a.kind == "avg":
+            columns[f"{name}__sum"] = out.column(f"{col}_sum")
+            columns[f"{name}__n"] = out.column(f"{col}_count")
+        elif a.kind == "approx_count_distinct":
+            columns[name] = out.column(col)
+        else:
+            columns[name] = out.column(f"{col}_{a.kind}")
+    schema = deltas.delta_schema(spec)
+    table = pa.table(columns)
+    return table.select([PART, *schema.names]).cast(
+        pa.schema([pa.field(PART, pa.int32()), *schema]))
+
+
+def split_by_partition(table: pa.Table) -> Iterator[tuple[int, pa.Table]]:
+    """(partition, its rows without the partition column), partitions ascending."""
+    table = table.sort_by([(PART, "ascending")])
+    parts = table.column(PART).to_numpy()
+    cuts = [0, *((parts[1:] != parts[:-1]).nonzero()[0] + 1).tolist(), len(parts)]
+    body = table.drop_columns([PART])
+    for lo, hi in itertools.pairwise(cuts):
+        if hi > lo:
+            yield int(parts[lo]), body.slice(lo, hi - lo)
+
+
+def fragment_writer(plan: Plan, storage_uri: str, final: bool
+                    ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The mapInArrow function that writes one task's delta fragments (one file per shard
+    partition it holds, named by the task's partition id, so a re-run task rewrites the same
+    files): aggregated first when ``final`` is False (merge mode), as they are otherwise
+    (spark-state values). Yields ``partition, fragment, rows``."""
+
+    def write(it: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        batches = list(it)
+        if not batches:
+            return
+        table = pa.Table.from_batches(batches)
+        if table.num_rows == 0:
+            return
+        rows = table if final else aggregate(table, plan)
+        fragment = TaskContext.get().partitionId()  # type: ignore[union-attr]
+        storage = Storage(storage_uri)
+        out_p, out_n = [], []
+        for p, part in split_by_partition(rows):
+            pid = PartitionId(plan.spec.job, plan.spec.operator, p)
+            deltas.write_delta(storage, pid, plan.batch, part, fragment)
+            out_p.append(p)
+            out_n.append(part.num_rows)
+        yield pa.RecordBatch.from_arrays(
+            [pa.array(out_p, pa.int32()), pa.array([fragment] * len(out_p), pa.int32()),
+             pa.array(out_n, pa.int64())], ["partition", "fragment", "rows"])
+
+    return write
