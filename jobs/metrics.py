@@ -27,8 +27,8 @@ EVENTS = Counter("qstate_job_events_total", "Events read (good and dead-lettered
 BATCH_SECONDS = Histogram("qstate_job_batch_seconds", "Time of a whole micro-batch", ["job"],
                           buckets=_SECONDS)
 STAGE_SECONDS = Histogram("qstate_job_stage_seconds",
-                          "Time of a micro-batch by stage: read (source+parse), write "
-                          "(aggregate + delta files), commit (on the shards)",
+                          "Time of a micro-batch by stage: spark (source, parse, partial "
+                          "aggregates, delta files), commit (on the shards)",
                           ["job", "operator", "stage"], buckets=_SECONDS)
 COMMIT_SECONDS = Histogram("qstate_sink_commit_seconds", "Time to commit a batch on all shards",
                            ["job", "operator"], buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
@@ -70,8 +70,7 @@ def observe_batch(job: str, topic: str | None, report: BatchReport) -> None:
         DEAD_LETTERED.labels(job, topic or "", reason).inc(n)
     now = time.time()
     for op, r in report.operators.items():
-        STAGE_SECONDS.labels(job, op, "read").observe(report.read_s)
-        STAGE_SECONDS.labels(job, op, "write").observe(r.write_s)
+        STAGE_SECONDS.labels(job, op, "spark").observe(report.spark_s + r.write_s)
         STAGE_SECONDS.labels(job, op, "commit").observe(r.commit_s)
         PARTIAL_ROWS.labels(job, op).inc(r.rows)
         LAST_BATCH.labels(job, op).set(report.batch)

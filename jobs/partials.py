@@ -6,8 +6,9 @@ good at that), and hands each task's rows over as Arrow batches with the columns
 aggregate. Here each task assigns its rows to windows or panes with Spark's late-data rule
 (``service.core.windows``), groups them with Arrow's hash aggregation and hands the partial
 rows on: as delta files of its own (one fragment per partition it holds), or to a benchmark's
-baseline. No Spark shuffle: the shard combines fragments of the same key as it combines
-batches, so a key seen by two tasks is still counted once each.
+baseline. All of a job's operators are aggregated in the same pass over a task's rows, and
+there is no Spark shuffle: the shard combines fragments of the same key as it combines
+batches, so a key seen by two tasks is still counted once by each.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -26,7 +28,8 @@ from service.core.operator import OperatorSpec
 from service.core.storage import Storage
 from service.core.windows import ALL_WINDOWS, first_open_start
 
-__all__ = ["INPUT", "KEY", "PART", "TIME", "Plan", "aggregate", "fragment_writer"]
+__all__ = ["INPUT", "KEY", "PART", "RESULT", "TIME", "DeltaFiles", "Discard", "Plan", "Target",
+           "aggregate", "columns", "final_writer", "run_operators", "split_by_partition"]
 
 # The columns Spark hands over (jobs.queryable projects them).
 KEY, TIME, PART = "_qs_key", "_qs_t", "_qs_p"
@@ -168,12 +171,92 @@ def split_by_partition(table: pa.Table) -> Iterator[tuple[int, pa.Table]]:
             yield int(parts[lo]), body.slice(lo, hi - lo)
 
 
-def fragment_writer(plan: Plan, storage_uri: str, final: bool
-                    ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The mapInArrow function that writes one task's delta fragments (one file per shard
-    partition it holds, named by the task's partition id, so a re-run task rewrites the same
-    files): aggregated first when ``final`` is False (merge mode), as they are otherwise
-    (spark-state values). Yields ``partition, fragment, rows``."""
+class Target(Protocol):
+    """Where a task's partial rows of an operator go (runs on the executors, pickled)."""
+
+    def consume(self, plan: Plan, rows: pa.Table, fragment: int) -> list[tuple[int, int]]:
+        """Take ``rows`` (with ``PART``); returns (partition, rows taken) pairs."""
+        ...
+
+
+@dataclass(frozen=True)
+class DeltaFiles:
+    """qstate's target: one delta fragment per shard partition, named by the task, so a
+    re-run task rewrites the same files."""
+
+    storage_uri: str
+
+    def consume(self, plan: Plan, rows: pa.Table, fragment: int) -> list[tuple[int, int]]:
+        storage = Storage(self.storage_uri)
+        out = []
+        for p, part in split_by_partition(rows):
+            pid = PartitionId(plan.spec.job, plan.spec.operator, p)
+            deltas.write_delta(storage, pid, plan.batch, part, fragment)
+            out.append((p, part.num_rows))
+        return out
+
+
+@dataclass(frozen=True)
+class Discard:
+    """Counts the partial rows and drops them (Spark's own ceiling, for benchmarks)."""
+
+    def consume(self, plan: Plan, rows: pa.Table, fragment: int) -> list[tuple[int, int]]:
+        return [(-1, rows.num_rows)]
+
+
+# One row per thing a task reports: the events it read (op -1, no kind), the records it
+# dead-lettered by reason (op -1, kind), the partial rows it handed on per operator and
+# partition (op >= 0).
+RESULT = "op int, kind string, partition int, fragment int, rows long"
+
+
+def columns(j: int, n_inputs: int) -> tuple[str, str, list[str]]:
+    """The names operator ``j``'s key, partition and inputs have in the batch's projection
+    (``jobs.queryable``), which holds every operator's side by side."""
+    return f"_qs_k{j}", f"_qs_p{j}", [f"_qs_a{j}_{i}" for i in range(n_inputs)]
+
+
+def run_operators(plans: list[Plan], target: Target, error_kind: str
+                  ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The mapInArrow function of a merged batch: a task's rows (every operator's columns,
+    ``error_kind`` set on dead-lettered records) aggregated per operator and handed to
+    ``target``, one pass for all operators."""
+
+    def run(it: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        batches = list(it)
+        if not batches:
+            return
+        table = pa.Table.from_batches(batches)
+        fragment = TaskContext.get().partitionId()  # type: ignore[union-attr]
+        out: list[tuple[int, str | None, int, int]] = [(-1, None, -1, table.num_rows)]
+        kinds = table.column(error_kind)
+        if kinds.null_count < table.num_rows:
+            counted = pc.value_counts(kinds.drop_null().combine_chunks())
+            out += [(-1, str(v["values"]), -1, int(v["counts"])) for v in counted.to_pylist()]
+        good = table.filter(pc.is_null(kinds))
+        for j, plan in enumerate(plans):
+            key, part, inputs = columns(j, len(plan.spec.states))
+            rows = good.select([key, TIME, part, *inputs]).rename_columns(
+                [KEY, TIME, PART, *(INPUT(i) for i in range(len(inputs)))])
+            rows = rows.filter(pc.is_valid(rows.column(KEY)))
+            if rows.num_rows:
+                for p, n in target.consume(plan, aggregate(rows, plan), fragment):
+                    out.append((j, None, p, n))
+        ops, kind, parts, ns = zip(*out, strict=True)
+        yield pa.RecordBatch.from_arrays(
+            [pa.array(ops, pa.int32()), pa.array(kind, pa.string()), pa.array(parts, pa.int32()),
+             pa.array([fragment] * len(out), pa.int32()), pa.array(ns, pa.int64())],
+            ["op", "kind", "partition", "fragment", "rows"])
+
+    return run
+
+
+def final_writer(plan: Plan, target: Target
+                 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The mapInArrow function of a spark-state batch: Spark's updated rows, whole values
+    (with ``PART``), handed to ``target`` as they are."""
 
     def write(it: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
@@ -182,19 +265,13 @@ def fragment_writer(plan: Plan, storage_uri: str, final: bool
         if not batches:
             return
         table = pa.Table.from_batches(batches)
-        if table.num_rows == 0:
-            return
-        rows = table if final else aggregate(table, plan)
         fragment = TaskContext.get().partitionId()  # type: ignore[union-attr]
-        storage = Storage(storage_uri)
-        out_p, out_n = [], []
-        for p, part in split_by_partition(rows):
-            pid = PartitionId(plan.spec.job, plan.spec.operator, p)
-            deltas.write_delta(storage, pid, plan.batch, part, fragment)
-            out_p.append(p)
-            out_n.append(part.num_rows)
+        out = target.consume(plan, table, fragment) if table.num_rows else []
         yield pa.RecordBatch.from_arrays(
-            [pa.array(out_p, pa.int32()), pa.array([fragment] * len(out_p), pa.int32()),
-             pa.array(out_n, pa.int64())], ["partition", "fragment", "rows"])
+            [pa.array([0] * len(out), pa.int32()), pa.nulls(len(out), pa.string()),
+             pa.array([p for p, _ in out], pa.int32()),
+             pa.array([fragment] * len(out), pa.int32()),
+             pa.array([n for _, n in out], pa.int64())],
+            ["op", "kind", "partition", "fragment", "rows"])
 
     return write

@@ -1,31 +1,42 @@
-"""Running a ``QueryableJob``: one streaming query whose every micro-batch is read and parsed
-once, kept (persisted) while each operator's partial aggregates are computed from it, and
-handed to a partials sink: qstate's (delta files, then a commit on every owning shard), or a
-benchmark's baseline.
+"""Running a ``QueryableJob``: one streaming query, and one Spark job per micro-batch that
+reads it, parses it and computes every operator's partial aggregates in one pass, then the
+commits (DESIGN §3.3).
 
-Exactly once (DESIGN §3.3): batch N's rows are fixed by Spark's offset log, its partials are
-a deterministic function of them and of batch N-1's watermark (also in the offset log), and
-a shard applies batch N once. ``foreachBatch`` returns only when every operator's batch is
-committed, so Spark's commit log never runs ahead of the served state.
+Per batch N the Spark job projects every operator's columns side by side (its key, the key's
+shard partition and each aggregate's input, evaluated by Spark) and each task aggregates its
+rows per operator in Arrow (``jobs.partials``), handing the partial rows to the sink's
+target: qstate's writes them as delta fragments. Then, per operator, the sink finishes the
+batch: qstate's commits N on every owning shard and returns when each acknowledged, so
+Spark's commit log never runs ahead of the served state.
+
+Exactly once: batch N's records are fixed by Spark's offset log, its partials are a
+deterministic function of them and of batch N-1's watermark (also in the offset log), and a
+shard applies batch N once.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from pyspark import StorageLevel
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from jobs import metrics
 from jobs.parse import ERROR_KIND
-from jobs.partials import Plan
+from jobs.partials import RESULT, TIME, Plan, run_operators
 from jobs.queryable import QueryableJob
-from jobs.sinks import BatchReport, OperatorReport, PartialsSink, Reports, batch_watermark_ms
+from jobs.sinks import (
+    BatchReport,
+    PartialsSink,
+    Reports,
+    batch_watermark_ms,
+    written_by_operator,
+)
 
 __all__ = ["start"]
 
@@ -38,45 +49,42 @@ def start(job: QueryableJob, checkpoint: str, sink: PartialsSink, *, partitions:
     """Start the job's one streaming query; every batch goes through ``sink``."""
     if not job.operators:
         raise ValueError(f"job {job.name!r} declares no operator")
-    specs = {op.name: op.spec(job.name, partitions, retention_ms) for op in job.operators}
-    sink.prepare(list(specs.values()))
+    specs = [op.spec(job.name, partitions, retention_ms) for op in job.operators]
+    sink.prepare(specs)
     reports = reports if reports is not None else Reports()
     event_ms = job.event_ms()
-    pool = ThreadPoolExecutor(len(job.operators), thread_name_prefix=f"{job.name}-op")
-
-    def one_operator(name: str, good: DataFrame, batch: int, late: int,
-                     watermark: int) -> OperatorReport:
-        op = next(o for o in job.operators if o.name == name)
-        spec = specs[name]
-        rows = op.project(good, event_ms, spec.partitions)
-        return sink.write(rows, Plan(spec, late, batch), watermark)
+    target = sink.target()
+    projection = [F.col(ERROR_KIND), event_ms.alias(TIME)] + [
+        c for j, op in enumerate(job.operators) for c in op.columns(j, partitions)]
+    pool = ThreadPoolExecutor(len(specs), thread_name_prefix=f"{job.name}-commit")
 
     def run_batch(df: DataFrame, batch: int) -> None:
         t0 = time.perf_counter()
         late = batch_watermark_ms(checkpoint, batch - 1)
         watermark = batch_watermark_ms(checkpoint, batch)
-        df = df.persist(StorageLevel.MEMORY_AND_DISK)
-        try:
-            # one action reads and parses the batch (and Spark sees every event time)
-            kinds = {r[ERROR_KIND]: r["count"]
-                     for r in df.groupBy(ERROR_KIND).count().collect()}
-            t1 = time.perf_counter()
-            events = sum(kinds.values())
-            dead = {k: n for k, n in kinds.items() if k is not None}
-            good = df.where(F.col(ERROR_KIND).isNull())
-            futures = {name: pool.submit(one_operator, name, good, batch, late, watermark)
-                       for name in specs}
-            done = {name: f.result() for name, f in futures.items()}
-        finally:
-            df.unpersist()
-        report = BatchReport(batch, events, dead, watermark, late, t1 - t0,
+        plans = [Plan(spec, late, batch) for spec in specs]
+        # one action over the whole batch: Spark also sees every event time (its watermark)
+        result = df.select(*projection).mapInArrow(
+            run_operators(plans, target, ERROR_KIND), RESULT).collect()
+        t1 = time.perf_counter()
+        events = sum(r["rows"] for r in result if r["op"] == -1 and r["kind"] is None)
+        dead = Counter[str]()
+        for r in result:
+            if r["op"] == -1 and r["kind"] is not None:
+                dead[r["kind"]] += r["rows"]
+        written = written_by_operator(result)
+        futures = {plan.spec.operator: pool.submit(sink.finish, plan, written.get(j, {}),
+                                                   watermark)
+                   for j, plan in enumerate(plans)}
+        done = {name: f.result() for name, f in futures.items()}
+        report = BatchReport(batch, events, dict(dead), watermark, late, t1 - t0,
                              time.perf_counter() - t0, done)
         reports.batches.append(report)
         metrics.observe_batch(job.name, job.topic, report)
         if on_batch is not None:
             on_batch(report)
-        log.info("batch %d: %d events, %s", batch, events,
-                 {n: (r.rows, round(r.write_s, 2), round(r.commit_s, 2)) for n, r in done.items()})
+        log.info("batch %d: %d events, spark %.2fs, %s", batch, events, t1 - t0,
+                 {n: (r.rows, round(r.commit_s, 2)) for n, r in done.items()})
 
     return (job.watermarked().writeStream.outputMode("append")
             .queryName(job.name)

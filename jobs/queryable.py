@@ -24,7 +24,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from jobs.aggregates import Agg
-from jobs.partials import INPUT, KEY, PART, TIME
+from jobs.partials import columns
 from jobs.windows import Window, duration_ms
 from service.core.errors import InvalidRequest
 from service.core.operator import MERGEABLE, Aggregate, OperatorSpec, WindowSpec
@@ -64,16 +64,17 @@ class MergeOperator:
         return OperatorSpec(job, self.name, self.key, dict(self.specs), partitions,
                             self.window, retention_ms)
 
-    def project(self, batch: DataFrame, event_ms: Column, partitions: int) -> DataFrame:
-        """What the executors aggregate (``jobs.partials``): the operator's rows of the batch
-        with the key (a string), the event time, the key's shard partition and each
-        aggregate's input, evaluated by Spark."""
-        rows = batch.where(self.where) if self.where is not None else batch
+    def columns(self, j: int, partitions: int) -> list[Column]:
+        """This operator's columns in the batch's projection (named by
+        ``jobs.partials.columns``): its key as a string (null where the row is not the
+        operator's), the key's shard partition and each aggregate's input, evaluated by
+        Spark; the executors aggregate them (``jobs.partials.run_operators``)."""
+        key_name, part_name, input_names = columns(j, len(self.aggs))
         key = F.col(self.key).cast("string")
-        return rows.where(key.isNotNull()).select(
-            key.alias(KEY), event_ms.alias(TIME),
-            F.pmod(F.xxhash64(key), F.lit(partitions)).cast("int").alias(PART),
-            *[a.input().alias(INPUT(i)) for i, a in enumerate(self.aggs)])
+        mine = key if self.where is None else F.when(self.where, key)
+        return [mine.alias(key_name),
+                F.pmod(F.xxhash64(key), F.lit(partitions)).cast("int").alias(part_name),
+                *[a.input().alias(n) for a, n in zip(self.aggs, input_names, strict=True)]]
 
 
 class _Grouped:

@@ -94,7 +94,8 @@ def serve(df: DataFrame, *, job: str, operator: str, key: str,
         t0 = time.perf_counter()
         watermark = batch_watermark_ms(checkpoint, batch)
         late = batch_watermark_ms(checkpoint, batch - 1)
-        done = sink.write(_rows(batch_df, spec, window_col), Plan(spec, late, batch), watermark)
+        done = sink.write_final(_rows(batch_df, spec, window_col), Plan(spec, late, batch),
+                                watermark)
         report = BatchReport(batch, done.rows, {}, watermark, late, 0.0,
                              time.perf_counter() - t0, {operator: done})
         reports.batches.append(report)

@@ -10,23 +10,21 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import orjson
-import pyarrow as pa
 from pyspark.sql import DataFrame, Row
 
 from jobs import metrics
 from jobs.coordinator import coordinator_for
-from jobs.partials import PART, Plan, aggregate, fragment_writer
+from jobs.partials import PART, RESULT, DeltaFiles, Discard, Plan, Target, final_writer
 from service.core.manifest import Fragments
 from service.core.operator import OperatorSpec, save_spec
 from service.core.storage import Storage
 
 __all__ = ["BatchReport", "NoopSink", "OperatorReport", "PartialsSink", "QStateSink",
-           "Reports", "batch_watermark_ms"]
+           "Reports", "batch_watermark_ms", "written_by_operator"]
 
 
 def batch_watermark_ms(checkpoint: str, batch: int) -> int:
@@ -40,7 +38,7 @@ def batch_watermark_ms(checkpoint: str, batch: int) -> int:
 @dataclass
 class OperatorReport:
     rows: int = 0  # partial rows written for the operator
-    write_s: float = 0.0  # aggregate + write delta files (one Spark job)
+    write_s: float = 0.0  # spark-state mode: writing delta files (merge mode: in the batch)
     commit_s: float = 0.0
     applied: int = 0
     skipped: int = 0
@@ -53,7 +51,7 @@ class BatchReport:
     dead_lettered: dict[str, int]
     watermark_ms: int
     late_ms: int
-    read_s: float  # source + parse (+ persist)
+    spark_s: float  # the batch's Spark job: source, parse, every operator's partials, deltas
     total_s: float
     operators: dict[str, OperatorReport] = field(default_factory=dict)
 
@@ -70,20 +68,15 @@ class Reports:
 
 
 class PartialsSink(Protocol):
+    """Where a batch's partial rows go: an executor-side ``target`` that takes each task's
+    rows, and a driver-side ``finish`` once every task is done."""
+
     def prepare(self, specs: list[OperatorSpec]) -> None: ...
 
-    def write(self, rows: DataFrame, plan: Plan, watermark_ms: int) -> OperatorReport:
-        """Take one operator's rows of a batch: projected by Spark for merged operators
-        (``MergeOperator.project``, aggregated by the sink on the executors), final values
-        for spark-state ones (``plan.spec.mode``)."""
-        ...
+    def target(self) -> Target: ...
 
-
-def _written(result: list[Row]) -> dict[int, Fragments]:
-    out: dict[int, Fragments] = {}
-    for r in result:
-        out.setdefault(r["partition"], {})[r["fragment"]] = r["rows"]
-    return out
+    def finish(self, plan: Plan, written: dict[int, Fragments], watermark_ms: int
+               ) -> OperatorReport: ...
 
 
 class QStateSink:
@@ -104,20 +97,27 @@ class QStateSink:
         for spec in specs:
             self.coordinator.register(spec)
 
-    def write(self, rows: DataFrame, plan: Plan, watermark_ms: int) -> OperatorReport:
+    def target(self) -> Target:
+        return DeltaFiles(self.storage_uri)
+
+    def finish(self, plan: Plan, written: dict[int, Fragments], watermark_ms: int
+               ) -> OperatorReport:
         spec = plan.spec
-        t0 = time.perf_counter()
-        final = spec.mode == "spark-state"
-        if final:  # one task per shard partition: Spark's rows are whole values
-            tasks = int(rows.sparkSession.conf.get("spark.sql.shuffle.partitions") or 200)
-            rows = rows.repartition(min(tasks, spec.partitions), PART)
-        written = _written(rows.mapInArrow(fragment_writer(plan, self.storage_uri, final),
-                                           "partition int, fragment int, rows long").collect())
-        t1 = time.perf_counter()
         done = self.coordinator.commit(spec, plan.batch, watermark_ms, written)
         metrics.COMMIT_SECONDS.labels(spec.job, spec.operator).observe(done.seconds)
-        return OperatorReport(sum(sum(f.values()) for f in written.values()), t1 - t0,
+        return OperatorReport(sum(sum(f.values()) for f in written.values()), 0.0,
                               done.seconds, done.applied, done.skipped)
+
+    def write_final(self, rows: DataFrame, plan: Plan, watermark_ms: int) -> OperatorReport:
+        """Spark-state mode: Spark's updated rows (with ``PART``) are the values."""
+        t0 = time.perf_counter()
+        tasks = int(rows.sparkSession.conf.get("spark.sql.shuffle.partitions") or 200)
+        rows = rows.repartition(min(tasks, plan.spec.partitions), PART)
+        written = written_by_operator(rows.mapInArrow(
+            final_writer(plan, self.target()), RESULT).collect()).get(0, {})
+        report = self.finish(plan, written, watermark_ms)
+        report.write_s = time.perf_counter() - t0 - report.commit_s
+        return report
 
 
 class NoopSink:
@@ -126,13 +126,18 @@ class NoopSink:
     def prepare(self, specs: list[OperatorSpec]) -> None:
         pass
 
-    def write(self, rows: DataFrame, plan: Plan, watermark_ms: int) -> OperatorReport:
-        t0 = time.perf_counter()
+    def target(self) -> Target:
+        return Discard()
 
-        def count(it: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-            batches = list(it)
-            n = aggregate(pa.Table.from_batches(batches), plan).num_rows if batches else 0
-            yield pa.RecordBatch.from_arrays([pa.array([n], pa.int64())], ["rows"])
+    def finish(self, plan: Plan, written: dict[int, Fragments], watermark_ms: int
+               ) -> OperatorReport:
+        return OperatorReport(sum(sum(f.values()) for f in written.values()))
 
-        n = sum(r["rows"] for r in rows.mapInArrow(count, "rows long").collect())
-        return OperatorReport(n, time.perf_counter() - t0)
+
+def written_by_operator(result: list[Row]) -> dict[int, dict[int, Fragments]]:
+    """operator -> partition -> fragment -> rows, from the tasks' reports."""
+    out: dict[int, dict[int, Fragments]] = {}
+    for r in result:
+        if r["op"] >= 0:
+            out.setdefault(r["op"], {}).setdefault(r["partition"], {})[r["fragment"]] = r["rows"]
+    return out

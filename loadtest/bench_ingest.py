@@ -147,14 +147,13 @@ def wait_all(queries: list[StreamingQuery], n: int, timeout: float = 3600) -> No
 
 
 def stage_shares(reports: Reports) -> dict[str, float]:
-    """Mean seconds per batch in each stage (operators run concurrently: their slowest)."""
+    """Mean seconds per batch in each stage: the Spark job (source, parse, every operator's
+    partials, delta files) and the commits (concurrent per operator: their slowest)."""
     bs = list(reports.batches)[1:] or list(reports.batches)
     if not bs:
         return {}
     return {
-        "read_parse_s": statistics.mean(b.read_s for b in bs),
-        "aggregate_write_s": statistics.mean(max(o.write_s for o in b.operators.values())
-                                             for b in bs),
+        "spark_s": statistics.mean(b.spark_s for b in bs),
         "commit_s": statistics.mean(max(o.commit_s for o in b.operators.values()) for b in bs),
         "batch_s": statistics.mean(b.total_s for b in bs),
         "partial_rows_per_event": sum(o.rows for b in reports.batches
@@ -163,8 +162,10 @@ def stage_shares(reports: Reports) -> dict[str, float]:
     }
 
 
-def shard_merge(shards: list[ShardProcess], storage: str, n: int) -> dict[str, float]:
-    """From the shards' own counters: rows merged per second of apply time, state writes."""
+def shard_merge(shards: list[ShardProcess], storage: str, n: int,
+                commit_s: float) -> dict[str, float]:
+    """From the shards' own counters: rows merged per shard per second of commit (wall)
+    time, state writes per event."""
     from service.core.assignment import list_servers
     from service.core.storage import Storage
 
@@ -177,7 +178,7 @@ def shard_merge(shards: list[ShardProcess], storage: str, n: int) -> dict[str, f
         t = metric_sum(url, "qstate_shard_apply_seconds_total")
         w = metric_sum(url, "qstate_shard_state_writes_total")
         rows, secs, writes = rows + r, secs + t, writes + w
-        per_shard.append(r / t if t else 0.0)
+        per_shard.append(r / commit_s if commit_s else 0.0)
     return {"shard_merge_rows_per_s": statistics.mean(per_shard) if per_shard else 0.0,
             "state_writes_per_event": writes / n if n else 0.0}
 
@@ -250,9 +251,9 @@ def table(runs: list[Run], header: str) -> str:
     ref = {k: by[k].events_per_s for k in ("redis", "noop") if k in by}
     lines = [header, "",
              "| sink | events/s (whole run) | steady events/s | vs redis | vs noop | batches | "
-             "batch s | read+parse s | aggregate+write s | commit s | partial rows/event | "
-             "state writes/event | shard merge rows/s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "batch s | spark job s | commit s | partial rows/event | state writes/event | "
+             "shard merge rows/s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         d = r.detail
         ratio = {k: f"{r.events_per_s / v:.2f}x" if v else "-" for k, v in ref.items()}
@@ -263,8 +264,8 @@ def table(runs: list[Run], header: str) -> str:
         lines.append(
             f"| {r.sink} | {r.events_per_s:,.0f} | {r.steady_events_per_s:,.0f} | "
             f"{ratio.get('redis', '-')} | {ratio.get('noop', '-')} | {r.batches} | "
-            f"{f('batch_s')} | {f('read_parse_s')} | {f('aggregate_write_s')} | "
-            f"{f('commit_s')} | {f('partial_rows_per_event')} | "
+            f"{f('batch_s')} | {f('spark_s')} | {f('commit_s')} | "
+            f"{f('partial_rows_per_event')} | "
             f"{f('state_writes_per_event')} | {f('shard_merge_rows_per_s', '{:,.0f}')} |")
     return "\n".join(lines)
 
@@ -330,7 +331,8 @@ def run_with_shards(sink: str, spark: SparkSession, args: argparse.Namespace,
                               tmp / "logs").start_and_wait() for i in range(2)]
     try:
         run = run_sink_on(sink, spark, args, broker, topic, tmp, live, str(storage), options)
-        run.detail.update(shard_merge(live, str(storage), args.events))
+        commit_s = run.detail.pop("commit_total_s", 0.0)
+        run.detail.update(shard_merge(live, str(storage), args.events, commit_s))
         return run
     finally:
         for s in live:
@@ -367,7 +369,10 @@ def run_sink_on(sink: str, spark: SparkSession, args: argparse.Namespace, broker
         query.stop()
         release(storage, job_name)  # its heartbeats end with the run
     whole, steady, batches = progress_rates([query], args.events)
-    return Run(sink, args.events, whole, steady, batches, stage_shares(reports))
+    detail = stage_shares(reports)
+    detail["commit_total_s"] = sum(max(o.commit_s for o in b.operators.values())
+                                   for b in reports.batches)
+    return Run(sink, args.events, whole, steady, batches, detail)
 
 
 # ---- freshness ---------------------------------------------------------------------------

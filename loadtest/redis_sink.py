@@ -10,16 +10,15 @@ when read). Sketches are not pushed at all, which only flatters Redis.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from pyspark.sql import DataFrame
 
-from jobs.partials import Plan, aggregate
+from jobs.partials import Plan, Target
 from jobs.sinks import OperatorReport
+from service.core.manifest import Fragments
 from service.core.operator import OperatorSpec
 from service.core.windows import ALL_WINDOWS
 
@@ -58,34 +57,33 @@ def _windows(table: pa.Table, spec: OperatorSpec) -> pa.Table:
     return summed.rename_columns([n.removesuffix("_sum") for n in summed.column_names])
 
 
-def _pusher(plan: Plan, host: str, port: int, fields: list[tuple[str, str]]) -> Any:
-    spec = plan.spec
-    prefix = f"{spec.job}:{spec.operator}:"
+@dataclass(frozen=True)
+class RedisTarget:
+    """Pushes a task's partial rows to Redis: HINCRBY (HINCRBYFLOAT) per field and window."""
 
-    def push(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        table = pa.Table.from_batches(list(batches))
-        n = 0
-        if table.num_rows:
-            partial = aggregate(table, plan)
-            if spec.panes:  # one write per window, as the classic job does
-                partial = _windows(partial, spec)
-            r = _client(host, port)
-            cols = partial.to_pydict()
-            keys, starts = cols["key"], cols["start"]
-            pipe = r.pipeline(transaction=False)
-            for i in range(partial.num_rows):
-                h = f"{prefix}{keys[i]}:{starts[i]}"
-                for name, op in fields:
-                    v = cols[name][i]
-                    if v is not None:
-                        (pipe.hincrby if op == "int" else pipe.hincrbyfloat)(h, name, v)
-                if (i + 1) % _CHUNK == 0:
-                    pipe.execute()
-            pipe.execute()
-            n = partial.num_rows
-        yield pa.RecordBatch.from_arrays([pa.array([n], pa.int64())], ["rows"])
+    host: str
+    port: int
 
-    return push
+    def consume(self, plan: Plan, rows: pa.Table, fragment: int) -> list[tuple[int, int]]:
+        spec = plan.spec
+        fields = [(name, "int" if a.type == "long" else "float")
+                  for name, a in spec.states.items() if a.kind in ("count", "sum")]
+        if spec.panes:  # one write per window, as the classic job does
+            rows = _windows(rows.drop_columns(["_qs_p"]), spec)
+        prefix = f"{spec.job}:{spec.operator}:"
+        cols = rows.to_pydict()
+        keys, starts = cols["key"], cols["start"]
+        pipe = _client(self.host, self.port).pipeline(transaction=False)
+        for i in range(rows.num_rows):
+            h = f"{prefix}{keys[i]}:{starts[i]}"
+            for name, op in fields:
+                v = cols[name][i]
+                if v is not None:
+                    (pipe.hincrby if op == "int" else pipe.hincrbyfloat)(h, name, v)
+            if (i + 1) % _CHUNK == 0:
+                pipe.execute()
+        pipe.execute()
+        return [(-1, rows.num_rows)]
 
 
 class RedisSink:
@@ -95,10 +93,9 @@ class RedisSink:
     def prepare(self, specs: list[OperatorSpec]) -> None:
         _client(self.host, self.port).flushall()
 
-    def write(self, rows: DataFrame, plan: Plan, watermark_ms: int) -> OperatorReport:
-        t0 = time.perf_counter()
-        fields = [(name, "int" if a.type == "long" else "float")
-                  for name, a in plan.spec.states.items() if a.kind in ("count", "sum")]
-        done = rows.mapInArrow(_pusher(plan, self.host, self.port, fields), "rows long")
-        n = sum(r["rows"] for r in done.collect())
-        return OperatorReport(n, time.perf_counter() - t0)
+    def target(self) -> Target:
+        return RedisTarget(self.host, self.port)
+
+    def finish(self, plan: Plan, written: dict[int, Fragments], watermark_ms: int
+               ) -> OperatorReport:
+        return OperatorReport(sum(sum(f.values()) for f in written.values()))

@@ -20,7 +20,9 @@ from service.core.kafka import ensure_topic
 
 def produce(bootstrap: str, topic: str, n: int, partitions: int, first: int = 0) -> None:
     """Messages first..first+n-1, message i to partition i % partitions, key k<i>, value v<i>."""
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    # idempotent: a retried send (the topic is new, its leaders just elected) keeps its place
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5,
+                         "enable.idempotence": True})
     for i in range(first, first + n):
         producer.produce(topic, key=f"k{i}", value=f"v{i}".encode(), partition=i % partitions)
         if i % 5000 == 0:
