@@ -141,11 +141,22 @@ class Coordinator:
     # ---- commits ----------------------------------------------------------------
     def commit(self, spec: OperatorSpec, batch: int, watermark_ms: int,
                written: dict[int, Fragments]) -> CommitOutcome:
-        """Record batch ``batch`` and commit it on every owner. Returns once each partition
-        acknowledged; re-plans as partitions move; raises if fenced or out of time."""
-        t0 = time.perf_counter()
+        """Record batch ``batch`` and commit it on every owner (``record``, ``deliver``)."""
+        self.record(spec, batch, watermark_ms, written)
+        return self.deliver(spec, batch, watermark_ms, written)
+
+    def record(self, spec: OperatorSpec, batch: int, watermark_ms: int,
+               written: dict[int, Fragments]) -> None:
+        """Make batch ``batch`` durable for every shard: its manifest (its delta files are
+        written). From here on a shard that missed the commit catches up from storage."""
         write_manifest(self.storage, spec.job, spec.operator,
                        BatchManifest(batch, watermark_ms, dict(written)))
+
+    def deliver(self, spec: OperatorSpec, batch: int, watermark_ms: int,
+                written: dict[int, Fragments]) -> CommitOutcome:
+        """Commit a recorded batch on every owner. Returns once each partition acknowledged;
+        re-plans as partitions move; raises if fenced or out of time."""
+        t0 = time.perf_counter()
         deadline = t0 + self.commit_timeout_s
         outcome = CommitOutcome()
         acked: set[int] = set()

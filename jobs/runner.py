@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
@@ -55,6 +55,7 @@ class RunningJob:
     context: JobContext
     queries: dict[str, StreamingQuery]
     reports: dict[str, Reports]
+    sinks: list[QStateSink] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -64,11 +65,18 @@ class RunningJob:
         for q in self.queries.values():
             if q.isActive:
                 q.stop()
-        release(self.context.storage, self.name)
+        try:
+            for sink in self.sinks:
+                sink.flush()  # the last batch's commits, under way when the query stopped
+        finally:
+            release(self.context.storage, self.name)
 
     def process_all_available(self) -> None:
+        """Until every query has processed what is there and every commit is delivered."""
         for q in self.queries.values():
             q.processAllAvailable()
+        for sink in self.sinks:
+            sink.flush()
 
     def check(self) -> None:
         """Raise the failure of any query that died."""
@@ -85,9 +93,11 @@ def start_job(spark: SparkSession, builder: str | Builder, ctx: JobContext) -> R
     retention = cfg.retention_ms if ctx.retention_ms is None else ctx.retention_ms
     queries: dict[str, StreamingQuery] = {}
     reports: dict[str, Reports] = {}
+    sinks = []
     if job.operators:
         reports[MERGED] = Reports()
         sink = QStateSink(ctx.storage, ctx.shards, cfg.commit_timeout_s)
+        sinks.append(sink)
         queries[MERGED] = pipeline.start(
             job, str(ctx.checkpoint / MERGED), sink, partitions=ctx.partitions,
             retention_ms=retention, trigger_interval=ctx.trigger_interval,
@@ -100,4 +110,4 @@ def start_job(spark: SparkSession, builder: str | Builder, ctx: JobContext) -> R
             checkpoint=str(ctx.checkpoint / op.name), storage=ctx.storage, shards=ctx.shards,
             retention_ms=retention, trigger_interval=ctx.trigger_interval,
             reports=reports[op.name])
-    return RunningJob(job, ctx, queries, reports)
+    return RunningJob(job, ctx, queries, reports, sinks)

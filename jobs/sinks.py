@@ -8,8 +8,10 @@ same ``PartialsSink`` protocol.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -17,7 +19,7 @@ import orjson
 from pyspark.sql import DataFrame, Row
 
 from jobs import metrics
-from jobs.coordinator import coordinator_for
+from jobs.coordinator import CommitOutcome, coordinator_for
 from jobs.partials import PART, RESULT, DeltaFiles, Discard, Plan, Target, final_writer
 from service.core.manifest import Fragments
 from service.core.operator import OperatorSpec, save_spec
@@ -78,15 +80,29 @@ class PartialsSink(Protocol):
     def finish(self, plan: Plan, written: dict[int, Fragments], watermark_ms: int
                ) -> OperatorReport: ...
 
+    def flush(self, operator: str | None = None) -> object:
+        """Wait for what ``finish`` left under way (e.g. commits being delivered)."""
+        ...
+
 
 class QStateSink:
-    """Delta files on checkpoint storage, then ``Commit(N)`` on every owning shard."""
+    """Delta files on checkpoint storage, then ``Commit(N)`` on every owning shard.
+
+    Commits are pipelined: batch N is recorded (its manifest: from then on any shard can
+    catch up on it from storage) before ``foreachBatch`` returns, and delivered to the shards
+    while Spark computes batch N+1, which first waits for N's acknowledgement. So Spark's
+    commit log runs at most one batch ahead of the served state, never ahead of what is
+    durable, and a failed delivery fails the next batch.
+    """
 
     def __init__(self, storage_uri: str, shards: list[str] | None,
                  commit_timeout_s: float) -> None:
         self.storage_uri = storage_uri
         self.shards = shards
         self.commit_timeout_s = commit_timeout_s
+        self._pool = ThreadPoolExecutor(thread_name_prefix="deliver")
+        self._pending: dict[str, Future[CommitOutcome]] = {}
+        self._lock = threading.Lock()  # finish (the query's thread) and flush (anyone's)
 
     def prepare(self, specs: list[OperatorSpec]) -> None:
         storage = Storage(self.storage_uri)
@@ -102,11 +118,36 @@ class QStateSink:
 
     def finish(self, plan: Plan, written: dict[int, Fragments], watermark_ms: int
                ) -> OperatorReport:
+        """Wait for the previous batch's delivery, record this one, start delivering it.
+        The report tells the previous batch's outcome (``applied``/``skipped``) and how
+        long this batch waited for it (``commit_s``)."""
         spec = plan.spec
-        done = self.coordinator.commit(spec, plan.batch, watermark_ms, written)
+        t0 = time.perf_counter()
+        before = self.flush(spec.operator)
+        waited = time.perf_counter() - t0
+        self.coordinator.record(spec, plan.batch, watermark_ms, written)
+        with self._lock:
+            self._pending[spec.operator] = self._pool.submit(
+                self._deliver, spec, plan.batch, watermark_ms, written)
+        return OperatorReport(sum(sum(f.values()) for f in written.values()), 0.0, waited,
+                              before.applied if before else 0, before.skipped if before else 0)
+
+    def _deliver(self, spec: OperatorSpec, batch: int, watermark_ms: int,
+                 written: dict[int, Fragments]) -> CommitOutcome:
+        done = self.coordinator.deliver(spec, batch, watermark_ms, written)
         metrics.COMMIT_SECONDS.labels(spec.job, spec.operator).observe(done.seconds)
-        return OperatorReport(sum(sum(f.values()) for f in written.values()), 0.0,
-                              done.seconds, done.applied, done.skipped)
+        return done
+
+    def flush(self, operator: str | None = None) -> CommitOutcome | None:
+        """Wait for the pending delivery of ``operator`` (of every operator: None); raises
+        its failure. Returns the outcome of the last one waited for."""
+        with self._lock:
+            names = [operator] if operator is not None else list(self._pending)
+            futures = [f for n in names if (f := self._pending.pop(n, None)) is not None]
+        outcome = None
+        for fut in futures:
+            outcome = fut.result()
+        return outcome
 
     def write_final(self, rows: DataFrame, plan: Plan, watermark_ms: int) -> OperatorReport:
         """Spark-state mode: Spark's updated rows (with ``PART``) are the values."""
@@ -115,15 +156,20 @@ class QStateSink:
         rows = rows.repartition(min(tasks, plan.spec.partitions), PART)
         written = written_by_operator(rows.mapInArrow(
             final_writer(plan, self.target()), RESULT).collect()).get(0, {})
-        report = self.finish(plan, written, watermark_ms)
-        report.write_s = time.perf_counter() - t0 - report.commit_s
-        return report
+        t1 = time.perf_counter()
+        done = self.coordinator.commit(plan.spec, plan.batch, watermark_ms, written)
+        metrics.COMMIT_SECONDS.labels(plan.spec.job, plan.spec.operator).observe(done.seconds)
+        return OperatorReport(sum(sum(f.values()) for f in written.values()), t1 - t0,
+                              done.seconds, done.applied, done.skipped)
 
 
 class NoopSink:
     """Computes every operator's partials and drops them: Spark's own ceiling."""
 
     def prepare(self, specs: list[OperatorSpec]) -> None:
+        pass
+
+    def flush(self, operator: str | None = None) -> None:
         pass
 
     def target(self) -> Target:

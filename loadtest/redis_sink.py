@@ -96,6 +96,9 @@ class RedisSink:
     def target(self) -> Target:
         return RedisTarget(self.host, self.port)
 
+    def flush(self, operator: str | None = None) -> None:
+        pass
+
     def finish(self, plan: Plan, written: dict[int, Fragments], watermark_ms: int
                ) -> OperatorReport:
         return OperatorReport(sum(sum(f.values()) for f in written.values()))
