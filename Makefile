@@ -8,7 +8,7 @@ JAR_STAMP := $(JARS)/.fetched
 MVN     ?= mvn
 PYTEST_ARGS ?=
 
-.PHONY: setup node-setup run test test-fast lint proto clean
+.PHONY: setup node-setup bench-setup run test test-fast lint proto clean
 
 NODE_STAMP := clients/node/node_modules/.installed
 
@@ -32,6 +32,11 @@ $(JAR_STAMP): deploy/maven/kafka-broker.pom.xml deploy/maven/spark-kafka.pom.xml
 	$(MVN) -q -B -f deploy/maven/spark-kafka.pom.xml dependency:copy-dependencies \
 		-DincludeScope=runtime -DoutputDirectory=$(abspath $(JARS))/spark
 	@touch $(JAR_STAMP)
+
+# benchmarks (loadtest/): the Redis baseline needs redis-server (Debian package) and redis-py
+bench-setup: setup
+	@command -v redis-server >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq redis-server; }
+	$(BIN)/pip install --quiet -e '.[dev,bench]'
 
 run: setup
 	$(BIN)/qstate run

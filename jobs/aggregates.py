@@ -26,7 +26,7 @@ from pyspark.sql import types as T
 from service.core.errors import InvalidRequest
 from service.core.operator import Aggregate, StateType
 
-__all__ = ["Agg", "approx_count_distinct", "avg", "count", "max", "min", "sum"]
+__all__ = ["Agg", "approx_count_distinct", "avg", "count", "max", "min", "state_type", "sum"]
 
 Kind = Literal["count", "sum", "min", "max", "avg", "approx_count_distinct"]
 ColumnLike = str | Column
@@ -69,11 +69,19 @@ class Agg:
         return Aggregate(self.kind, _numeric(dtype, self))
 
 
-def _numeric(dtype: T.DataType, agg: Agg) -> StateType:
+def state_type(dtype: T.DataType) -> StateType | None:
+    """How a value of Spark type ``dtype`` is stored: integral values exactly (long), the
+    rest of the numbers as double; None for what cannot be aggregated."""
     if isinstance(dtype, T.LongType | T.IntegerType | T.ShortType | T.ByteType):
         return "long"
     if isinstance(dtype, T.DoubleType | T.FloatType | T.DecimalType):
         return "double"
+    return None
+
+
+def _numeric(dtype: T.DataType, agg: Agg) -> StateType:
+    if (kind := state_type(dtype)) is not None:
+        return kind
     raise InvalidRequest(f"{agg.kind}({agg._described()}) of a {dtype.simpleString()} column: "
                          "only integral (exact) and floating values can be aggregated")
 

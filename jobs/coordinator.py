@@ -26,7 +26,7 @@ from service.core.assignment import (
     save_assignment,
 )
 from service.core.catalog import snapshot_batches
-from service.core.config import DEFAULTS
+from service.core.config import DEFAULTS, settings
 from service.core.errors import (
     CommitFailed,
     Fenced,
@@ -69,6 +69,7 @@ class Coordinator:
     commit_timeout_s: float = DEFAULTS.commit_timeout_s
     lease_s: float = DEFAULTS.lease_s
     heartbeat_s: float = DEFAULTS.heartbeat_s
+    heartbeat_timeout_s: float = DEFAULTS.heartbeat_timeout_s
     gc_every: int = DEFAULTS.manifest_gc_every  # batches between collections of manifests
     clients: ShardClients = field(default_factory=ShardClients)
     assignment: Assignment = field(init=False)
@@ -90,7 +91,8 @@ class Coordinator:
         now = time.monotonic()
         for addr in candidates:
             try:
-                d = self.clients.describe(addr, timeout=min(1.0, self.lease_s / 2))
+                d = self.clients.describe(
+                    addr, timeout=min(self.heartbeat_timeout_s, self.lease_s / 2))
             except grpc.RpcError:
                 continue
             self._last_ok[d.server_id] = now
@@ -161,12 +163,14 @@ class Coordinator:
         outcome = CommitOutcome()
         acked: set[int] = set()
         delay = 0.05
+        errors: dict[str, str] = {}
         while len(acked) < spec.partitions:
             remaining = deadline - time.perf_counter()
             if remaining <= 0:
                 missing = sorted(set(range(spec.partitions)) - acked)
                 raise CommitFailed(f"batch {batch} of {spec.job}/{spec.operator}: partitions "
-                                   f"{missing} not acknowledged within {self.commit_timeout_s}s")
+                                   f"{missing} not acknowledged within {self.commit_timeout_s}s"
+                                   f" (last errors by shard: {errors or 'none'})")
             with self._lock:
                 epoch = self.assignment.epoch
                 plan = {addr: [p for p in parts if p not in acked]
@@ -179,7 +183,9 @@ class Coordinator:
                         partition=p, has_delta=p in written,
                         rows=sum(written.get(p, {}).values()),
                         fragments=sorted(written.get(p, {}))) for p in parts]),
-                    timeout=remaining))
+                    # a hung server holds a call no longer than its lease: by then its
+                    # partitions have moved, and the next round asks their new owners
+                    timeout=min(remaining, self.lease_s)))
                 for addr, parts in plan.items() if parts}
             errors = {}
             for addr, (parts, fut) in futures.items():
@@ -198,7 +204,8 @@ class Coordinator:
                     if err is None and exc.code() not in _TRANSPORT:  # type: ignore[attr-defined]
                         raise CommitFailed(f"shard {addr} failed batch {batch}: "
                                            f"{exc.code().name} {exc.details()}") from exc  # type: ignore[attr-defined]
-                    errors[addr] = type(err).__name__ if err else exc.code().name  # type: ignore[attr-defined]
+                    errors[addr] = (f"{type(err).__name__ if err else exc.code().name} "  # type: ignore[attr-defined]
+                                    f"for partitions {parts}")
                     continue
                 acked.update(parts)
                 outcome.applied += len(reply.applied)
@@ -238,7 +245,11 @@ def coordinator_for(storage: Storage, job: str, shards: list[str] | None,
         key = (storage.uri, job)
         c = _coordinators.get(key)
         if c is None or c._stop.is_set():
-            c = _coordinators[key] = Coordinator(storage, job, shards, commit_timeout_s)
+            cfg = settings()  # the process's settings (flags were applied to the context)
+            c = _coordinators[key] = Coordinator(
+                storage, job, shards, commit_timeout_s, lease_s=cfg.lease_s,
+                heartbeat_s=cfg.heartbeat_s, heartbeat_timeout_s=cfg.heartbeat_timeout_s,
+                gc_every=cfg.manifest_gc_every)
         return c
 
 

@@ -8,9 +8,10 @@
     job.operator("per_tweet_1m").where(F.col("event") == "impression") \\
         .groupBy(window("1 minute", "10 seconds"), "tweet_id").agg(A.count().alias("impressions"))
 
-The job is read and parsed once per batch (the batch is persisted), and each operator's
-per-batch partial aggregates are computed with a plain, stateless ``groupBy``: no Spark state
-store, the shard is the state. The watermark is Spark's own (``withWatermark`` on the
+Each micro-batch is one Spark job: the topic is read and parsed once, and every operator's
+per-batch partial aggregates are computed from the same rows on the executors
+(``jobs.pipeline``, ``jobs.partials``), stateless: no Spark state store, the shard is the
+state. The watermark is Spark's own (``withWatermark`` on the
 stream): batch N drops, per window, rows whose window ended at or before batch N-1's
 watermark, exactly as Spark's stateful aggregation does.
 """

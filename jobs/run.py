@@ -38,6 +38,8 @@ def _status(jobs: list[RunningJob]) -> Text:
                 batch = f"batch {last.batch} in {last.total_s:.1f}s, watermark {age:,.0f}s ago"
             line.append(f"{job.name}/{name}: ", style="bold")
             line.append(f"{rate}, {batch}   ")
+        for topic, n in job.behind().items():
+            line.append(f"{topic}: {n:,} events behind   ", style="yellow" if n else "")
     return line
 
 
@@ -69,6 +71,8 @@ def run_jobs(builders: list[str], ctx: JobContext, metrics_port: int = 0,
             while not stop.is_set():
                 for job in running:
                     job.check()
+                    if view is None:
+                        job.behind()  # the lag metric (the status line sets it too)
                 if view is not None:
                     view.update(_status(running))
                 stop.wait(1.0)

@@ -11,10 +11,11 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import orjson
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from jobs import pipeline
+from jobs import metrics, pipeline
 from jobs.coordinator import release
 from jobs.job import JobContext
 from jobs.queryable import QueryableJob
@@ -78,11 +79,38 @@ class RunningJob:
         for sink in self.sinks:
             sink.flush()
 
+    def behind(self) -> dict[str, int]:
+        """Events in the job's topics that its queries have not read yet, per topic, from
+        Spark's last progress (the source's latest offsets minus the batch's end offsets);
+        also set as ``qstate_job_lag_events``."""
+        out: dict[str, int] = {}
+        for q in self.queries.values():
+            progress = q.lastProgress
+            for source in progress.sources if progress is not None else []:
+                latest, end = _offsets(source.latestOffset), _offsets(source.endOffset)
+                for topic, parts in latest.items():
+                    done = end.get(topic, {})
+                    out[topic] = max(out.get(topic, 0), sum(
+                        max(0, off - done.get(p, off)) for p, off in parts.items()))
+        for topic, n in out.items():
+            metrics.LAG.labels(self.name, topic).set(n)
+        return out
+
     def check(self) -> None:
         """Raise the failure of any query that died."""
         for name, q in self.queries.items():
             if not q.isActive and q.exception() is not None:
                 raise RuntimeError(f"query {name} failed: {q.exception()}")
+
+
+def _offsets(text: str | None) -> dict[str, dict[str, int]]:
+    """A Kafka source's offsets as Spark reports them: ``{"topic": {"0": 42}}`` (JSON)."""
+    try:
+        parsed = orjson.loads(text) if text else {}
+    except orjson.JSONDecodeError:
+        return {}
+    return {t: {p: int(o) for p, o in parts.items()} for t, parts in parsed.items()
+            if isinstance(parts, dict)}
 
 
 def start_job(spark: SparkSession, builder: str | Builder, ctx: JobContext) -> RunningJob:

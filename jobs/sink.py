@@ -20,6 +20,7 @@ from pyspark.sql import types as T
 from pyspark.sql.streaming import StreamingQuery
 
 from jobs import metrics
+from jobs.aggregates import state_type
 from jobs.partials import PART, Plan
 from jobs.sinks import BatchReport, QStateSink, Reports, batch_watermark_ms
 from service.core.config import settings
@@ -32,10 +33,8 @@ WINDOW_COLUMNS = ("window", "session_window")
 
 
 def _state_type(dtype: T.DataType, name: str) -> StateType:
-    if isinstance(dtype, T.LongType | T.IntegerType | T.ShortType | T.ByteType):
-        return "long"
-    if isinstance(dtype, T.DoubleType | T.FloatType | T.DecimalType):
-        return "double"
+    if (kind := state_type(dtype)) is not None:
+        return kind
     raise InvalidRequest(f"state column {name!r} is {dtype.simpleString()}: "
                          f"only integral (exact counts) and floating aggregates are queryable")
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import logging
 import shutil
 import statistics
 import subprocess
@@ -73,6 +74,7 @@ console = Console(stderr=True)
 SINKS = ("read", "parse", "noop", "qstate", "spark-state", "redis")
 T0 = 1_767_225_600_000  # 2026-01-01T00:00Z
 P = 16
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -260,6 +262,9 @@ def table(runs: list[Run], header: str) -> str:
         def f(key: str, fmt: str = "{:.2f}", d: dict = d) -> str:
             return fmt.format(d[key]) if key in d else "-"
 
+        if "failed" in d:
+            lines.append(f"| {r.sink} | failed: {d['failed']} |" + " - |" * 10)
+            continue
         lines.append(
             f"| {r.sink} | {r.events_per_s:,.0f} | {r.steady_events_per_s:,.0f} | "
             f"{ratio.get('redis', '-')} | {ratio.get('noop', '-')} | {r.batches} | "
@@ -293,7 +298,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
                  args.max_rows, None, options)
         for keys in [int(k) for k in str(args.keys).split(",")]:
             wl = workload(args.workload, keys)
-            options: dict[str, str] = {}
+            options = {}
             if isinstance(wl, Ads):
                 options["mapping"] = str(write_mapping(wl.mapping, tmp / "campaigns.json"))
             topic = f"{args.workload}-{keys}"
@@ -305,11 +310,19 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             runs = []
             for sink in sinks:
                 console.print(f"[bold]{sink}[/bold] ({keys:,} keys)")
-                if sink in ("qstate", "spark-state"):
-                    run = run_with_shards(sink, spark, args, broker, topic, tmp, options)
-                else:
-                    run = run_sink(sink, spark, args.workload, broker, topic, args.events, tmp,
-                                   args.max_rows, redis[1] if redis else None, options)
+                try:
+                    if sink in ("qstate", "spark-state"):
+                        run = run_with_shards(sink, spark, args, broker, topic, tmp, options)
+                    else:
+                        run = run_sink(sink, spark, args.workload, broker, topic, args.events,
+                                       tmp, args.max_rows, redis[1] if redis else None,
+                                       options)
+                except Exception as exc:  # the other sinks of the run still count
+                    log.exception("sink %s failed", sink)
+                    console.print(f"  [red]failed: {exc}[/red]")
+                    runs.append(Run(sink, args.events, 0.0, 0.0, 0,
+                                    {"failed": f"{type(exc).__name__}: {exc}"[:200]}))
+                    continue
                 console.print(f"  {run.events_per_s:,.0f} events/s, steady "
                               f"{run.steady_events_per_s:,.0f}")
                 runs.append(run)

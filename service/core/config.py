@@ -61,15 +61,22 @@ class Settings(BaseSettings):
         "task up to M times.")
     trigger_interval: str = Field("1 second", description="Micro-batch trigger interval.")
     max_rows_per_trigger: int = Field(
-        0, ge=0, description="Cap on the rows a micro-batch reads (0: no cap).")
+        100_000, ge=0, description="Cap on the records a micro-batch reads "
+        "(maxOffsetsPerTrigger; 0: no cap). Bounded batches drain a backlog in steps of a few "
+        "seconds each here instead of one batch that takes minutes.")
     job_metrics_port: int = Field(0, ge=0, description="Port of a job's /metrics (0: off).")
     commit_timeout_s: float = Field(
-        30.0, gt=0, description="How long the sink keeps trying to commit a batch on every "
-        "owning shard before the query fails.")
+        300.0, gt=0, description="How long the sink keeps trying (with backoff) to commit a "
+        "batch on every owning shard before the query fails; longer than a restore "
+        "(restore_timeout_s), so a shard that is restoring makes the batch wait, not fail.")
     lease_s: float = Field(
-        3.0, gt=0, description="Coordinator: a shard server that has not answered a heartbeat "
-        "for this long is dead and its partitions move.")
+        30.0, gt=0, description="Coordinator: a shard server that has not answered a "
+        "heartbeat for this long is dead and its partitions move. Generous: a busy server "
+        "(saturated cores, a long restore) still answers heartbeats, only slower.")
     heartbeat_s: float = Field(0.5, gt=0, description="Coordinator: heartbeat interval.")
+    heartbeat_timeout_s: float = Field(
+        5.0, gt=0, description="Coordinator: deadline of one heartbeat call (a late answer "
+        "is a missed beat, not a death).")
     manifest_gc_every: int = Field(
         20, ge=1, description="Coordinator: batches between collections of old manifests.")
 

@@ -14,12 +14,13 @@ from pathlib import Path
 
 import httpx
 from confluent_kafka import Consumer, TopicPartition
+from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
 from service.embedded.kafka import KafkaBroker
-from service.embedded.ports import wait_for_port
+from service.embedded.ports import free_port, wait_for_port
 from service.embedded.procs import Child, RouterProcess, ShardProcess, qstate_command
 
 __all__ = ["TOPICS", "Demo", "DemoConfig", "Status"]
@@ -42,6 +43,7 @@ class DemoConfig:
     ads_rate: int = 1000
     partitions: int = 16
     duration_s: float | None = None
+    job_metrics_port: int = 0  # 0: a free one
 
 
 class Demo:
@@ -50,6 +52,7 @@ class Demo:
         self.children: list[Child] = []
         self.broker: KafkaBroker | None = None
         self.stop_event = threading.Event()
+        self.job_metrics = ""
 
     def _spawn(self, child: Child) -> Child:
         self.children.append(child)
@@ -85,11 +88,14 @@ class Demo:
         deadline = time.monotonic() + 30
         while not mapping.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
+        self.job_metrics = f"127.0.0.1:{cfg.job_metrics_port or free_port()}"
         self._spawn(Child("jobs", qstate_command(
             "job", "tweets", "ads", "--bootstrap", cfg.bootstrap, "--storage", cfg.storage,
             "--checkpoints", str(cfg.home / "checkpoints"), "--option", f"mapping={mapping}",
             "--shards", ",".join(s.address for s in shards), "--partitions",
-            str(cfg.partitions), "--no-live"), logs / "jobs.log").start())
+            str(cfg.partitions), "--metrics-port", self.job_metrics.rsplit(":", 1)[1],
+            "--no-live"), logs / "jobs.log").start())
+        console.print(f"job metrics: http://{self.job_metrics}/metrics")
 
     def stop(self) -> None:
         for child in reversed(self.children):
@@ -116,7 +122,7 @@ class Demo:
     def _watch(self) -> int:
         cfg = self.cfg
         url = f"http://127.0.0.1:{cfg.http_port}"
-        status = Status(cfg.bootstrap, url)
+        status = Status(cfg.bootstrap, url, f"http://{self.job_metrics}/metrics")
         shown = False
         started = time.monotonic()
         with Live(Text("starting Spark..."), console=console, refresh_per_second=2) as live:
@@ -147,10 +153,20 @@ class Demo:
 class Status:
     """events/s per topic (broker high watermarks), last batch and watermark age per job."""
 
-    def __init__(self, bootstrap: str, url: str) -> None:
+    def __init__(self, bootstrap: str, url: str, job_metrics: str) -> None:
         self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "qstate-status"})
         self.http = httpx.Client(base_url=url, timeout=0.5)
+        self.job_metrics = job_metrics
         self.last: dict[str, tuple[float, int]] = {}
+
+    def _behind(self) -> dict[str, float]:
+        """Events not read yet per topic (the jobs' ``qstate_job_lag_events``)."""
+        try:
+            text = self.http.get(self.job_metrics).text
+        except httpx.HTTPError:
+            return {}
+        return {s.labels["topic"]: s.value for f in text_string_to_metric_families(text)
+                for s in f.samples if s.name == "qstate_job_lag_events"}
 
     def _rate(self, topic: str) -> float:
         try:
@@ -167,8 +183,13 @@ class Status:
 
     def poll(self) -> tuple[Text, str | None]:
         line = Text()
+        behind = self._behind()
         for topic in TOPICS:
-            line.append(f"{topic} {self._rate(topic):,.0f} ev/s  ")
+            line.append(f"{topic} {self._rate(topic):,.0f} ev/s")
+            if topic in behind:
+                line.append(f" ({behind[topic]:,.0f} behind)",
+                            style="yellow" if behind[topic] else "")
+            line.append("  ")
         key = None
         for job in ("tweets", "ads"):
             try:

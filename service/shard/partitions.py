@@ -16,7 +16,7 @@ from service.core import paths
 from service.core.address import PartitionId
 from service.core.assignment import Assignment, load_assignment
 from service.core.config import DEFAULTS
-from service.core.errors import DeltaMismatch, NotOwner, StaleEpoch, UnknownOperator
+from service.core.errors import DeltaMismatch, NotOwner, StaleEpoch, Unavailable, UnknownOperator
 from service.core.operator import OperatorSpec, load_spec
 from service.core.shard_files import partition_dir
 from service.core.storage import Storage
@@ -149,7 +149,9 @@ class Partitions:
     def _commit_one(self, spec: OperatorSpec, pid: PartitionId, held: Held, batch: int,
                     watermark_ms: int, epoch: int, pc: PartitionCommit) -> tuple[bool, int]:
         if not held.ready.wait(self.restore_timeout_s):
-            raise DeltaMismatch(f"{pid} is still restoring")
+            # retryable: the committer backs off and asks again (a slow restore is not a
+            # failure of the batch)
+            raise Unavailable(f"{pid} is still restoring on {self.server_id}")
         caught_up = self.recovery.catch_up(pid, held, batch - 1)
         table = None
         if pc.fragments:

@@ -18,6 +18,7 @@ from confluent_kafka import Consumer, TopicPartition
 from jobs.runner import MERGED
 from loadtest.truth import load_events, window_counts
 from service.core.address import partition_of
+from service.core.config import DEFAULTS
 from service.embedded.generate import produce
 from service.embedded.kafka import KafkaBroker
 from service.embedded.procs import Child, RouterProcess, ShardProcess, qstate_command
@@ -29,6 +30,7 @@ ORIGIN = BOUNDARY + 5 * 60_000  # event time of the first event; runs < 55 min s
 LATE_AT = BOUNDARY - 4 * 60_000  # late events: an hour and minutes long closed
 TOPIC = "tweet-events"
 P = 8
+LEASE_S = 5.0  # shorter than the default: the disk-lost scenario waits for it to expire
 
 
 class Generator(threading.Thread):
@@ -104,7 +106,8 @@ class Deployment:
             "job", "tweets", "--bootstrap", self.broker.bootstrap, "--storage", self.storage,
             "--checkpoints", str(self.root / "ckpt"), "--partitions", str(P),
             "--shards", ",".join(s.address for s in self.shards), "--no-live",
-            "--max-rows-per-trigger", "50000"), self.root / "logs" / "job.log").start()
+            "--max-rows-per-trigger", "50000"), self.root / "logs" / "job.log",
+            env={**os.environ, "QSTATE_LEASE_S": str(LEASE_S)}).start()
 
     def kill_job(self) -> None:
         assert self.job is not None and self.job.proc is not None
@@ -159,11 +162,15 @@ class Deployment:
                 break
         return [k for v in out.values() for k in v]
 
-    def time_to_answer(self, since: float, timeout: float = 120) -> float:
-        """Seconds from ``since`` until every sampled key answers (200, or 404 with a batch)."""
+    def time_to_answer(self, since: float) -> float:
+        """Seconds from ``since`` until every sampled key answers (200, or 404 with a batch);
+        fails beyond the bound the settings promise: the lease expires, the partitions are
+        restored, the router re-reads the assignment."""
         keys = self.sample_keys()
         assert self.router is not None
-        deadline = time.monotonic() + timeout
+        cfg = DEFAULTS
+        bound = LEASE_S + cfg.heartbeat_s + cfg.restore_timeout_s + 2 * cfg.routing_refresh_s
+        deadline = since + bound
         with httpx.Client(base_url=self.router.url, timeout=2) as c:
             while time.monotonic() < deadline:
                 try:
@@ -174,7 +181,7 @@ class Deployment:
                 if all(code in (200, 404) for code in codes):
                     return time.monotonic() - since
                 time.sleep(0.1)
-        raise AssertionError("keys did not answer again")
+        raise AssertionError(f"keys did not answer again within {bound:.0f}s")
 
 
 def truth(log: Path) -> tuple[dict, dict, dict, list[str]]:

@@ -91,6 +91,7 @@ def drain(spark, cfg: JobContext, job: str = "tweets") -> Counter[str]:
     running = start_job(spark, job, cfg)
     try:
         running.process_all_available()
+        assert set(running.behind().values()) == {0}, running.behind()  # read to the end
     finally:
         running.stop()
     return sum((Counter(r.dead_lettered) for rs in running.reports.values()
