@@ -140,14 +140,31 @@ class Codec:
 
     def fold(self, records: np.ndarray, blobs: list[list[bytes | None]]
              ) -> tuple[np.ndarray, list[bytes | None]]:
-        """Several records of one key combined into one (the panes of a window)."""
-        acc = records[:1].copy()
-        acc_blobs = [[b[0]] for b in blobs]
-        present = np.ones(1, bool)
-        for i in range(1, len(records)):
-            acc, acc_blobs = self.combine(acc, present, acc_blobs, records[i:i + 1],
-                                          [[b[i]] for b in blobs])
-        return acc[0], [b[0] for b in acc_blobs]
+        """Several records of one key combined into one (the panes of a window), in order:
+        the same result as ``combine`` applied pairwise, one reduction per field."""
+        acc = records[-1:].copy()  # end and replaced (spark-state) values: the last one's
+        for name, a in self.spec.states.items():
+            if a.kind == "count":
+                acc[name] = records[name].sum()
+            elif a.kind == "avg":
+                for part in (f"{name}__sum", f"{name}__n"):
+                    acc[part] = records[part].sum()
+            elif a.kind in ("sum", "min", "max"):
+                has = records[f"{name}__has"] == 1
+                vals = records[name][has]
+                acc[f"{name}__has"] = bool(has.any())
+                if a.kind == "sum":
+                    acc[name] = vals.sum()
+                elif len(vals):
+                    # Spark orders NaN above every number: min skips it, max keeps it
+                    acc[name] = (np.fmin if a.kind == "min" else np.maximum).reduce(vals)
+        out_blobs: list[bytes | None] = []
+        for s, b in zip(self.sketches, blobs, strict=True):
+            merged = b[0]
+            for blob in b[1:]:
+                merged = _union(merged, blob, self.lg_k[s])
+            out_blobs.append(merged)
+        return acc[0], out_blobs
 
     # ---- answers ----------------------------------------------------------------------
     def answers(self, record: np.void | np.ndarray, blobs: Sequence[bytes | None]
