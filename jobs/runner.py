@@ -106,8 +106,10 @@ class RunningJob:
 def _offsets(text: str | None) -> dict[str, dict[str, int]]:
     """A Kafka source's offsets as Spark reports them: ``{"topic": {"0": 42}}`` (JSON)."""
     try:
-        parsed = orjson.loads(text) if text else {}
+        parsed = orjson.loads(text) if text else None
     except orjson.JSONDecodeError:
+        return {}
+    if not isinstance(parsed, dict):  # "null" before the source has seen the topic
         return {}
     return {t: {p: int(o) for p, o in parts.items()} for t, parts in parsed.items()
             if isinstance(parts, dict)}

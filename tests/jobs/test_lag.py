@@ -11,7 +11,7 @@ from prometheus_client import REGISTRY
 from jobs.runner import RunningJob
 
 
-def _query(latest: dict, end: dict | None) -> SimpleNamespace:
+def _query(latest: dict | None, end: dict | None) -> SimpleNamespace:
     source = SimpleNamespace(latestOffset=orjson.dumps(latest).decode(),
                              endOffset=orjson.dumps(end).decode() if end is not None else None)
     return SimpleNamespace(lastProgress=SimpleNamespace(sources=[source]))
@@ -41,3 +41,5 @@ def test_a_partition_not_read_yet_counts_nothing_and_queries_of_one_topic_take_t
 
 def test_no_progress_yet_is_nothing_behind_known() -> None:
     assert _job(SimpleNamespace(lastProgress=None)).behind() == {}
+    # what Spark reports before its source has seen the topic
+    assert _job(_query(None, None)).behind() == {}

@@ -45,16 +45,19 @@ def test_sessions_merge_across_batches_exactly(spark, broker, topic, tmp_path: P
                                                 storage_uri, shards) -> None:
     rng = random.Random(11)
     keys = [f"u-{i}" for i in range(200)]
-    # every key starts within 4 s of T0, so phase A's watermark (newest - 10 s) stays below
-    # the end of every bridging row's own session window: none of phase B is late
-    base = {k: T0 + rng.randrange(4_000) for k in keys}
-    # phase A, in time order: two sessions per key, 50 s apart (more than the gap)
+    # Every key starts within 2 s of T0. Phase A, in time order: two sessions per key, 35 s
+    # apart (more than the gap). No row of either phase is newer than T0 + 49 s, so the
+    # watermark (newest - 10 s) stays below every first session's end (base + 10 s + gap):
+    # both sessions are open when phase B comes, as they would be in Spark's state, and no
+    # row of phase B is late.
+    base = {k: T0 + rng.randrange(2_000) for k in keys}
     phase_a = [{"tweet_id": k, "event": "impression", "time": t} for t, k in sorted(
-        (base[k] + d, k) for k in keys for d in (0, 10_000, 60_000, 70_000))]
-    # phase B, out of order, later batches: half the keys get a row 25 s from both
-    # sessions (they merge into one), the other half a row that only extends the second
+        (base[k] + d, k) for k in keys for d in (0, 10_000, 45_000))]
+    # Phase B, out of order, in later batches: half the keys get a row 17 s and 18 s from
+    # the two sessions (they merge into one), the other half a row that only extends the
+    # second session.
     bridge = [{"tweet_id": k, "event": "impression",
-               "time": base[k] + (35_000 if i % 2 == 0 else 80_000)}
+               "time": base[k] + (27_000 if i % 2 == 0 else 47_000)}
               for i, k in enumerate(keys)]
     rng.shuffle(bridge)
     log = tmp_path / "events.jsonl"
@@ -76,7 +79,10 @@ def test_sessions_merge_across_batches_exactly(spark, broker, topic, tmp_path: P
             zip(truth["tweet_id"], truth["start"], truth["count"], strict=True)}
     got, _ = read_all_windows(storage_uri, cfg.job or "", "visits", "events", keys, P)
     assert got == want
-    # the bridged keys hold one session of 5 rows; the others two, the second of 3
-    merged = [k for i, k in enumerate(keys) if i % 2 == 0]
-    assert all(got[(k, base[k])] == 5 for k in merged)
-    assert all((k, base[k] + 60_000) not in got for k in merged)
+    # the bridged keys hold one session of 4 rows, the replaced one is gone; the others
+    # two, the second extended to 2 rows
+    for i, k in enumerate(keys):
+        if i % 2 == 0:
+            assert got[(k, base[k])] == 4 and (k, base[k] + 45_000) not in got, k
+        else:
+            assert (got[(k, base[k])], got[(k, base[k] + 45_000)]) == (2, 2), k
