@@ -34,7 +34,7 @@ KEYS = [f"key-{i}" for i in range(300)]
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def write_batch(storage: Storage, batch: int, truth: dict) -> dict[int, int]:
+def write_batch(storage: Storage, batch: int, truth: dict) -> dict[int, dict[int, int]]:
     """Batch b updates window b//3 of every key: count = b+1 (an upsert, like Spark's)."""
     written = {}
     for p in range(P):
