@@ -163,10 +163,10 @@ class Status:
         """Events not read yet per topic (the jobs' ``qstate_job_lag_events``)."""
         try:
             text = self.http.get(self.job_metrics).text
-        except httpx.HTTPError:
+            return {s.labels["topic"]: s.value for f in text_string_to_metric_families(text)
+                    for s in f.samples if s.name == "qstate_job_lag_events"}
+        except (httpx.HTTPError, ValueError):  # the job not up yet, or restarting
             return {}
-        return {s.labels["topic"]: s.value for f in text_string_to_metric_families(text)
-                for s in f.samples if s.name == "qstate_job_lag_events"}
 
     def _rate(self, topic: str) -> float:
         try:
