@@ -216,6 +216,28 @@ def columns(j: int, n_inputs: int) -> tuple[str, str, list[str]]:
     return f"_qs_k{j}", f"_qs_p{j}", [f"_qs_a{j}_{i}" for i in range(n_inputs)]
 
 
+def _task_rows(it: Iterator[pa.RecordBatch]) -> tuple[pa.Table, int] | None:
+    """A task's rows as one table, and its Spark partition id (the fragment its delta files
+    are numbered by); None for an empty task."""
+    from pyspark import TaskContext
+
+    batches = list(it)
+    if not batches:
+        return None
+    fragment = TaskContext.get().partitionId()  # type: ignore[union-attr]
+    return pa.Table.from_batches(batches), fragment
+
+
+def _result(out: list[tuple[int, str | None, int, int]], fragment: int) -> pa.RecordBatch:
+    """A task's report in ``RESULT``'s shape: (operator, dead-letter kind, partition, rows)
+    of one fragment."""
+    ops, kinds, parts, ns = zip(*out, strict=True) if out else ((), (), (), ())
+    return pa.RecordBatch.from_arrays(
+        [pa.array(ops, pa.int32()), pa.array(kinds, pa.string()), pa.array(parts, pa.int32()),
+         pa.array([fragment] * len(out), pa.int32()), pa.array(ns, pa.int64())],
+        ["op", "kind", "partition", "fragment", "rows"])
+
+
 def run_operators(plans: list[Plan], target: Target, error_kind: str
                   ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The mapInArrow function of a merged batch: a task's rows (every operator's columns,
@@ -223,13 +245,10 @@ def run_operators(plans: list[Plan], target: Target, error_kind: str
     ``target``, one pass for all operators."""
 
     def run(it: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from pyspark import TaskContext
-
-        batches = list(it)
-        if not batches:
+        task = _task_rows(it)
+        if task is None:
             return
-        table = pa.Table.from_batches(batches)
-        fragment = TaskContext.get().partitionId()  # type: ignore[union-attr]
+        table, fragment = task
         out: list[tuple[int, str | None, int, int]] = [(-1, None, -1, table.num_rows)]
         kinds = table.column(error_kind)
         if kinds.null_count < table.num_rows:
@@ -244,11 +263,7 @@ def run_operators(plans: list[Plan], target: Target, error_kind: str
             if rows.num_rows:
                 for p, n in target.consume(plan, aggregate(rows, plan), fragment):
                     out.append((j, None, p, n))
-        ops, kind, parts, ns = zip(*out, strict=True)
-        yield pa.RecordBatch.from_arrays(
-            [pa.array(ops, pa.int32()), pa.array(kind, pa.string()), pa.array(parts, pa.int32()),
-             pa.array([fragment] * len(out), pa.int32()), pa.array(ns, pa.int64())],
-            ["op", "kind", "partition", "fragment", "rows"])
+        yield _result(out, fragment)
 
     return run
 
@@ -259,19 +274,11 @@ def final_writer(plan: Plan, target: Target
     (with ``PART``), handed to ``target`` as they are."""
 
     def write(it: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from pyspark import TaskContext
-
-        batches = list(it)
-        if not batches:
+        task = _task_rows(it)
+        if task is None:
             return
-        table = pa.Table.from_batches(batches)
-        fragment = TaskContext.get().partitionId()  # type: ignore[union-attr]
+        table, fragment = task
         out = target.consume(plan, table, fragment) if table.num_rows else []
-        yield pa.RecordBatch.from_arrays(
-            [pa.array([0] * len(out), pa.int32()), pa.nulls(len(out), pa.string()),
-             pa.array([p for p, _ in out], pa.int32()),
-             pa.array([fragment] * len(out), pa.int32()),
-             pa.array([n for _, n in out], pa.int64())],
-            ["op", "kind", "partition", "fragment", "rows"])
+        yield _result([(0, None, p, n) for p, n in out], fragment)
 
     return write

@@ -6,8 +6,10 @@ Per batch N the Spark job projects every operator's columns side by side (its ke
 shard partition and each aggregate's input, evaluated by Spark) and each task aggregates its
 rows per operator in Arrow (``jobs.partials``), handing the partial rows to the sink's
 target: qstate's writes them as delta fragments. Then, per operator, the sink finishes the
-batch: qstate's commits N on every owning shard and returns when each acknowledged, so
-Spark's commit log never runs ahead of the served state.
+batch: qstate's records N (its manifest, durable) and delivers it to every owning shard while
+Spark computes N+1, which first waits for N's acknowledgements (``jobs.sinks.QStateSink``),
+so Spark's commit log runs at most one batch ahead of the served state and never ahead of
+what is durable.
 
 Exactly once: batch N's records are fixed by Spark's offset log, its partials are a
 deterministic function of them and of batch N-1's watermark (also in the offset log), and a
