@@ -21,6 +21,7 @@ from typing import Any
 import datasketches as ds
 import pyarrow as pa
 import pytest
+from hypothesis import HealthCheck, Phase, settings
 
 from service.core.delta import delta_schema
 from service.core.operator import Aggregate, OperatorSpec, WindowSpec
@@ -52,6 +53,18 @@ def make_spec(window: WindowSpec, states: dict[str, Any] | None = None,
         return OperatorSpec("j", "op", "k", dict(states or STATES), window=window)
     return OperatorSpec("j", "op", "k", dict(states or STATES), window=window,
                         retention_ms=retention_ms)
+
+
+# derandomized: the same examples every run (no flakiness in a shared suite); not shrunk:
+# a failure prints its whole example, and the targeted tests are the minimal cases
+SETTINGS = settings(max_examples=20, deadline=None, database=None, derandomize=True,
+                    phases=[Phase.explicit, Phase.generate],
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+def ev(key: str, t: int, v: int | None = 1, user: int = 0) -> Event:
+    """An event: key, time, value (None: absent), user (for the distinct count)."""
+    return (key, t, v, user)
 
 
 def scratch() -> tempfile.TemporaryDirectory[str]:

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
 from typing import Any
 
-import datasketches as ds
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -16,6 +14,7 @@ import pytest
 from service.core.delta import delta_schema
 from service.core.operator import Aggregate, OperatorSpec, WindowSpec
 from service.shard.codec import Codec
+from tests.service.shard.sim import sketch
 
 MERGED = OperatorSpec("j", "o", "k", {
     "c": Aggregate("count", "long"),
@@ -29,14 +28,6 @@ MERGED = OperatorSpec("j", "o", "k", {
     "u": Aggregate("approx_count_distinct", "long", 12),
 }, window=WindowSpec("tumbling", 10))
 NUMERIC = ["sl", "sd", "mnl", "mxl", "mnd", "mxd"]
-
-
-def sketch(items: Sequence[int]) -> bytes:
-    s = ds.hll_sketch(12, ds.tgt_hll_type.HLL_8)
-    for x in items:
-        s.update(x)
-    out: bytes = s.serialize_updatable()
-    return out
 
 
 class Part:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from service.core.operator import WindowSpec
@@ -16,26 +16,19 @@ from service.shard.store import PartitionStore
 from tests.service.shard.sim import (
     FAR,
     KEYS,
+    SETTINGS,
     Batches,
-    Event,
     SparkModel,
     assert_answers,
+    ev,
     make_spec,
     run,
     scenarios,
     scratch,
 )
 
-SETTINGS = settings(max_examples=20, deadline=None, database=None, derandomize=True,
-                    phases=[Phase.explicit, Phase.generate],
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-
 queries = st.lists(st.tuples(st.integers(-150, 400), st.integers(1, 300), st.integers(1, 6)),
                    min_size=1, max_size=8)
-
-
-def ev(key: str, t: int, v: int | None = 1, user: int = 0) -> Event:
-    return (key, t, v, user)
 
 
 def spans(ws: list[WindowValue]) -> list[tuple[int | None, int | None]]:

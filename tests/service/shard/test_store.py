@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import given
 
 from service.core.delta import delta_schema
 from service.core.errors import StaleEpoch
@@ -17,13 +17,14 @@ from service.core.operator import Aggregate, OperatorSpec, WindowSpec
 from service.shard.store import PartitionStore
 from tests.service.shard.sim import (
     FAR,
+    SETTINGS,
     Batches,
-    Event,
     SparkModel,
     assert_answers,
     check_index,
     compare,
     data_and_index_keys,
+    ev,
     make_spec,
     partials,
     raw_items,
@@ -33,12 +34,6 @@ from tests.service.shard.sim import (
     sketch,
     view,
 )
-
-# derandomized: the same examples every run (no flakiness in a shared suite); not shrunk:
-# a failure prints its whole example, and the targeted tests below are the minimal cases
-SETTINGS = settings(max_examples=20, deadline=None, database=None, derandomize=True,
-                    phases=[Phase.explicit, Phase.generate],
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
 def replay(w: WindowSpec, batches: Batches, retention_ms: int | None = None,
@@ -99,10 +94,6 @@ def test_random_batches_with_watermark_jumps_past_retention(kind: str) -> None:
 
 
 # ---- sessions --------------------------------------------------------------------------------
-def ev(key: str, t: int, v: int | None = 1, user: int = 0) -> Event:
-    return (key, t, v, user)
-
-
 def sessions_of(store: PartitionStore, key: str) -> list[tuple[int | None, int | None, int]]:
     return [(w.start, w.end, int(w.values[0] or 0))
             for w in store.read(key, (-FAR, FAR))[1]]
