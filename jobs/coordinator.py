@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from jobs.metrics import ASSIGNMENT_EPOCH, REASSIGNMENTS
 from proto import shard_pb2 as pb
 from service.core.address import PartitionId
 from service.core.assignment import (
@@ -82,6 +83,7 @@ class Coordinator:
 
     def __post_init__(self) -> None:
         self.assignment = load_assignment(self.storage, self.job)
+        REASSIGNMENTS.labels(self.job)  # 0 from the start, not absent until the first move
 
     # ---- membership -------------------------------------------------------------
     def probe(self) -> None:
@@ -103,7 +105,10 @@ class Coordinator:
         return {sid: self._addresses[sid] for sid, t in self._last_ok.items()
                 if now - t < self.lease_s}
 
-    def _rebalance(self, bump: bool = False) -> None:
+    def _rebalance(self, bump: bool = False, moves: bool = False) -> None:
+        """Bring the assignment in line with the live servers. ``moves``: called by the
+        monitor, so a change means partitions moved (a server died or (re)joined), which is
+        what ``qstate_job_reassignments_total`` counts; registering operators is not one."""
         with self._lock:
             live = self.live()
             if not live:
@@ -115,6 +120,9 @@ class Coordinator:
                 log.warning("%s: assignment epoch %d over %s", self.job, updated.epoch,
                             sorted(live))
                 self.assignment = updated
+                ASSIGNMENT_EPOCH.labels(self.job).set(updated.epoch)
+                if moves:
+                    REASSIGNMENTS.labels(self.job).inc()
 
     def register(self, spec: OperatorSpec) -> Assignment:
         """Add an operator; the first call also fences any older writer (epoch + 1)."""
@@ -133,7 +141,7 @@ class Coordinator:
         while not self._stop.wait(self.heartbeat_s):
             try:
                 self.probe()
-                self._rebalance()
+                self._rebalance(moves=True)
             except Exception as exc:  # storage hiccup: try again next beat
                 log.warning("%s: coordinator round failed: %s", self.job, exc)
 

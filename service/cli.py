@@ -156,6 +156,9 @@ def run(
     ads_rate: Annotated[int, typer.Option(help="Ad events/s to generate.")] = 1000,
     partitions: Annotated[int, typer.Option(help="Partitions per operator.")] = 16,
     duration: Annotated[float | None, typer.Option(help="Stop after N seconds.")] = None,
+    event_log: Annotated[Path | None, typer.Option(
+        help="Folder where the generators append every event the broker acknowledged "
+             "(tweets.jsonl, ads.jsonl): ground truth to check the counts against.")] = None,
 ) -> None:
     """The demo: broker, generators, both example jobs, 2 shard servers and the router.
 
@@ -167,7 +170,8 @@ def run(
         home=Path(S.home), bootstrap=bootstrap, storage=S.storage_uri,
         embedded_broker=embedded_broker, http_port=S.http_port, grpc_port=S.grpc_port,
         shard_base_port=S.shard_port, tweets_rate=tweets_rate, tweet_keys=tweet_keys,
-        ads_rate=ads_rate, partitions=partitions, duration_s=duration)).run()
+        ads_rate=ads_rate, partitions=partitions, duration_s=duration,
+        job_metrics_port=S.job_metrics_port, event_log=event_log)).run()
     raise typer.Exit(code)
 
 

@@ -44,6 +44,7 @@ class DemoConfig:
     partitions: int = 16
     duration_s: float | None = None
     job_metrics_port: int = 0  # 0: a free one
+    event_log: Path | None = None  # a folder: each generator logs its acknowledged events
 
 
 class Demo:
@@ -79,12 +80,15 @@ class Demo:
                                      "--grpc-port", str(cfg.grpc_port), "--storage", cfg.storage)
         self._spawn(router.start_and_wait())
         mapping = cfg.home / "ads-campaigns.json"
+        if cfg.event_log:
+            cfg.event_log.mkdir(parents=True, exist_ok=True)
         for name, rate, keys in (("tweets", cfg.tweets_rate, cfg.tweet_keys),
                                  ("ads", cfg.ads_rate, 100)):
+            log = ("--log", str(cfg.event_log / f"{name}.jsonl")) if cfg.event_log else ()
             self._spawn(Child(f"generate-{name}", qstate_command(
                 "generate", name, "--bootstrap", cfg.bootstrap, "--rate", str(rate),
                 "--keys", str(keys), "--disorder-ms", "2000", "--mapping", str(mapping),
-                "--no-progress"), logs / f"generate-{name}.log").start())
+                "--no-progress", *log), logs / f"generate-{name}.log").start())
         deadline = time.monotonic() + 30
         while not mapping.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -123,7 +127,7 @@ class Demo:
         cfg = self.cfg
         url = f"http://127.0.0.1:{cfg.http_port}"
         status = Status(cfg.bootstrap, url, f"http://{self.job_metrics}/metrics")
-        shown = False
+        shown = warned = False
         started = time.monotonic()
         with Live(Text("starting Spark..."), console=console, refresh_per_second=2) as live:
             while not self.stop_event.wait(1.0):
@@ -134,6 +138,10 @@ class Demo:
                     return 1
                 line, key = status.poll()
                 live.update(line)
+                warning = None if warned else status.falling_behind()
+                if warning:
+                    warned = True
+                    console.print(f"[yellow]{warning}[/yellow]")
                 if key and not shown:
                     shown = True
                     console.print(
@@ -158,6 +166,23 @@ class Status:
         self.http = httpx.Client(base_url=url, timeout=0.5)
         self.job_metrics = job_metrics
         self.last: dict[str, tuple[float, int]] = {}
+        self.history: list[tuple[float, float]] = []  # (monotonic time, events behind)
+
+    def falling_behind(self, window_s: float = 60.0, floor: float = 100_000) -> str | None:
+        """A warning when the jobs have been behind by more than ``floor`` events for
+        ``window_s`` and the backlog kept growing: this machine cannot keep up with the
+        generators, so answers will only get older."""
+        now = time.monotonic()
+        self.history = [(t, b) for t, b in self.history if now - t <= window_s + 5]
+        old = [b for t, b in self.history if now - t >= window_s]
+        if not old or len(self.history) < 10:
+            return None
+        first, last = old[-1], self.history[-1][1]
+        if min(b for _, b in self.history) > floor and last > first:
+            return (f"the jobs are falling behind the generators on this machine ({last:,.0f} "
+                    f"events behind, {first:,.0f} a minute ago): answers get older. "
+                    f"Try lower rates, e.g. qstate run --tweets-rate 2500 --ads-rate 500")
+        return None
 
     def _behind(self) -> dict[str, float]:
         """Events not read yet per topic (the jobs' ``qstate_job_lag_events``)."""
@@ -184,6 +209,8 @@ class Status:
     def poll(self) -> tuple[Text, str | None]:
         line = Text()
         behind = self._behind()
+        if behind:
+            self.history.append((time.monotonic(), sum(behind.values())))
         for topic in TOPICS:
             line.append(f"{topic} {self._rate(topic):,.0f} ev/s")
             if topic in behind:
