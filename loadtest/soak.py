@@ -335,17 +335,20 @@ class Soak:
     def run(self, minutes: float, interval_s: float = 60, warmup_min: float = 5,
             hog_at: float | None = None, hog_minutes: float = 1.0,
             on_sample: Callable[[Sample, bool], None] | None = None) -> Summary:
+        """Sample every ``interval_s`` for ``minutes`` once ready; ``hog_at`` (minutes after
+        ready) saturates every core for ``hog_minutes``."""
         self.wait_ready()
+        ready = time.monotonic()
         samples: list[Sample] = []
         hog: list[subprocess.Popen[bytes]] = []
-        end = time.monotonic() + minutes * 60
+        end = ready + minutes * 60
         try:
             while time.monotonic() < end:
                 tick = time.monotonic()
-                elapsed = (tick - self.started) / 60
-                if hog_at is not None and not hog and hog_at <= elapsed < hog_at + hog_minutes:
+                since = (tick - ready) / 60
+                if hog_at is not None and not hog and hog_at <= since < hog_at + hog_minutes:
                     hog = cpu_hog()
-                elif hog and elapsed >= (hog_at or 0) + hog_minutes:
+                elif hog and since >= (hog_at or 0) + hog_minutes:
                     stop(hog)
                     hog = []
                 if not self.demo.running():
@@ -452,7 +455,7 @@ def main(
     interval: Annotated[float, typer.Option(help="Seconds between samples.")] = 60,
     warmup: Annotated[float, typer.Option(help="Minutes left out of the lag trend.")] = 5,
     hog_at: Annotated[float | None, typer.Option(
-        help="Minute at which to saturate every core.")] = None,
+        help="Minute (after start-up) at which to saturate every core.")] = None,
     hog_minutes: Annotated[float, typer.Option(help="How long the CPU hog runs.")] = 1.0,
     out: Annotated[Path, typer.Option(help="Results file.")] = RESULTS,
 ) -> None:
