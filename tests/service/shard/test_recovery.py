@@ -138,7 +138,7 @@ def test_disk_loss_restores_on_the_other_server_and_rejoin_rebalances(cluster, t
 
 
 def test_a_stale_coordinator_is_fenced(cluster):
-    storage, shards, coord, _ = cluster
+    storage, shards, coord, router = cluster
     truth: dict = {}
     coord.commit(SPEC, 0, 0, write_batch(storage, 0, truth))
     newer = Coordinator(storage, "rec", [s.address for s in shards], lease_s=1.0)
@@ -146,7 +146,13 @@ def test_a_stale_coordinator_is_fenced(cluster):
     try:
         assert newer.assignment.epoch > coord.assignment.epoch
         newer.commit(SPEC, 1, 100, write_batch(storage, 1, truth))
+        through_1 = dict(truth)
         with pytest.raises(CommitFailed, match="fenced"):
             coord.commit(SPEC, 2, 200, write_batch(storage, 2, truth))
+        assert truth != through_1  # batch 2 would have changed every key's window 0
+        # the fenced batch changed nothing: what is served is batches 0 and 1, read back
+        got = wait_until(lambda: (lambda s: s if s[1] == {1} else None)(served(router)), 10,
+                         "the router serving batch 1")
+        assert got[0] == through_1
     finally:
         newer.stop()
