@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from jobs.sinks import BatchReport
 
 __all__ = ["ASSIGNMENT_EPOCH", "BATCHES", "BATCH_SECONDS", "COMMIT_SECONDS", "DEAD_LETTERED",
-           "EVENTS", "FRESHNESS", "LAG", "LAST_BATCH", "LAST_COMMIT", "PARTIAL_ROWS",
+           "EVENTS", "FRESHNESS", "JOB_UP", "LAG", "LAST_BATCH", "LAST_COMMIT", "PARTIAL_ROWS",
            "REASSIGNMENTS", "STAGE_SECONDS", "WATERMARK", "observe_batch"]
 
 _SECONDS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64)
@@ -46,6 +46,8 @@ FRESHNESS = Gauge("qstate_job_freshness_seconds",
 DEAD_LETTERED = Counter("qstate_job_dead_lettered_total", "Records sent to the dead-letter topic",
                         ["job", "topic", "reason"])
 LAG = Gauge("qstate_job_lag_events", "Events in the topic not read yet", ["job", "topic"])
+JOB_UP = Gauge("qstate_job_up", "1 while the job's queries run, 0 once one has failed "
+               "(the other jobs of the process keep running)", ["job"])
 ASSIGNMENT_EPOCH = Gauge("qstate_job_assignment_epoch",
                          "Epoch of the job's partition assignment", ["job"])
 REASSIGNMENTS = Counter("qstate_job_reassignments_total",

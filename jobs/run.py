@@ -15,10 +15,11 @@ from rich.live import Live
 from rich.text import Text
 
 from jobs.job import JobContext
+from jobs.metrics import JOB_UP
 from jobs.runner import RunningJob, start_job
 from jobs.spark import spark_session
 
-__all__ = ["checkpoint_name", "run_jobs"]
+__all__ = ["checkpoint_name", "run_jobs", "watch"]
 
 console = Console(stderr=True)
 log = logging.getLogger(__name__)
@@ -78,17 +79,46 @@ def run_jobs(builders: list[str], ctx: JobContext, metrics_port: int = 0,
     try:
         with Live(_status(running), console=console, refresh_per_second=1,
                   transient=True) if live else nullcontext() as view:
-            while not stop.is_set():
-                for job in running:
-                    job.check()
-                    if view is None:
-                        _lag(job)  # the metric (the status line sets it too)
-                if view is not None:
-                    view.update(_status(running))
-                stop.wait(1.0)
+            failed = watch(running, stop, view)
     finally:
         t0 = time.monotonic()
         for job in running:
             job.stop()
         spark.stop()
         console.print(f"stopped in {time.monotonic() - t0:.1f}s")
+    if failed:  # every job failed (a Ctrl-C with some failed ends here too): exit code 1
+        raise SystemExit(1)
+
+
+def watch(running: list[RunningJob], stop: threading.Event, view: Live | None = None,
+          every_s: float = 1.0) -> list[RunningJob]:
+    """Until ``stop`` or no job is left: drop a job whose query failed from ``running`` (the
+    others keep running), keep the lag metric and status line current. Returns the failed."""
+    for job in running:
+        JOB_UP.labels(job.name).set(1)
+    failed: list[RunningJob] = []
+    while not stop.is_set() and running:
+        for job in list(running):
+            if not _alive(job):
+                running.remove(job)
+                failed.append(job)
+            elif view is None:
+                _lag(job)  # the metric (the status line sets it too)
+        if view is not None:
+            view.update(_status(running))
+        stop.wait(every_s)
+    return failed
+
+
+def _alive(job: RunningJob) -> bool:
+    """False once a query of ``job`` has failed: said once, loudly; the process's other jobs
+    keep running (a failed job does not take its neighbours down)."""
+    try:
+        job.check()
+        return True
+    except Exception as exc:
+        log.error("job %s failed: %s", job.name, exc)
+        console.print(f"[red]job {job.name} failed[/red]: {exc}\n"
+                      f"the other jobs keep running; restart this one from its checkpoint")
+        JOB_UP.labels(job.name).set(0)
+        return False

@@ -184,14 +184,17 @@ class Status:
                     f"Try lower rates, e.g. qstate run --tweets-rate 2500 --ads-rate 500")
         return None
 
-    def _behind(self) -> dict[str, float]:
-        """Events not read yet per topic (the jobs' ``qstate_job_lag_events``)."""
+    def _job_metrics(self) -> tuple[dict[str, float], list[str]]:
+        """Events not read yet per topic (``qstate_job_lag_events``) and the jobs whose
+        queries failed (``qstate_job_up`` 0)."""
         try:
             text = self.http.get(self.job_metrics).text
-            return {s.labels["topic"]: s.value for f in text_string_to_metric_families(text)
-                    for s in f.samples if s.name == "qstate_job_lag_events"}
+            samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
         except (httpx.HTTPError, ValueError):  # the job not up yet, or restarting
-            return {}
+            return {}, []
+        return ({s.labels["topic"]: s.value for s in samples
+                 if s.name == "qstate_job_lag_events"},
+                [s.labels["job"] for s in samples if s.name == "qstate_job_up" and not s.value])
 
     def _rate(self, topic: str) -> float:
         try:
@@ -208,7 +211,9 @@ class Status:
 
     def poll(self) -> tuple[Text, str | None]:
         line = Text()
-        behind = self._behind()
+        behind, failed = self._job_metrics()
+        for job in failed:
+            line.append(f"job {job} FAILED (see logs/jobs.log)  ", style="bold red")
         if behind:
             self.history.append((time.monotonic(), sum(behind.values())))
         for topic in TOPICS:

@@ -1,0 +1,51 @@
+"""`qstate job` with several jobs: one whose query fails is reported and dropped, the others
+keep running (unit test of ``jobs.run.watch`` with stand-in jobs; no Spark)."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any, cast
+
+from jobs.metrics import JOB_UP
+from jobs.run import watch
+from jobs.runner import RunningJob
+
+
+@dataclass
+class StandIn:
+    name: str
+    fail_at: int | None = None  # the check at which its query has failed
+    checks: int = 0
+
+    def check(self) -> None:
+        self.checks += 1
+        if self.fail_at is not None and self.checks >= self.fail_at:
+            raise RuntimeError(f"query of {self.name} failed: shard s1 partition 3")
+
+    def behind(self) -> dict[str, int]:
+        return {"t": 0}
+
+
+def test_a_failed_job_is_dropped_and_the_others_keep_running() -> None:
+    bad, good = StandIn("bad", fail_at=2), StandIn("good")
+    running = cast(list[RunningJob], [bad, good])
+    stop = threading.Event()
+    result: dict[str, Any] = {}
+    t = threading.Thread(target=lambda: result.update(failed=watch(running, stop,
+                                                                   every_s=0.01)))
+    t.start()
+    while good.checks < 20:  # the good job is still being watched long after
+        assert t.is_alive()
+    stop.set()
+    t.join(5)
+    assert result["failed"] == [bad] and running == [good]
+    assert bad.checks == 2  # reported once, then left alone
+    assert JOB_UP.labels("bad")._value.get() == 0
+    assert JOB_UP.labels("good")._value.get() == 1
+
+
+def test_watch_returns_when_every_job_failed() -> None:
+    jobs = cast(list[RunningJob], [StandIn("a", fail_at=1), StandIn("b", fail_at=3)])
+    failed = watch(jobs, threading.Event(), every_s=0.01)
+    assert [j.name for j in failed] == ["a", "b"] and jobs == []
