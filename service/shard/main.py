@@ -24,6 +24,7 @@ from service.core.config import Settings
 from service.core.probe import bound_port, probe_app, serve_probe
 from service.core.shard_client import CHANNEL_OPTIONS
 from service.core.storage import Storage
+from service.shard import metrics
 from service.shard.partitions import Partitions
 from service.shard.server import ShardService
 
@@ -66,6 +67,7 @@ async def serve(o: ShardOptions) -> None:
     partitions = Partitions(o.data_dir / server_id, storage, server_id, cfg.snapshot_every,
                             cfg.snapshots_kept, cfg.commit_workers, cfg.restore_timeout_s,
                             cfg.restore_retry_s)
+    metrics.HELD.watch(partitions.server_dir, partitions.held_now)
     server = grpc.aio.server(options=CHANNEL_OPTIONS)
     service = ShardService(partitions, server_id, "", cfg.max_windows)
     pb_grpc.add_ShardServicer_to_server(service, server)

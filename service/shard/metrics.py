@@ -1,9 +1,29 @@
-"""Prometheus metrics of a shard server."""
+"""Prometheus metrics of a shard server. No per-key labels: a job, an operator, a state or a
+status at most.
 
-from prometheus_client import Counter, Gauge, Histogram
+What the server holds (partitions by state, their size on disk, their watermark) is computed
+when scraped (``HeldCollector``), so it is true between commits too: a partition that starts
+restoring or moves away shows at the next scrape, not at the next batch.
+"""
 
-__all__ = ["APPLIED_ROWS", "APPLY_SECONDS", "CAUGHT_UP", "COMMITS", "COMMIT_SECONDS",
-           "LAST_BATCH", "LOOKUPS", "LOOKUP_SECONDS", "PARTITIONS", "STATE_WRITES"]
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from service.core.address import PartitionId
+    from service.shard.held import Held
+
+__all__ = ["APPLIED_ROWS", "APPLY_SECONDS", "CAUGHT_UP", "COMMITS", "COMMIT_SECONDS", "HELD",
+           "LAST_BATCH", "LOOKUPS", "LOOKUP_SECONDS", "STATES", "STATE_WRITES", "HeldCollector"]
 
 COMMITS = Counter("qstate_shard_commits_total", "Partition commits", ["job", "operator", "result"])
 COMMIT_SECONDS = Histogram(
@@ -23,5 +43,121 @@ CAUGHT_UP = Counter("qstate_shard_caught_up_batches_total", "Deltas replayed to 
 LOOKUPS = Counter("qstate_shard_lookup_keys_total", "Keys looked up", ["status"])
 LOOKUP_SECONDS = Histogram("qstate_shard_lookup_seconds", "Time per MultiGet call",
                            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05))
-LAST_BATCH = Gauge("qstate_shard_last_batch", "Last applied batch", ["job", "operator"])
-PARTITIONS = Gauge("qstate_shard_partitions", "Partitions held")
+LAST_BATCH = Gauge("qstate_shard_last_batch", "Last batch committed on this server",
+                   ["job", "operator"])
+
+STATES = ("serving", "restoring", "retired")
+# RocksDB's table files and write-ahead logs: the data, not its info logs or manifests
+_DATA_SUFFIXES = (".sst", ".log")
+
+
+def _data_bytes(folder: Path) -> int:
+    total = 0
+    try:
+        with os.scandir(folder) as it:
+            for e in it:
+                if e.name.endswith(_DATA_SUFFIXES) and e.is_file(follow_symlinks=False):
+                    total += e.stat(follow_symlinks=False).st_size
+    except FileNotFoundError:  # being replaced by a restore, or never written
+        pass
+    return total
+
+
+def _partition_folders(server_dir: Path) -> dict[tuple[str, str, int], Path]:
+    """(job, operator, partition) -> folder, for every partition folder on this disk
+    (``service.core.shard_files`` layout: ``{job}/{operator}/p{partition:05d}``)."""
+    out = {}
+    for job in _dirs(server_dir):
+        if job.name.startswith("."):  # .scratch: snapshots being taken
+            continue
+        for op in _dirs(job):
+            for part in _dirs(op):
+                if part.name.startswith("p") and part.name[1:].isdigit():
+                    out[(job.name, op.name, int(part.name[1:]))] = part
+    return out
+
+
+def _dirs(folder: Path) -> list[Path]:
+    try:
+        return [Path(e.path) for e in os.scandir(folder) if e.is_dir(follow_symlinks=False)]
+    except FileNotFoundError:
+        return []
+
+
+class HeldCollector(Collector):
+    """``qstate_shard_partitions{job,operator,state}``: partitions held and serving reads,
+    held and restoring (reads answer RESTORING), and retired (moved away; the folder is
+    still on this disk); ``qstate_shard_rocksdb_bytes{job,operator}``: SST and WAL bytes of
+    the held partitions; ``qstate_shard_watermark_ms{job,operator}``: the lowest watermark
+    of the serving ones. The folder scan runs at most every ``disk_every_s``."""
+
+    def __init__(self, disk_every_s: float = 10.0) -> None:
+        self.disk_every_s = disk_every_s
+        self._held: Callable[[], Mapping[PartitionId, Held]] | None = None
+        self._server_dir: Path | None = None
+        self._disk: dict[tuple[str, str, int], int] = {}  # folder -> data bytes
+        self._disk_at = float("-inf")
+
+    def watch(self, server_dir: Path, held: Callable[[], Mapping[PartitionId, Held]]) -> None:
+        """Report on ``held()`` (must not block: it runs in the scrape) and ``server_dir``."""
+        self._server_dir, self._held = server_dir, held
+        self._disk_at = float("-inf")
+
+    def _families(self) -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
+        return (
+            GaugeMetricFamily("qstate_shard_partitions",
+                              "Partitions on this server by state: serving, restoring (held, "
+                              "reads answer RESTORING), retired (moved away, folder still on "
+                              "disk)", labels=["job", "operator", "state"]),
+            GaugeMetricFamily("qstate_shard_rocksdb_bytes",
+                              "SST and WAL bytes on disk of the partitions held (refreshed at "
+                              "most every 10 s)", labels=["job", "operator"]),
+            GaugeMetricFamily("qstate_shard_watermark_ms",
+                              "Lowest watermark of the serving partitions held, epoch ms",
+                              labels=["job", "operator"]),
+        )
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(self._families())
+
+    def _scan(self) -> dict[tuple[str, str, int], int]:
+        now = time.monotonic()
+        if self._server_dir is not None and now - self._disk_at >= self.disk_every_s:
+            self._disk = {k: _data_bytes(p)
+                          for k, p in _partition_folders(self._server_dir).items()}
+            self._disk_at = now
+        return self._disk
+
+    def collect(self) -> Iterator[Metric]:
+        parts, size, marks = self._families()
+        if self._held is None:
+            return iter((parts, size, marks))
+        held = self._held()
+        disk = self._scan()
+        counts: dict[tuple[str, str], dict[str, int]] = {}
+        nbytes: dict[tuple[str, str], int] = {}
+        low: dict[tuple[str, str], int] = {}
+        for pid, h in held.items():
+            op = (pid.job, pid.operator)
+            state = "serving" if h.ready.is_set() else "restoring"
+            counts.setdefault(op, dict.fromkeys(STATES, 0))[state] += 1
+            nbytes[op] = nbytes.get(op, 0) + disk.get((pid.job, pid.operator, pid.partition), 0)
+            if state == "serving":
+                wm = h.store.meta.watermark_ms
+                low[op] = min(low.get(op, wm), wm)
+        mine = {(p.job, p.operator, p.partition) for p in held}
+        for job, operator, p in disk:
+            if (job, operator, p) not in mine:
+                counts.setdefault((job, operator), dict.fromkeys(STATES, 0))["retired"] += 1
+        for (job, operator), by_state in sorted(counts.items()):
+            for state, n in by_state.items():
+                parts.add_metric([job, operator, state], n)
+        for (job, operator), n in sorted(nbytes.items()):
+            size.add_metric([job, operator], n)
+        for (job, operator), wm in sorted(low.items()):
+            marks.add_metric([job, operator], wm)
+        return iter((parts, size, marks))
+
+
+HELD = HeldCollector()
+REGISTRY.register(HELD)

@@ -177,3 +177,8 @@ class Partitions:
     def held(self) -> list[tuple[PartitionId, Held]]:
         with self._lock:
             return sorted(self._held.items())
+
+    def held_now(self) -> dict[PartitionId, Held]:
+        """A copy without the lock, which an assignment change holds while it waits for a
+        batch being applied: a metrics scrape must never wait for that."""
+        return dict(self._held)

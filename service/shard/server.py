@@ -82,7 +82,6 @@ class ShardService(pb_grpc.ShardServicer):
         metrics.COMMITS.labels(*labels, "skipped").inc(len(res.skipped))
         metrics.CAUGHT_UP.labels(*labels).inc(res.caught_up)
         metrics.LAST_BATCH.labels(*labels).set(request.batch)
-        metrics.PARTITIONS.set(len(self.partitions.held()))
         return pb.CommitReply(applied=res.applied, skipped=res.skipped,
                               caught_up_batches=res.caught_up)
 
