@@ -169,7 +169,8 @@ def run(
     code = Demo(DemoConfig(
         home=Path(S.home), bootstrap=bootstrap, storage=S.storage_uri,
         embedded_broker=embedded_broker, http_port=S.http_port, grpc_port=S.grpc_port,
-        shard_base_port=S.shard_port, tweets_rate=tweets_rate, tweet_keys=tweet_keys,
+        shard_base_port=S.shard_port, shard_metrics_base_port=S.shard_metrics_port,
+        tweets_rate=tweets_rate, tweet_keys=tweet_keys,
         ads_rate=ads_rate, partitions=partitions, duration_s=duration,
         job_metrics_port=S.job_metrics_port, event_log=event_log)).run()
     raise typer.Exit(code)

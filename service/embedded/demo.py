@@ -38,6 +38,7 @@ class DemoConfig:
     http_port: int = 8000
     grpc_port: int = 50051
     shard_base_port: int = 7100
+    shard_metrics_base_port: int = 9465  # and the next one; 0: any free ones
     tweets_rate: int = 5000
     tweet_keys: int = 100_000
     ads_rate: int = 1000
@@ -71,7 +72,9 @@ class Demo:
         shards: list[ShardProcess] = []
         for i in range(2):
             s = ShardProcess.make(f"shard-{i}", cfg.home / "shards", cfg.storage, logs,
-                                  port=cfg.shard_base_port + i)
+                                  port=cfg.shard_base_port + i,
+                                  metrics_port=cfg.shard_metrics_base_port + i
+                                  if cfg.shard_metrics_base_port else 0)
             self._spawn(s.start_and_wait())
             shards.append(s)
         router = RouterProcess.make(cfg.storage, logs)

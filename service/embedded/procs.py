@@ -73,9 +73,13 @@ class ShardProcess(Child):
 
     @classmethod
     def make(cls, server_id: str, data_dir: Path, storage: str, log_dir: Path,
-             port: int = 0, env: dict[str, str] | None = None) -> ShardProcess:
+             port: int = 0, env: dict[str, str] | None = None,
+             metrics_port: int = 0) -> ShardProcess:
+        """``metrics_port`` 0: any free one (the server registers it in storage), so that
+        servers started side by side never race for the configured default."""
         port = port or free_port()
         args = qstate_command("shard", "--id", server_id, "--port", str(port),
+                              "--metrics-port", str(metrics_port),
                               "--data-dir", str(data_dir), "--storage", storage)
         return cls(server_id, args, log_dir / f"{server_id}.log", env, port=port)
 
