@@ -11,19 +11,20 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 if TYPE_CHECKING:
     from jobs.sinks import BatchReport
 
 __all__ = ["ASSIGNMENT_EPOCH", "BATCHES", "BATCH_SECONDS", "COMMIT_SECONDS", "DEAD_LETTERED",
            "EVENTS", "FRESHNESS", "JOB_UP", "LAG", "LAST_BATCH", "LAST_COMMIT", "PARTIAL_ROWS",
-           "REASSIGNMENTS", "STAGE_SECONDS", "WATERMARK", "observe_batch"]
+           "REASSIGNMENTS", "STAGE_SECONDS", "WATERMARK", "observe_batch", "serve"]
 
 _SECONDS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64)
 
 BATCHES = Counter("qstate_job_batches_total", "Micro-batches committed", ["job"])
-EVENTS = Counter("qstate_job_events_total", "Events read (good and dead-lettered)", ["job"])
+EVENTS = Counter("qstate_job_events_total", "Records read from the topic (good and "
+                 "dead-lettered): its rate is the ingest rate", ["job"])
 BATCH_SECONDS = Histogram("qstate_job_batch_seconds", "Time of a whole micro-batch", ["job"],
                           buckets=_SECONDS)
 STAGE_SECONDS = Histogram("qstate_job_stage_seconds",
@@ -71,7 +72,7 @@ def _freshness(job: str, operator: str) -> None:
 
 def observe_batch(job: str, topic: str | None, report: BatchReport) -> None:
     BATCHES.labels(job).inc()
-    EVENTS.labels(job).inc(report.events)
+    EVENTS.labels(job).inc(report.events + sum(report.dead_lettered.values()))
     BATCH_SECONDS.labels(job).observe(report.total_s)
     for reason, n in report.dead_lettered.items():
         DEAD_LETTERED.labels(job, topic or "", reason).inc(n)
@@ -84,3 +85,9 @@ def observe_batch(job: str, topic: str | None, report: BatchReport) -> None:
         WATERMARK.labels(job, op).set(report.watermark_ms)
         LAST_COMMIT.labels(job, op).set(now)
         _freshness(job, op)
+
+
+def serve(port: int, host: str) -> int:
+    """Serve this process's /metrics on ``host:port`` (0: any free port); the bound port."""
+    httpd, _ = start_http_server(port, addr=host)
+    return int(httpd.server_port)

@@ -9,11 +9,11 @@ import time
 from contextlib import nullcontext
 from dataclasses import replace
 
-from prometheus_client import start_http_server
 from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
+from jobs import metrics
 from jobs.job import JobContext
 from jobs.metrics import JOB_UP
 from jobs.runner import RunningJob, start_job
@@ -63,10 +63,11 @@ def run_jobs(builders: list[str], ctx: JobContext, metrics_port: int = 0,
              master: str = "local[2]", shuffle_partitions: int = 4, live: bool = True,
              spark_conf: dict[str, str] | None = None, metrics_host: str = "127.0.0.1") -> None:
     """Run every job of ``builders`` (``module:function`` or an example's name); each gets
-    ``ctx`` with its own checkpoint folder under ``ctx.checkpoint``."""
+    ``ctx`` with its own checkpoint folder under ``ctx.checkpoint``. /metrics is served on
+    ``metrics_host:metrics_port`` (0: any free port), printed at start."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
-    if metrics_port:
-        start_http_server(metrics_port, addr=metrics_host)
+    bound = metrics.serve(metrics_port, metrics_host)
+    console.print(f"job metrics: http://{metrics_host}:{bound}/metrics")
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

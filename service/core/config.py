@@ -64,7 +64,10 @@ class Settings(BaseSettings):
         100_000, ge=0, description="Cap on the records a micro-batch reads "
         "(maxOffsetsPerTrigger; 0: no cap). Bounded batches drain a backlog in steps of a few "
         "seconds each here instead of one batch that takes minutes.")
-    job_metrics_port: int = Field(0, ge=0, description="Port of a job's /metrics (0: off).")
+    job_metrics_port: int = Field(
+        9464, ge=0, description="HTTP /metrics port of `qstate job` (and of `qstate run`'s "
+        "jobs); 0: any free port. The job prints its /metrics address when it starts; "
+        "docs/metrics.md lists every series.")
     commit_timeout_s: float = Field(
         300.0, gt=0, description="How long the sink keeps trying (with backoff) to commit a "
         "batch on every owning shard before the query fails; longer than a restore "
@@ -86,7 +89,9 @@ class Settings(BaseSettings):
         7100, ge=0, description="Internal gRPC port of a shard server (0: any free port); "
         "`qstate run` uses it and the next one for its two shards.")
     shard_metrics_port: int = Field(
-        0, ge=0, description="HTTP /metrics /healthz port of a shard server (0: any).")
+        9465, ge=0, description="HTTP /metrics /healthz /readyz port of a shard server; 0: "
+        "any free port (printed at start and registered in storage). `qstate run` uses it "
+        "and the next one for its two shards.")
     shard_id: str = Field("", description="Stable id of a shard server. Empty: host-port.")
     shard_advertise: str = Field(
         "", description="host:port others use to reach a shard server. Empty: its bind address.")
@@ -111,7 +116,8 @@ class Settings(BaseSettings):
 
     # ---- routers ----------------------------------------------------------------------
     router_host: str = Field("127.0.0.1", description="Address the router binds to.")
-    http_port: int = Field(8000, ge=0, description="Router HTTP port.")
+    http_port: int = Field(
+        8000, ge=0, description="Router HTTP port: the API, /docs, /metrics, /healthz.")
     grpc_port: int = Field(50051, ge=0, description="Router public gRPC port.")
     shard_timeout_s: float = Field(
         1.0, gt=0, description="Router: deadline of a shard lookup before answering 503.")
