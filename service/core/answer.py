@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 __all__ = [
     "BatchAnswer",
@@ -16,6 +16,8 @@ __all__ = [
     "JobList",
     "JobSummary",
     "OperatorInfo",
+    "Point",
+    "Series",
     "StateAnswer",
     "StateInfo",
     "Window",
@@ -61,6 +63,22 @@ class BatchAnswer(BaseModel):
     model_config = _STRICT
 
     results: list[StateAnswer] = Field(description="One per key asked, in the same order")
+
+
+class Point(BaseModel):
+    """One window of a key as a point of a time series: the flat row a dashboard reads
+    (Grafana's Infinity datasource)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
+        "time": 1767225600000, "value": 17}]})
+
+    time: int = Field(description="Window start, epoch ms (a state without windows: the "
+                      "watermark its value is as of)")
+    value: int | float | None = Field(description="The aggregate; counts are exact integers")
+
+
+class Series(RootModel[list[Point]]):
+    """A key's windows as points, oldest first; empty when the key has no data."""
 
 
 class ErrorBody(BaseModel):

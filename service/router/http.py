@@ -7,6 +7,7 @@ Retry-After header.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -27,6 +28,8 @@ from service.core.answer import (
     JobList,
     JobSummary,
     OperatorInfo,
+    Point,
+    Series,
     StateAnswer,
     StateInfo,
     WindowInfo,
@@ -50,18 +53,31 @@ class BatchGetIn(BaseModel):
                     "json_schema_extra": {"examples": [{"keys": ["tw-1", "tw-2", "tw-404"]}]}}
 
 
-def parse_time(name: str, value: str | None) -> int | None:
-    """Epoch milliseconds, or ISO-8601 (a naive time is UTC)."""
+# Grafana's relative times: now, now-1h, now-30m, now+5m. A "+" left unencoded in a query
+# string arrives as a space, so a space counts as "+".
+_RELATIVE = re.compile(r"now(?:([-+ ])(\d+)(ms|s|m|h|d|w))?")
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
+
+
+def parse_time(name: str, value: str | None, now_ms: int | None = None) -> int | None:
+    """Epoch milliseconds (Grafana's ``${__from}``), ISO-8601 (a naive time is UTC), or
+    relative to now (``now-1h``)."""
     if value is None:
         return None
     v = value.strip()
     if v.lstrip("-").isdigit():
         return int(v)
+    rel = _RELATIVE.fullmatch(v)
+    if rel:
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        sign, n, unit = rel.groups()
+        return now if sign is None else now + (-1 if sign == "-" else 1) * int(n) * _UNIT_MS[unit]
     try:
         dt = datetime.fromisoformat(v.replace("Z", "+00:00"))
     except ValueError:
-        raise InvalidRequest(f"'{name}' must be epoch milliseconds or ISO-8601 "
-                             f"(e.g. 2026-01-01T10:00:00Z), not {value!r}") from None
+        raise InvalidRequest(f"'{name}' must be epoch milliseconds, ISO-8601 "
+                             f"(e.g. 2026-01-01T10:00:00Z) or relative to now (now-1h; units "
+                             f"ms s m h d w), not {value!r}") from None
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=UTC)
     return int(dt.timestamp() * 1000)
@@ -106,9 +122,11 @@ Name = Annotated[str, Path(pattern=NAME_PATTERN, description="[A-Za-z0-9_.-]{1,6
 Key = Annotated[str, Path(min_length=1, max_length=MAX_KEY_BYTES,
                           description=f"The grouping key as UTF-8, at most {MAX_KEY_BYTES} "
                           "bytes (URL-encoded)")]
-From = Annotated[str | None, Query(alias="from", description="Epoch ms or ISO-8601",
+From = Annotated[str | None, Query(alias="from", description="Epoch ms, ISO-8601 or relative "
+                                   "to now (now-1h; units ms s m h d w)",
                                    examples=["2026-01-01T10:00:00Z"])]
-To = Annotated[str | None, Query(description="Epoch ms or ISO-8601 (exclusive)")]
+To = Annotated[str | None, Query(description="Epoch ms, ISO-8601 or relative to now "
+                                 "(exclusive)", examples=["now"])]
 
 
 def create_app(query: QueryService, ready: Callable[[], bool] = lambda: True) -> FastAPI:
@@ -170,6 +188,16 @@ def create_app(query: QueryService, ready: Callable[[], bool] = lambda: True) ->
                         to: To = None) -> Any:
         answers = await query.multi_get(job, operator, state, body.keys, time_range(from_, to))
         return json_response(BatchAnswer.model_construct(results=answers))
+
+    @app.get("/v1/series/{job}/{operator}/{state}/{key:path}", response_model=Series,
+             responses=errors, summary="A key's windows as points [{time, value}], for "
+             "dashboards; [] when the key has no data")
+    async def get_series(job: Name, operator: Name, state: Name, key: Key, from_: From = None,
+                         to: To = None) -> Any:
+        a = await query.get(job, operator, state, key, time_range(from_, to))
+        return json_response(Series([
+            Point.model_construct(time=a.watermark if w.start is None else w.start,
+                                  value=w.value) for w in a.windows]))
 
     @app.get("/v1/jobs", response_model=JobList, summary="Jobs whose state is queryable")
     async def list_jobs() -> Any:
