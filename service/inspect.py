@@ -14,7 +14,7 @@ from service.core.address import PartitionId
 from service.core.assignment import load_assignment
 from service.core.catalog import delta_batches, manifest_batches, snapshot_batches
 from service.core.operator import list_specs
-from service.core.shard_client import ShardClients
+from service.core.shard_client import ShardClients, partition_state
 from service.core.storage import Storage
 
 __all__ = ["PartitionRow", "inspect"]
@@ -60,8 +60,7 @@ def inspect(storage: Storage, job: str | None = None) -> tuple[list[PartitionRow
                         except grpc.RpcError:
                             described[addr] = {}
                     info = described[addr].get((spec.job, spec.operator, p))
-                state = ("unassigned" if addr is None else "down" if info is None
-                         else "restoring" if info.restoring else "ready")
+                state = partition_state(addr, info)
                 pid = PartitionId(spec.job, spec.operator, p)
                 snaps = snapshot_batches(storage, pid)
                 rows.append(PartitionRow(

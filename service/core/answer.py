@@ -11,13 +11,16 @@ from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 __all__ = [
     "BatchAnswer",
+    "ClusterInfo",
     "ErrorBody",
     "JobInfo",
     "JobList",
     "JobSummary",
     "OperatorInfo",
+    "PartitionStatus",
     "Point",
     "Series",
+    "ShardStatus",
     "StateAnswer",
     "StateInfo",
     "Window",
@@ -150,6 +153,41 @@ class JobList(BaseModel):
     model_config = _STRICT
 
     jobs: list[JobSummary]
+
+
+class PartitionStatus(BaseModel):
+    model_config = _STRICT
+
+    job: str
+    operator: str
+    partition: int
+    state: str = Field(description="ready | restoring | down (its owner did not report it) | "
+                       "unassigned")
+    last_batch: int | None = Field(description="The last batch its owner applied (null: not "
+                                   "reported; -1: none yet)")
+    watermark: int | None = Field(description="Its event-time watermark, epoch ms")
+    freshness_s: float | None = Field(description="How far its state trails real time: now - "
+                                      "watermark, seconds (null: no batch yet)")
+
+
+class ShardStatus(BaseModel):
+    model_config = _STRICT
+
+    id: str = Field(description="Server id")
+    address: str = Field(description="host:port of its internal gRPC API")
+    up: bool = Field(description="It answered Describe just now")
+    partitions: list[PartitionStatus] = Field(description="The partitions the assignment gives "
+                                              "it, by job, operator, partition")
+
+
+class ClusterInfo(BaseModel):
+    """Every shard server and the partitions it owns, as the router sees them now."""
+
+    model_config = _STRICT
+
+    now: int = Field(description="When this was taken, epoch ms (freshness is measured to it)")
+    shards: list[ShardStatus]
+    unassigned: list[PartitionStatus] = Field(description="Partitions no server owns")
 
 
 def error_responses() -> dict[int | str, dict[str, Any]]:

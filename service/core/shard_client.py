@@ -9,7 +9,7 @@ import grpc
 from proto import shard_pb2 as pb
 from proto import shard_pb2_grpc as pb_grpc
 
-__all__ = ["CHANNEL_OPTIONS", "ShardClients"]
+__all__ = ["CHANNEL_OPTIONS", "ShardClients", "partition_state"]
 
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 64 << 20),
@@ -18,6 +18,16 @@ CHANNEL_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
+
+
+def partition_state(owner: str | None, info: pb.PartitionInfo | None) -> str:
+    """How a partition stands, from its owner in the assignment and what that owner's
+    Describe said of it: ready | restoring | down (no answer, or not held) | unassigned."""
+    if owner is None:
+        return "unassigned"
+    if info is None:
+        return "down"
+    return "restoring" if info.restoring else "ready"
 
 
 class ShardClients:

@@ -24,6 +24,7 @@ from pydantic import BaseModel, Field
 from service.core.address import MAX_KEY_BYTES, NAME_PATTERN, check_key, check_name
 from service.core.answer import (
     BatchAnswer,
+    ClusterInfo,
     JobInfo,
     JobList,
     JobSummary,
@@ -37,6 +38,7 @@ from service.core.answer import (
 )
 from service.core.config import DEFAULTS
 from service.core.errors import InvalidRequest, QStateError
+from service.router.cluster import cluster
 from service.router.metrics import HTTP_LATENCY, HTTP_REQUESTS
 from service.router.query import OperatorStatus, QueryService, absent
 
@@ -211,6 +213,13 @@ def create_app(query: QueryService, ready: Callable[[], bool] = lambda: True) ->
     async def describe_job(job: Name) -> Any:
         ops = await query.describe_job(job)
         return json_response(JobInfo(name=job, operators=[_operator(s) for s in ops]))
+
+    @app.get("/v1/cluster", response_model=ClusterInfo,
+             summary="Shard servers, their partitions and how each stands: state, last batch, "
+                     "watermark, freshness")
+    async def describe_cluster() -> Any:
+        await query.routing.refresh()
+        return json_response(await cluster(query.routing, query.reads.caller))
 
     def openapi() -> dict[str, Any]:
         """FastAPI's document, minus the 422 answers it adds by default: a request that does

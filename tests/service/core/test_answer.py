@@ -11,11 +11,14 @@ from pydantic import BaseModel, ValidationError
 from service.core import answer
 from service.core.answer import (
     BatchAnswer,
+    ClusterInfo,
     ErrorBody,
     JobInfo,
     JobList,
     JobSummary,
     OperatorInfo,
+    PartitionStatus,
+    ShardStatus,
     StateAnswer,
     StateInfo,
     Window,
@@ -31,6 +34,9 @@ WINDOW_INFO = {"kind": "tumbling", "size_ms": 60_000, "slide_ms": 60_000, "gap_m
 OPERATOR_INFO = {"name": "op", "key": "k", "states": [{"name": "n", "type": "long"}],
                  "window": WINDOW_INFO, "partitions": 4, "partitions_available": 4,
                  "retention_ms": 0, "last_batch": 5, "watermark": 1000}
+PARTITION = {"job": "j", "operator": "op", "partition": 0, "state": "ready", "last_batch": 5,
+             "watermark": 1000, "freshness_s": 2.5}
+SHARD = {"id": "s0", "address": "127.0.0.1:1", "up": True, "partitions": [PARTITION]}
 VALID: dict[type[BaseModel], dict[str, Any]] = {
     Window: WINDOW,
     StateAnswer: STATE_ANSWER,
@@ -42,6 +48,9 @@ VALID: dict[type[BaseModel], dict[str, Any]] = {
     JobInfo: {"name": "j", "operators": [OPERATOR_INFO]},
     JobSummary: {"name": "j", "operators": ["op"]},
     JobList: {"jobs": [{"name": "j", "operators": ["op"]}]},
+    PartitionStatus: PARTITION,
+    ShardStatus: SHARD,
+    ClusterInfo: {"now": 3500, "shards": [SHARD], "unassigned": []},
 }
 FAST = settings(max_examples=25, deadline=None)
 

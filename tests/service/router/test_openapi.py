@@ -16,6 +16,7 @@ STATE = "/v1/state/{job}/{operator}/{state}/{key}"
 BATCH = "/v1/state/{job}/{operator}/{state}:batchGet"
 JOBS = "/v1/jobs"
 JOB = "/v1/jobs/{job}"
+CLUSTER = "/v1/cluster"
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +65,7 @@ def test_every_answer_matches_its_documented_schema(shop: Shop, doc: dict[str, A
         check(doc, JOB, "get", c.get(f"{url}/v1/jobs/shop"))
         check(doc, JOB, "get", c.get(f"{url}/v1/jobs/nope"))
         check(doc, JOB, "get", c.get(f"{url}/v1/jobs/bad%20name"))
+        check(doc, CLUSTER, "get", c.get(f"{url}{CLUSTER}"))
 
 
 def test_503_matches_its_documented_schema_and_header(shop: Shop, doc: dict[str, Any]) -> None:
