@@ -81,11 +81,31 @@ class Shop:
             wait_until(lambda: _served_locally(self.routers["local"].url, key), 30,
                        f"{shard.name} back and read in-process")
 
+    def commit(self, batch: int) -> None:
+        """One more batch, for a test that watches state change (its own shop, not the
+        session's: the session's tests expect ``BATCHES``)."""
+        commit_batch(self.storage, self.coordinator, batch)
+
     def stop(self) -> None:
         for r in self.routers.values():
             r.stop()
         for s in self.shards:
             s.stop()
+
+
+def commit_batch(storage: Storage, coord: Coordinator, batch: int) -> None:
+    """Write batch ``batch`` of every key (the ground truth above) and commit it."""
+    written = {}
+    for p in range(P):
+        mine = [k for k in KEYS + MANY if partition_of(k, P) == p]
+        start, end = window(batch)
+        t = pa.table({"key": mine, "start": [start] * len(mine), "end": [end] * len(mine),
+                      "tag": pa.nulls(len(mine), pa.int64()),
+                      "views": [views(k, batch) for k in mine],
+                      "avg_ms": [avg_ms(batch)] * len(mine)}).cast(deltas.delta_schema(SPEC))
+        deltas.write_delta(storage, PartitionId(SPEC.job, SPEC.operator, p), batch, t)
+        written[p] = {0: t.num_rows}
+    coord.commit(SPEC, batch, batch * WINDOW, written)
 
 
 def start_shop(tmp: Path) -> Shop:
@@ -95,19 +115,8 @@ def start_shop(tmp: Path) -> Shop:
               .start_and_wait() for i in range(2)]
     coord = Coordinator(storage, SPEC.job, [s.address for s in shards])
     coord.register(SPEC)
-    keys = KEYS + MANY
     for batch in range(BATCHES):
-        written = {}
-        for p in range(P):
-            mine = [k for k in keys if partition_of(k, P) == p]
-            start, end = window(batch)
-            t = pa.table({"key": mine, "start": [start] * len(mine), "end": [end] * len(mine),
-                          "tag": pa.nulls(len(mine), pa.int64()),
-                          "views": [views(k, batch) for k in mine],
-                          "avg_ms": [avg_ms(batch)] * len(mine)}).cast(deltas.delta_schema(SPEC))
-            deltas.write_delta(storage, PartitionId(SPEC.job, SPEC.operator, p), batch, t)
-            written[p] = {0: t.num_rows}
-        coord.commit(SPEC, batch, batch * WINDOW, written)
+        commit_batch(storage, coord, batch)
     # Nothing more to commit: stop the heartbeats, so a test that kills a shard on purpose
     # sees its partitions stay where they are (no lease to race).
     coord.stop()

@@ -19,9 +19,13 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
+from service.core.assignment import list_servers
+from service.core.storage import Storage
+from service.embedded import guide
 from service.embedded.kafka import KafkaBroker
 from service.embedded.ports import free_port, wait_for_port
 from service.embedded.procs import Child, RouterProcess, ShardProcess, qstate_command
+from service.embedded.prometheus import Target, targets_path, write_targets
 
 __all__ = ["TOPICS", "Demo", "DemoConfig", "Status"]
 
@@ -55,6 +59,7 @@ class Demo:
         self.broker: KafkaBroker | None = None
         self.stop_event = threading.Event()
         self.job_metrics = ""
+        self.targets: list[Target] = []
 
     def _spawn(self, child: Child) -> Child:
         self.children.append(child)
@@ -102,7 +107,27 @@ class Demo:
             "--shards", ",".join(s.address for s in shards), "--partitions",
             str(cfg.partitions), "--metrics-port", self.job_metrics.rsplit(":", 1)[1],
             "--no-live"), logs / "jobs.log").start())
-        console.print(f"job metrics: http://{self.job_metrics}/metrics")
+        self.targets = [Target("router", "router", f"127.0.0.1:{cfg.http_port}"),
+                        *(Target("shard", s.name, self._shard_metrics(s)) for s in shards),
+                        Target("job", "jobs", self.job_metrics)]
+        self.write_targets()
+        console.print(guide.endpoints(self.targets, targets_path(cfg.home)), markup=False,
+                      highlight=False)
+
+    def _shard_metrics(self, shard: ShardProcess, timeout: float = 30.0) -> str:
+        """host:port of a shard's /metrics: it registers the address in storage once up."""
+        deadline = time.monotonic() + timeout
+        while True:
+            info = next((i for i in list_servers(Storage(self.cfg.storage))
+                         if i.id == shard.name and i.pid == shard.pid), None)
+            if info is not None or time.monotonic() > deadline:
+                return info.metrics if info is not None else ""
+            time.sleep(0.1)
+
+    def write_targets(self) -> None:
+        """Prometheus's targets file (deploy/prometheus/prometheus.yml reads it): written
+        once every process is started, again whenever one restarts on other ports."""
+        write_targets(targets_path(self.cfg.home), [t for t in self.targets if t.address])
 
     def stop(self) -> None:
         for child in reversed(self.children):
@@ -111,6 +136,8 @@ class Demo:
                        else signal.SIGTERM)
         if self.broker is not None:
             self.broker.stop()
+        # no targets left behind for a Prometheus still running: they are gone
+        targets_path(self.cfg.home).unlink(missing_ok=True)
 
     def _failed(self) -> Child | None:
         return next((c for c in self.children if not c.alive()), None)
@@ -147,15 +174,8 @@ class Demo:
                     console.print(f"[yellow]{warning}[/yellow]")
                 if key and not shown:
                     shown = True
-                    console.print(
-                        f"[green]live counts are queryable:[/green]\n"
-                        f"  curl -s {url}/v1/state/tweets/per_tweet_1h/impressions/{key}\n"
-                        f"  curl -s '{url}/v1/state/tweets/per_tweet_1m/impressions/{key}"
-                        f"?from=2020-01-01T00:00:00Z'\n"
-                        f"  .venv/bin/qstate get tweets per_tweet_1h clicks {key}\n"
-                        f"  node clients/node/query.mjs get tweets per_tweet_1h impressions "
-                        f"{key}   # gRPC on 127.0.0.1:{cfg.grpc_port}\n"
-                        f"  API docs: {url}/docs   metrics: {url}/metrics")
+                    console.print(guide.queries(url, cfg.grpc_port, key), style="green",
+                                  markup=False, highlight=False)
                 if cfg.duration_s and time.monotonic() - started > cfg.duration_s:
                     return 0
         return 0

@@ -35,7 +35,7 @@ async def cluster(routing: RoutingTable, caller: ShardCaller) -> ClusterInfo:
     ids = {s.address: s.id for s in routing.servers}
     for assignment in routing.assignments.values():
         ids.update({addr: sid for sid, addr in assignment.servers.items()})
-    addresses = sorted(ids)
+    addresses = sorted(ids, key=lambda addr: (ids[addr], addr))
     replies = dict(zip(addresses, await asyncio.gather(
         *(_describe(caller, addr) for addr in addresses)), strict=True))
     now = int(time.time() * 1000)

@@ -41,6 +41,7 @@ from service.core.errors import InvalidRequest, QStateError
 from service.router.cluster import cluster
 from service.router.metrics import HTTP_LATENCY, HTTP_REQUESTS
 from service.router.query import OperatorStatus, QueryService, absent
+from service.router.ui import mount_ui
 
 __all__ = ["create_app", "error_response", "json_response", "time_range"]
 
@@ -250,4 +251,5 @@ def create_app(query: QueryService, ready: Callable[[], bool] = lambda: True) ->
     async def metrics() -> Response:
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
+    mount_ui(app)
     return app

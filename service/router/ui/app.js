@@ -1,0 +1,285 @@
+// qstate /ui: a live view of the router's own JSON API, polled every POLL_MS.
+// Plain JS, no framework, no build step. Every string from the API reaches the page as
+// text (textContent), never as HTML.
+"use strict";
+
+const API = new URL("../v1/", location.href); // relative: works behind a path prefix too
+const POLL_MS = 1500;
+const RECENT = 10; // windows in the "recent windows" table
+
+const $ = (id) => document.getElementById(id);
+const catalog = new Map(); // job -> [OperatorInfo]
+let keySeq = 0; // answers to an older lookup never overwrite a newer one
+let timer = null;
+
+// ---- helpers -----------------------------------------------------------------------
+
+// Counts are exact int64: a number past 2^53 keeps its digits (JSON.parse's source access),
+// so what the page shows is what the shard holds.
+function parseExact(text) {
+  return JSON.parse(text, (_k, v, ctx) =>
+    typeof v === "number" && !Number.isSafeInteger(v) && ctx && /^-?\d+$/.test(ctx.source)
+      ? BigInt(ctx.source) : v);
+}
+
+async function api(path, params) {
+  const url = new URL(path, API);
+  for (const [k, v] of Object.entries(params || {})) url.searchParams.set(k, String(v));
+  const r = await fetch(url, { cache: "no-store", headers: { accept: "application/json" } });
+  const text = await r.text();
+  let body = null;
+  try { body = parseExact(text); } catch (_) { body = { message: text }; }
+  return { ok: r.ok, status: r.status, body };
+}
+
+function el(tag, text, cls) {
+  const e = document.createElement(tag);
+  if (text !== undefined && text !== null) e.textContent = String(text);
+  if (cls) e.className = cls;
+  return e;
+}
+
+function row(cells) {
+  const tr = el("tr");
+  for (const c of cells) {
+    const td = c instanceof Node ? c : el("td", c);
+    if (!(c instanceof Node) && (typeof c === "number" || typeof c === "bigint")) {
+      td.className = "num";
+    }
+    tr.append(td);
+  }
+  return tr;
+}
+
+function iso(ms) {
+  if (ms === null || ms === undefined) return "—";
+  const d = new Date(Number(ms));
+  return isNaN(d.getTime()) ? String(ms) : d.toISOString().replace(".000Z", "Z");
+}
+
+function age(ms) {
+  if (ms === null || ms === undefined || !isFinite(ms)) return "—";
+  const s = Math.abs(ms) / 1000;
+  const sign = ms < 0 ? "in " : "";
+  const tail = ms < 0 ? "" : " ago";
+  if (s < 10) return `${sign}${s.toFixed(1)} s${tail}`;
+  if (s < 120) return `${sign}${Math.round(s)} s${tail}`;
+  if (s < 7200) return `${sign}${Math.round(s / 60)} min${tail}`;
+  if (s < 172800) return `${sign}${Math.round(s / 3600)} h${tail}`;
+  return `${sign}${Math.round(s / 86400)} d${tail}`;
+}
+
+function fmtValue(v) {
+  if (v === null || v === undefined) return "null";
+  return String(v); // BigInt and Number alike, every digit
+}
+
+function windowText(w) {
+  if (!w || w.start === null) return "not windowed";
+  return `[${iso(w.start)}, ${iso(w.end)})`;
+}
+
+function setOptions(select, values) {
+  const now = Array.from(select.options, (o) => o.value);
+  if (now.length === values.length && now.every((v, i) => v === values[i])) return false;
+  const keep = select.value;
+  select.replaceChildren(...values.map((v) => { const o = el("option", v); o.value = v; return o; }));
+  if (values.includes(keep)) select.value = keep;
+  return true;
+}
+
+function selected() {
+  return { job: $("job").value, operator: $("operator").value, state: $("state").value,
+           key: $("key").value };
+}
+
+function operatorInfo(job, name) {
+  return (catalog.get(job) || []).find((o) => o.name === name) || null;
+}
+
+// ---- the selection, kept in the URL's fragment so a view can be shared --------------
+
+function saveHash() {
+  const s = selected();
+  const h = new URLSearchParams();
+  for (const k of ["job", "operator", "state", "key"]) if (s[k]) h.set(k, s[k]);
+  history.replaceState(null, "", "#" + h.toString());
+  wanted = h;
+}
+
+let wanted = new URLSearchParams(location.hash.slice(1)); // what to select once it exists
+
+function fillSelects() {
+  const job = $("job");
+  if (setOptions(job, Array.from(catalog.keys())) && wanted.has("job")) {
+    job.value = wanted.get("job");
+  }
+  const ops = (catalog.get(job.value) || []).map((o) => o.name);
+  if (setOptions($("operator"), ops) && wanted.has("operator")) {
+    $("operator").value = wanted.get("operator");
+  }
+  const op = operatorInfo(job.value, $("operator").value);
+  if (setOptions($("state"), op ? op.states.map((s) => s.name) : []) && wanted.has("state")) {
+    $("state").value = wanted.get("state");
+  }
+}
+
+// ---- jobs ---------------------------------------------------------------------------
+
+async function refreshJobs() {
+  const list = await api("jobs");
+  if (!list.ok) throw new Error(`jobs: ${list.body.message || list.status}`);
+  const infos = await Promise.all(list.body.jobs.map((j) => api(`jobs/${encodeURIComponent(j.name)}`)));
+  catalog.clear();
+  for (const info of infos) if (info.ok) catalog.set(info.body.name, info.body.operators);
+  fillSelects();
+  const now = Date.now();
+  const rows = [];
+  for (const [job, ops] of catalog) {
+    for (const o of ops) {
+      const w = o.window;
+      const win = w.kind === "none" ? "none"
+        : `${w.kind} ${w.size_ms / 1000} s` + (w.kind === "sliding" ? ` / ${w.slide_ms / 1000} s` : "")
+          + (w.kind === "session" ? ` gap ${w.gap_ms / 1000} s` : "");
+      const tr = row([job, o.name, o.key, o.states.map((s) => `${s.name} (${s.type})`).join(", "),
+                      win, `${o.partitions_available} / ${o.partitions}`, o.last_batch,
+                      o.last_batch >= 0 ? `${iso(o.watermark)} (${age(now - o.watermark)})` : "—"]);
+      tr.children[5].className = "num";
+      if (o.partitions_available < o.partitions) tr.className = "bad";
+      rows.push(tr);
+    }
+  }
+  $("jobs").querySelector("tbody").replaceChildren(...rows);
+}
+
+// ---- one key --------------------------------------------------------------------------
+
+function clearAnswer(message) {
+  $("value").textContent = "—";
+  $("window").textContent = "";
+  $("batch").textContent = "—";
+  $("watermark").textContent = "—";
+  $("asof").textContent = "—";
+  $("message").textContent = message || "";
+  $("windows").querySelector("tbody").replaceChildren();
+}
+
+async function refreshKey() {
+  const s = selected();
+  const seq = ++keySeq;
+  if (!s.job || !s.operator || !s.state || !s.key) {
+    clearAnswer(s.key ? "" : "Type a key to see its current value.");
+    return;
+  }
+  const path = ["state", s.job, s.operator, s.state].map(encodeURIComponent).join("/")
+    + "/" + encodeURIComponent(s.key);
+  const latest = await api(path);
+  if (seq !== keySeq) return;
+  const fetched = Date.now();
+  if (!latest.ok) {
+    clearAnswer(latest.body.message || `HTTP ${latest.status}`);
+    if (latest.body.batch !== undefined && latest.body.batch !== null) {
+      $("batch").textContent = String(latest.body.batch);
+    }
+    return;
+  }
+  const a = latest.body;
+  const w = a.windows[a.windows.length - 1];
+  $("value").textContent = fmtValue(w.value);
+  $("window").textContent = windowText(w);
+  $("batch").textContent = String(a.batch);
+  $("watermark").textContent = `${iso(a.watermark)} (${age(fetched - a.watermark)})`;
+  $("asof").dataset.fetched = String(fetched);
+  $("asof").textContent = `fetched ${age(0)}`;
+  $("message").textContent = "";
+  await refreshWindows(s, path, w, seq);
+}
+
+async function refreshWindows(s, path, latest, seq) {
+  const body = $("windows").querySelector("tbody");
+  const op = operatorInfo(s.job, s.operator);
+  if (latest.start === null || !op) { body.replaceChildren(); return; }
+  const step = op.window.slide_ms || op.window.size_ms || op.window.gap_ms || 60000;
+  const r = await api(path, { from: latest.start - step * RECENT });
+  if (seq !== keySeq || !r.ok) return;
+  const ws = r.body.windows.slice(-RECENT).reverse();
+  body.replaceChildren(...ws.map((x) => row([iso(x.start), iso(x.end), x.value === null ? "null" : x.value])));
+}
+
+function tickAge() {
+  const f = Number($("asof").dataset.fetched || 0);
+  if (f && $("asof").textContent !== "—") $("asof").textContent = `fetched ${age(Date.now() - f)}`;
+}
+
+// ---- cluster ----------------------------------------------------------------------------
+
+async function refreshCluster() {
+  const r = await api("cluster");
+  if (!r.ok) throw new Error(`cluster: ${r.body.message || r.status}`);
+  const c = r.body;
+  const groups = c.shards.map((sh) => ({ title: `${sh.id} · ${sh.address}`, up: sh.up,
+                                         partitions: sh.partitions }));
+  if (c.unassigned.length) groups.push({ title: "unassigned", up: false, partitions: c.unassigned });
+  const counts = {};
+  for (const g of groups) for (const p of g.partitions) counts[p.state] = (counts[p.state] || 0) + 1;
+  $("cluster-summary").textContent = `${c.shards.length} shard servers · ` +
+    (Object.entries(counts).map(([k, n]) => `${n} ${k}`).join(" · ") || "no partitions") +
+    ` · as of ${iso(c.now)}`;
+  $("shards").replaceChildren(...groups.map((g) => {
+    const box = el("div", null, "shard");
+    const h = el("h3", g.title);
+    h.append(el("span", g.up ? "up" : "down", g.up ? "pill ok" : "pill bad"));
+    const table = el("table");
+    const head = el("tr");
+    for (const t of ["job / operator", "partition", "state", "last batch", "watermark", "freshness"]) {
+      head.append(el("th", t, ["partition", "last batch"].includes(t) ? "num" : ""));
+    }
+    const tbody = el("tbody");
+    for (const p of g.partitions) {
+      const tr = row([`${p.job}/${p.operator}`, p.partition, p.state,
+                      p.last_batch === null ? "—" : p.last_batch, iso(p.watermark),
+                      p.freshness_s === null ? "—" : age(p.freshness_s * 1000).replace(" ago", "")]);
+      if (p.state !== "ready") tr.className = "bad";
+      tbody.append(tr);
+    }
+    table.append(el("thead"), tbody);
+    table.tHead.append(head);
+    box.append(h, table);
+    return box;
+  }));
+}
+
+// ---- the loop ---------------------------------------------------------------------------
+
+async function tick() {
+  clearTimeout(timer);
+  try {
+    const results = await Promise.allSettled([refreshJobs().then(refreshKey), refreshCluster()]);
+    const failed = results.filter((x) => x.status === "rejected");
+    if (failed.length) throw failed[0].reason;
+    $("status").textContent = `live · updated ${new Date().toLocaleTimeString()}`;
+    $("status").className = "status ok";
+  } catch (e) {
+    $("status").textContent = `error: ${e && e.message ? e.message : e}`;
+    $("status").className = "status bad";
+  } finally {
+    timer = setTimeout(tick, POLL_MS);
+  }
+}
+
+let typing = null;
+function onSelection() {
+  fillSelects();
+  saveHash();
+  clearTimeout(typing);
+  typing = setTimeout(() => refreshKey().catch((e) => clearAnswer(String(e))), 150);
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  if (wanted.has("key")) $("key").value = wanted.get("key");
+  for (const id of ["job", "operator", "state"]) $(id).addEventListener("change", onSelection);
+  $("key").addEventListener("input", onSelection);
+  $("query").addEventListener("submit", (e) => { e.preventDefault(); onSelection(); });
+  setInterval(tickAge, 500);
+  tick();
+});

@@ -1,0 +1,183 @@
+"""The live page at /ui in headless Chromium (the Debian package, driven by Playwright: no
+browser is downloaded), over a shop deployment of its own that the test keeps committing to.
+
+While batches commit, the value the page shows for a key is the ground truth of the batch it
+says it is as of, and it reaches the newest batch without a reload; the cluster and jobs
+views follow too. Nothing the page loads comes from anywhere but the router. A screenshot is
+written to the test's tmp_path and to ``tests/artifacts/ui.png`` (ignored by git).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+from tests.shop import BATCHES, BIG, KEYS, SPEC, WINDOW, Shop, start_shop, views
+
+ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
+LAST = BATCHES - 1
+TIMEOUT_MS = 20_000  # the page polls every 1.5 s; a commit of the shop's 6,200 keys is quick
+SLASHED = "ünï/cødé key"  # non-ASCII and a '/' in a key: encoded by the page, decoded back
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shop]:
+    """A shop of its own: these tests commit batches the session's shop must not see."""
+    s = start_shop(tmp_path_factory.mktemp("ui-shop"))
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    exe = shutil.which("chromium")
+    if exe is None:
+        pytest.fail("headless Chromium is needed for the /ui test: apt-get install chromium "
+                    "(.ci/run installs it)")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=exe, headless=True)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+class Watched:
+    """A page on /ui, with every request it made and every script error it hit."""
+
+    def __init__(self, browser: Browser, url: str) -> None:
+        self.page: Page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        self.requests: list[str] = []
+        self.errors: list[str] = []
+        self.page.on("request", lambda r: self.requests.append(r.url))
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.on("console", lambda m: self.errors.append(m.text)
+                     if m.type == "error" else None)
+        response = self.page.goto(f"{url}/ui")
+        assert response is not None and response.status == 200
+        assert self.page.url == f"{url}/ui/"
+
+    def choose(self, job: str, operator: str, state: str, key: str) -> None:
+        p = self.page
+        for select, value in (("#job", job), ("#operator", operator), ("#state", state)):
+            # the options come from the first poll of /v1/jobs
+            expect(p.locator(f"{select} option[value='{value}']")).to_have_count(1)
+            p.select_option(select, value)
+        p.fill("#key", key)
+
+    def shown(self) -> dict[str, Any]:
+        """Value and batch read in one go: the page sets them in the same task."""
+        return dict(self.page.evaluate(
+            "() => ({value: document.getElementById('value').textContent,"
+            " batch: document.getElementById('batch').textContent})"))
+
+    def close(self) -> None:
+        self.page.close()
+
+
+def expect_key(w: Watched, key: str, batch: int) -> None:
+    p = w.page
+    expect(p.locator("#batch")).to_have_text(str(batch), timeout=TIMEOUT_MS)
+    expect(p.locator("#value")).to_have_text(str(views(key, batch)), timeout=TIMEOUT_MS)
+    start = batch * WINDOW
+    expect(p.locator("#window")).to_have_text(
+        f"[{iso(start)}, {iso(start + WINDOW)})", timeout=TIMEOUT_MS)
+    # recent windows, newest first: every batch committed so far, at most ten
+    newest = list(range(batch, max(-1, batch - 10), -1))
+    expect(p.locator("#windows tbody td:nth-child(3)")).to_have_text(
+        [str(views(key, b)) for b in newest], timeout=TIMEOUT_MS)
+
+
+def iso(ms: int) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def test_the_page_shows_ground_truth_while_batches_commit(live: Shop, browser: Browser,
+                                                          tmp_path: Path) -> None:
+    url = live.routers["local"].url
+    w = Watched(browser, url)
+    try:
+        for key in (KEYS[0], SLASHED, BIG):  # BIG: a count past 2**53, every digit exact
+            w.choose(SPEC.job, SPEC.operator, "views", key)
+            expect_key(w, key, LAST)
+        key = KEYS[7]
+        w.choose(SPEC.job, SPEC.operator, "views", key)
+        expect_key(w, key, LAST)
+        w.page.evaluate("() => { window.__sameDocument = true; }")  # gone if it reloads
+
+        # events flow: batches commit while the page polls; every (batch, value) it shows
+        # is the truth of that batch
+        more = range(LAST + 1, LAST + 6)
+
+        def commit_more() -> None:
+            for b in more:
+                live.commit(b)
+
+        committer = threading.Thread(target=commit_more)
+        committer.start()
+        samples = []
+        while committer.is_alive():
+            samples.append(w.shown())
+            w.page.wait_for_timeout(100)  # sampling what the page shows, not waiting on it
+        committer.join()
+        newest = more[-1]
+        expect_key(w, key, newest)
+        samples.append(w.shown())
+        for s in samples:
+            assert s["value"] == str(views(key, int(s["batch"]))), s
+        assert w.page.evaluate("() => window.__sameDocument") is True
+
+        # the cluster view: both shards up, every partition ready at the newest batch
+        expect(w.page.locator("#shards .shard")).to_have_count(2)
+        expect(w.page.locator("#shards .pill")).to_have_text(["up", "up"])
+        expect(w.page.locator("#shards tbody td:nth-child(3)")).to_have_text(
+            ["ready"] * SPEC.partitions, timeout=TIMEOUT_MS)
+        expect(w.page.locator("#shards tbody td:nth-child(4)")).to_have_text(
+            [str(newest)] * SPEC.partitions, timeout=TIMEOUT_MS)
+        # jobs, operators and states
+        expect(w.page.locator("#jobs tbody tr")).to_have_count(1)
+        expect(w.page.locator("#jobs tbody td")).to_have_text(
+            [SPEC.job, SPEC.operator, SPEC.key, "views (long), avg_ms (double)",
+             "tumbling 60 s", f"{SPEC.partitions} / {SPEC.partitions}", str(newest),
+             re.compile(re.escape(iso(newest * WINDOW)) + r" \(.+ ago\)")],
+            timeout=TIMEOUT_MS)
+
+        shot = tmp_path / "ui.png"
+        w.page.screenshot(path=str(shot), full_page=True)
+        assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        ARTIFACTS.mkdir(exist_ok=True)
+        shutil.copy(shot, ARTIFACTS / "ui.png")
+
+        assert w.errors == []
+        outside = [r for r in w.requests if not r.startswith(f"{url}/")]
+        assert outside == [], f"the page loaded from elsewhere: {outside}"
+        assert {r.split("?")[0].removeprefix(url) for r in w.requests} >= {
+            "/ui/", "/ui/style.css", "/ui/app.js", "/v1/jobs", "/v1/cluster"}
+    finally:
+        w.close()
+
+
+def test_what_the_page_shows_is_text_never_markup(live: Shop, browser: Browser) -> None:
+    w = Watched(browser, live.routers["local"].url)
+    try:
+        key = '<img src=x onerror="window.__injected = 1">'
+        w.choose(SPEC.job, SPEC.operator, "views", key)
+        # the router's 404 names the key; the page shows that message as text
+        expect(w.page.locator("#message")).to_contain_text(key, timeout=TIMEOUT_MS)
+        expect(w.page.locator("#value")).to_have_text("—")
+        assert w.page.locator("#answer img").count() == 0
+        assert w.page.evaluate("() => window.__injected") is None
+        assert w.errors == [] or all("404" in e for e in w.errors), w.errors
+    finally:
+        w.close()
