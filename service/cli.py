@@ -37,6 +37,18 @@ def _pairs(items: list[str] | None, flag: str) -> dict[str, str]:
     return out
 
 
+def _arm_fault() -> None:
+    """QSTATE_FAULT (chaos tests, ``service.core.faults``): parsed as the process starts, so
+    a typo fails here and not silently at batch N."""
+    from service.core import faults
+    from service.core.errors import InvalidRequest
+
+    try:
+        faults.arm(S.fault)
+    except InvalidRequest as exc:
+        raise typer.BadParameter(exc.message, param_hint="QSTATE_FAULT") from None
+
+
 @app.command()
 def shard(
     host: Annotated[str, option("shard_host", "--host")] = S.shard_host,
@@ -51,6 +63,7 @@ def shard(
     """Run a shard server: RocksDB partitions behind the internal gRPC API."""
     from service.shard.main import ShardOptions, run
 
+    _arm_fault()
     run(ShardOptions(host, port, data_dir, storage, server_id, metrics_port, advertise, S))
 
 
@@ -91,6 +104,7 @@ def job(
             load_builder(name)
         except InvalidRequest as exc:
             raise typer.BadParameter(exc.message) from None
+    _arm_fault()
     ctx = JobContext(bootstrap, storage, checkpoints, partitions, trigger,
                      max_rows_per_trigger or None,
                      shards=shards.split(",") if shards else None,

@@ -137,6 +137,14 @@ class Settings(BaseSettings):
         10_000, ge=1, description="Windows per key in one time-range answer.")
     router_url: str = Field("http://127.0.0.1:8000", description="Where `qstate get` asks.")
 
+    # ---- tests ------------------------------------------------------------------------
+    fault: str = Field(
+        "", description="Fault injection for chaos tests (service/core/faults.py): "
+        "POINT@BATCH[:OPERATOR] makes `qstate shard` or `qstate job` kill itself with SIGKILL "
+        "at that step of that batch; POINT is shard.received, shard.after-write, "
+        "shard.after-ack, driver.after-deltas, driver.after-record or driver.after-commit. "
+        "Empty: off.")
+
     @property
     def storage_uri(self) -> str:
         return self.storage or os.path.join(self.home, "storage")
