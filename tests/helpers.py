@@ -1,16 +1,20 @@
 """Test helpers: served state read straight from the shard servers or through a router,
-metrics scraped from a process, waiting for a condition."""
+metrics scraped from a process, a shard's commit markers on its disk, waiting for a
+condition."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from proto import shard_pb2 as pb
 from service.core.address import partition_of
-from service.core.assignment import load_assignment
+from service.core.assignment import ServerInfo, list_servers, load_assignment
 from service.core.shard_client import ShardClients
+from service.core.shard_files import read_marker
 from service.core.storage import Storage
+from service.embedded.procs import ShardProcess
 
 
 def read_all_windows(storage_uri: str, job: str, operator: str, state: str, keys: list[str],
@@ -115,3 +119,31 @@ def wait_until(pred: Callable[[], object], timeout: float, what: str) -> object:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
         time.sleep(0.05)
+
+
+def committed_batches(server_dir: Path, job: str, operator: str) -> dict[int, int]:
+    """Partition -> last batch applied, from the commit markers a shard server keeps on its
+    disk (``service.core.shard_files``): readable while the server is down, e.g. right after
+    a fault point killed it."""
+    out = {}
+    folder = server_dir / job / operator
+    for d in sorted(folder.iterdir()) if folder.exists() else []:
+        try:
+            out[int(d.name[1:])] = read_marker(d)[1]
+        except FileNotFoundError:  # moved away (retired): not served from this disk
+            continue
+    return out
+
+
+def shard_metrics_url(storage_uri: str, shard: ShardProcess, timeout: float = 30) -> str:
+    """Where this incarnation of ``shard`` serves /metrics: it registers the address in
+    storage once it serves (a restarted server: wait until the entry has its new pid)."""
+    storage = Storage(storage_uri)
+
+    def mine() -> ServerInfo | None:
+        return next((i for i in list_servers(storage)
+                     if i.address == shard.address and i.pid == shard.pid), None)
+
+    info = wait_until(mine, timeout, f"{shard.name} registered in storage")
+    assert isinstance(info, ServerInfo)
+    return f"http://{info.metrics}"

@@ -23,7 +23,8 @@ if TYPE_CHECKING:
     from service.shard.held import Held
 
 __all__ = ["APPLIED_ROWS", "APPLY_SECONDS", "CAUGHT_UP", "COMMITS", "COMMIT_SECONDS", "HELD",
-           "LAST_BATCH", "LOOKUPS", "LOOKUP_SECONDS", "STATES", "STATE_WRITES", "HeldCollector"]
+           "LAST_BATCH", "LAST_SKIPPED", "LOOKUPS", "LOOKUP_SECONDS", "STATES", "STATE_WRITES",
+           "HeldCollector"]
 
 COMMITS = Counter("qstate_shard_commits_total", "Partition commits", ["job", "operator", "result"])
 COMMIT_SECONDS = Histogram(
@@ -38,13 +39,20 @@ APPLIED_ROWS = Counter("qstate_shard_applied_rows_total", "Delta rows applied",
 STATE_WRITES = Counter("qstate_shard_state_writes_total",
                        "RocksDB puts and deletes of state (not the index or meta)",
                        ["job", "operator"])
-CAUGHT_UP = Counter("qstate_shard_caught_up_batches_total", "Deltas replayed to close a gap",
+CAUGHT_UP = Counter("qstate_shard_caught_up_batches_total",
+                    "Batches replayed from checkpoint storage, per partition: bringing a "
+                    "partition up (after a restart or a move) or a gap a commit found",
                     ["job", "operator"])
 LOOKUPS = Counter("qstate_shard_lookup_keys_total", "Keys looked up", ["status"])
 LOOKUP_SECONDS = Histogram("qstate_shard_lookup_seconds", "Time per MultiGet call",
                            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05))
 LAST_BATCH = Gauge("qstate_shard_last_batch", "Last batch committed on this server",
                    ["job", "operator"])
+# with qstate_shard_commits_total{result="skipped"} (how many partitions): which batch a
+# restarted driver re-ran (or a committer re-sent) that this server already had
+LAST_SKIPPED = Gauge("qstate_shard_last_skipped_batch",
+                     "Newest batch a Commit found already applied on some of its partitions "
+                     "(a re-run or re-sent batch)", ["job", "operator"])
 
 STATES = ("serving", "restoring", "retired")
 # RocksDB's table files and write-ahead logs: the data, not its info logs or manifests

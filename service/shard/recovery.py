@@ -22,7 +22,7 @@ from service.core.manifest import read_manifest
 from service.core.operator import OperatorSpec
 from service.core.shard_files import partition_dir
 from service.core.storage import Storage
-from service.shard import snapshot
+from service.shard import metrics, snapshot
 from service.shard.held import Held
 
 __all__ = ["Recovery"]
@@ -82,6 +82,7 @@ class Recovery:
             fragments = m.deltas.get(pid.partition)
             table = deltas.read_deltas(self.storage, pid, b, fragments) if fragments else None
             store.apply(b, m.watermark_ms, epoch, table, retention)
+        metrics.CAUGHT_UP.labels(pid.job, pid.operator).inc(len(needed))
         return len(needed)
 
     def _restore(self, pid: PartitionId, held: Held, batch: int | None) -> None:

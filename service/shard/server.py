@@ -14,6 +14,7 @@ import grpc
 
 from proto import shard_pb2 as pb
 from proto import shard_pb2_grpc as pb_grpc
+from service.core import faults
 from service.core.address import PartitionId, check_key, check_name, partition_of
 from service.core.config import DEFAULTS
 from service.core.errors import InvalidRequest, QStateError, UnknownOperator, grpc_trailers
@@ -71,16 +72,22 @@ class ShardService(pb_grpc.ShardServicer):
                                      pd.rows) for pd in request.partitions]
             if any(pd.has_delta and not pd.fragments for pd in request.partitions):
                 raise InvalidRequest("a partition with a delta names its fragments")
+            faults.hit("shard.received", request.batch, request.operator)
             res = await asyncio.to_thread(
                 self.partitions.commit, request.job, request.operator, request.batch,
                 request.watermark_ms, request.epoch, parts)
         except QStateError as exc:
             await _abort(context, exc)
+        faults.hit("shard.after-write", request.batch, request.operator)
+        if faults.at("shard.after-ack", request.batch, request.operator):
+            # done: the reply (and its status) went out
+            context.add_done_callback(lambda _: faults.die())
         labels = (request.job, request.operator)
         metrics.COMMIT_SECONDS.labels(*labels).observe(time.perf_counter() - t0)
         metrics.COMMITS.labels(*labels, "applied").inc(len(res.applied))
         metrics.COMMITS.labels(*labels, "skipped").inc(len(res.skipped))
-        metrics.CAUGHT_UP.labels(*labels).inc(res.caught_up)
+        if res.skipped:
+            metrics.LAST_SKIPPED.labels(*labels).set(request.batch)
         metrics.LAST_BATCH.labels(*labels).set(request.batch)
         return pb.CommitReply(applied=res.applied, skipped=res.skipped,
                               caught_up_batches=res.caught_up)
