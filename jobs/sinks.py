@@ -21,6 +21,7 @@ from pyspark.sql import DataFrame, Row
 from jobs import metrics
 from jobs.coordinator import CommitOutcome, coordinator_for
 from jobs.partials import PART, RESULT, DeltaFiles, Discard, Plan, Target, final_writer
+from service.core import faults
 from service.core.manifest import Fragments
 from service.core.operator import OperatorSpec, save_spec
 from service.core.storage import Storage
@@ -93,6 +94,12 @@ class QStateSink:
     while Spark computes batch N+1, which first waits for N's acknowledgement. So Spark's
     commit log runs at most one batch ahead of the served state, never ahead of what is
     durable, and a failed delivery fails the next batch.
+
+    The driver's fault points (``service.core.faults``) are the steps of ``finish(N)``:
+    ``driver.after-deltas`` (N-1 acknowledged, N's deltas written, no manifest),
+    ``driver.after-record`` (N's manifest written, no Commit sent) and
+    ``driver.after-commit`` (N acknowledged by every shard: only an armed fault waits for
+    that inside ``finish``, so the driver dies before Spark commits N).
     """
 
     def __init__(self, storage_uri: str, shards: list[str] | None,
@@ -125,10 +132,15 @@ class QStateSink:
         t0 = time.perf_counter()
         before = self.flush(spec.operator)
         waited = time.perf_counter() - t0
+        faults.hit("driver.after-deltas", plan.batch, spec.operator)
         self.coordinator.record(spec, plan.batch, watermark_ms, written)
+        faults.hit("driver.after-record", plan.batch, spec.operator)
         with self._lock:
             self._pending[spec.operator] = self._pool.submit(
                 self._deliver, spec, plan.batch, watermark_ms, written)
+        if faults.at("driver.after-commit", plan.batch, spec.operator):
+            self.flush(spec.operator)
+            faults.die()
         return OperatorReport(sum(sum(f.values()) for f in written.values()), 0.0, waited,
                               before.applied if before else 0, before.skipped if before else 0)
 
@@ -157,9 +169,13 @@ class QStateSink:
         written = written_by_operator(rows.mapInArrow(
             final_writer(plan, self.target()), RESULT).collect()).get(0, {})
         t1 = time.perf_counter()
+        batch, operator = plan.batch, plan.spec.operator
+        faults.hit("driver.after-deltas", batch, operator)
         # delivered before the batch ends: spark-state mode is not pipelined
-        self.coordinator.record(plan.spec, plan.batch, watermark_ms, written)
-        done = self._deliver(plan.spec, plan.batch, watermark_ms, written)
+        self.coordinator.record(plan.spec, batch, watermark_ms, written)
+        faults.hit("driver.after-record", batch, operator)
+        done = self._deliver(plan.spec, batch, watermark_ms, written)
+        faults.hit("driver.after-commit", batch, operator)
         return OperatorReport(sum(sum(f.values()) for f in written.values()), t1 - t0,
                               done.seconds, done.applied, done.skipped)
 
