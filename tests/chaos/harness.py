@@ -1,16 +1,25 @@
 """A whole qstate deployment under failure: broker, 2 shards, router, the tweets job as a
-separate process (so its driver can be killed), and a generator that keeps sending."""
+separate process (so its driver can be killed), and a generator that keeps sending.
+
+A shard or the job can be (re)started with a fault point armed (``QSTATE_FAULT``,
+``service.core.faults``): it kills itself at a named step of a batch N chosen a few batches
+ahead of what the job has done, and the state it leaves is read from the shards (their
+Describe, their commit markers on disk, their metrics) and Spark's checkpoint.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
+import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import grpc
 import httpx
 import orjson
 from confluent_kafka import Consumer, TopicPartition
@@ -18,11 +27,15 @@ from confluent_kafka import Consumer, TopicPartition
 from jobs.runner import MERGED
 from loadtest.truth import load_events, window_counts
 from service.core.address import partition_of
+from service.core.assignment import load_assignment
+from service.core.catalog import manifest_batches
 from service.core.config import DEFAULTS
+from service.core.shard_client import ShardClients
+from service.core.storage import Storage
 from service.embedded.generate import produce
 from service.embedded.kafka import KafkaBroker
 from service.embedded.procs import Child, RouterProcess, ShardProcess, qstate_command
-from tests.helpers import http_windows
+from tests.helpers import http_windows, metric, shard_metrics_url, wait_until
 
 HOUR = 3_600_000
 BOUNDARY = 1_767_229_200_000  # 2026-01-01T01:00Z
@@ -31,6 +44,14 @@ LATE_AT = BOUNDARY - 4 * 60_000  # late events: an hour and minutes long closed
 TOPIC = "tweet-events"
 P = 8
 LEASE_S = 5.0  # shorter than the default: the disk-lost scenario waits for it to expire
+JOB = "tweets"
+AHEAD = 3  # a fault names the batch this far past the job's newest (recorded, or started)
+
+
+def newest(path: Path) -> int:
+    """The greatest numbered file in ``path`` (Spark's offsets/commits logs), -1 if none."""
+    names = [int(p.name.split(".")[0]) for p in path.glob("[0-9]*")] if path.exists() else []
+    return max(names, default=-1)
 
 
 class Generator(threading.Thread):
@@ -90,8 +111,8 @@ class Deployment:
     def storage(self) -> str:
         return str(self.root / "storage")
 
-    def shard(self, i: int) -> ShardProcess:
-        env = {**os.environ, "QSTATE_SNAPSHOT_EVERY": "5"}
+    def shard(self, i: int, fault: str = "") -> ShardProcess:
+        env = {**os.environ, "QSTATE_SNAPSHOT_EVERY": "5", "QSTATE_FAULT": fault}
         return ShardProcess.make(f"c{i}", self.root / "shards", self.storage, self.root / "logs",
                                  port=self.shards[i].port if len(self.shards) > i else 0,
                                  env=env)
@@ -101,32 +122,113 @@ class Deployment:
         self.router = RouterProcess.make(self.storage, self.root / "logs").start_and_wait()
         self.start_job()
 
-    def start_job(self) -> None:
-        self.job = Child("job", qstate_command(
-            "job", "tweets", "--bootstrap", self.broker.bootstrap, "--storage", self.storage,
-            "--checkpoints", str(self.root / "ckpt"), "--partitions", str(P),
-            "--shards", ",".join(s.address for s in self.shards), "--no-live",
-            "--max-rows-per-trigger", "50000"), self.root / "logs" / "job.log",
-            env={**os.environ, "QSTATE_LEASE_S": str(LEASE_S)}).start()
-
-    def kill_job(self) -> None:
-        assert self.job is not None and self.job.proc is not None
-        os.killpg(self.job.pid, signal.SIGKILL)  # the driver and its JVM, no clean-up
-        self.job.proc.wait()
-
     def stop(self) -> None:
         for c in [self.job, self.router, *self.shards]:
             if c is not None:
                 c.stop()
 
+    def start_job(self, fault: str = "") -> None:
+        self.job = Child("job", qstate_command(
+            "job", "tweets", "--bootstrap", self.broker.bootstrap, "--storage", self.storage,
+            "--checkpoints", str(self.root / "ckpt"), "--partitions", str(P),
+            "--shards", ",".join(s.address for s in self.shards), "--no-live",
+            "--max-rows-per-trigger", "50000"), self.root / "logs" / "job.log",
+            env={**os.environ, "QSTATE_LEASE_S": str(LEASE_S), "QSTATE_FAULT": fault}).start()
+
+    def kill_job(self) -> None:
+        """kill -9 the driver and its JVM (its process group), no clean-up; also what is
+        left of a driver that killed itself (its JVM, exiting)."""
+        assert self.job is not None and self.job.proc is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.job.pid, signal.SIGKILL)
+        self.job.proc.wait()
+
+    def stop_job(self, timeout: float = 60) -> None:
+        """SIGTERM to the driver (it stops its query, delivers what it recorded and stops
+        Spark); kill -9 what is left after ``timeout``."""
+        assert self.job is not None and self.job.proc is not None
+        if self.job.alive():
+            self.job.proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.job.proc.wait(timeout)
+        self.kill_job()
+
+    # ---- fault points ------------------------------------------------------------
+    def arm_shard(self, i: int, point: str, operator: str) -> int:
+        """Restart shard ``i`` with ``point@N:operator`` armed, N ``AHEAD`` batches past what
+        the job has recorded; returns N once the server is back, owns partitions of
+        ``operator`` and N is still ahead (the job stalls on a shard that is away, so this
+        takes one attempt unless the restart outlived the lease)."""
+        for _ in range(3):
+            n = self.recorded(operator) + AHEAD
+            self.shards[i].stop()
+            self.shards[i] = self.shard(i, f"{point}@{n}:{operator}").start_and_wait()
+            wait_until(lambda: self.held(i, operator), 60,
+                       f"{self.shards[i].name} serving partitions of {operator}")
+            if self.recorded(operator) < n:
+                return n
+        raise AssertionError(f"the job kept passing the batch armed on {self.shards[i].name}")
+
+    def arm_job(self, point: str, operator: str) -> int:
+        """Stop the job and start it with ``point@N:operator`` armed, N ``AHEAD`` batches past
+        the newest one Spark has started (its offset log); returns N."""
+        self.stop_job()
+        n = newest(self.checkpoint / "offsets") + AHEAD
+        self.start_job(f"{point}@{n}:{operator}")
+        return n
+
+    def disarm(self) -> None:
+        """Back to the deployment every scenario starts from: each shard and the job running
+        with no fault armed (a scenario's ``finally``, whatever it left)."""
+        for i, s in enumerate(self.shards):
+            if not s.alive() or (s.env or {}).get("QSTATE_FAULT"):
+                s.kill()
+                self.shards[i] = self.shard(i).start_and_wait()
+        if self.job is None or not self.job.alive() or (self.job.env or {}).get("QSTATE_FAULT"):
+            if self.job is not None:
+                self.kill_job()
+            self.start_job()
+
     # ---- observation ------------------------------------------------------------
+    @property
+    def checkpoint(self) -> Path:
+        """Spark's checkpoint of the job's merged query (offsets/, commits/)."""
+        return self.root / "ckpt" / JOB / MERGED
+
+    def recorded(self, operator: str) -> int:
+        """The newest batch the driver recorded (its manifest), -1 before the first."""
+        return max(manifest_batches(Storage(self.storage), JOB, operator), default=-1)
+
+    def held(self, i: int, operator: str) -> dict[int, int]:
+        """Partition -> last batch of the partitions of ``operator`` shard ``i`` serves
+        (held and not restoring); {} when it does not answer."""
+        clients = ShardClients()
+        try:
+            d = clients.describe(self.shards[i].address, timeout=5)
+        except grpc.RpcError:
+            return {}
+        finally:
+            clients.close()
+        return {p.partition: p.last_batch for p in d.partitions
+                if p.job == JOB and p.operator == operator and not p.restoring}
+
+    def last_batches(self, operator: str) -> dict[int, int]:
+        """Partition -> last batch over every shard."""
+        return {p: b for i in range(len(self.shards)) for p, b in self.held(i, operator).items()}
+
+    def shard_metric(self, i: int, name: str, operator: str, **labels: str) -> float:
+        return metric(shard_metrics_url(self.storage, self.shards[i]), name, job=JOB,
+                      operator=operator, **labels)
+
+    def epoch(self) -> int:
+        return load_assignment(Storage(self.storage), JOB).epoch
+
     def committed_offsets(self) -> dict[int, int]:
         """Kafka offsets of the last batch the job's (merged) query committed."""
-        d = self.root / "ckpt" / "tweets" / MERGED
-        commits = [int(p.name) for p in (d / "commits").glob("[0-9]*")] if d.exists() else []
-        if not commits:
+        last = newest(self.checkpoint / "commits")
+        if last < 0:
             return {}
-        lines = (d / "offsets" / str(max(commits))).read_bytes().split(b"\n")
+        lines = (self.checkpoint / "offsets" / str(last)).read_bytes().split(b"\n")
         return {int(k): v for k, v in orjson.loads(lines[2])[TOPIC].items()}
 
     def topic_ends(self) -> dict[int, int]:

@@ -5,24 +5,51 @@ events/s over 100K ids, out of order and with late events. After each failure th
 drained and every (key, window) of every state is compared with ground truth computed from
 the generator's delivery log: 0 lost, 0 counted twice. The time until every partition
 answers again is printed (loadtest/chaos.py repeats the scenarios for the numbers).
+
+A shard or the driver dies deterministically: it is restarted with a fault point armed
+(``service.core.faults``) and kills itself with SIGKILL at a named step of a batch N a few
+batches ahead. Each scenario asserts the process died by that signal, what batch N was at
+that moment (the shards' commit markers and Describe, Spark's logs), and what recovery did
+with N (the shards' commit counters: applied once, or skipped as already there). The same
+kills at random moments, from outside, run only from ``python -m loadtest.chaos``.
+
+Every scenario leaves the deployment as it found it (``Deployment.disarm``), so each can run
+alone.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
+import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
 
-from jobs.runner import MERGED
+from loadtest.chaos import RANDOM_TIMING
 from service.embedded.kafka import KafkaBroker
-from service.embedded.procs import RouterProcess
-from tests.chaos.harness import BOUNDARY, Deployment, Generator, compare
+from service.embedded.procs import Child, RouterProcess
+from tests.chaos.harness import (
+    BOUNDARY,
+    JOB,
+    Deployment,
+    Generator,
+    P,
+    compare,
+    newest,
+)
+from tests.helpers import committed_batches, wait_until
 
 pytestmark = [pytest.mark.chaos, pytest.mark.spark]
 RESULTS: list[tuple[str, dict, float]] = []
+OP = "per_tweet_1h"  # the operator a fault names; the job's other one runs on undisturbed
+random_timing = pytest.mark.skipif(
+    os.environ.get(RANDOM_TIMING) != "1",
+    reason=f"kills at random moments: python -m loadtest.chaos runs them ({RANDOM_TIMING}=1)")
 
 
 @pytest.fixture(scope="module")
@@ -55,25 +82,134 @@ def world(tmp_path_factory):
             print(f"chaos {name}: {res}, answering again after {tta:.2f}s")
 
 
-def newest(path: Path) -> int:
-    names = [int(p.name.split(".")[0]) for p in path.glob("[0-9]*")] if path.exists() else []
-    return max(names, default=-1)
-
-
-def scenario(world, name: str, inject) -> None:
+def scenario(world, name: str, inject: Callable[[Deployment], float],
+             recovered: Callable[[Deployment], None] | None = None) -> None:
+    """Under load: ``inject`` the failure (returns when it happened), wait until every key
+    answers again, ``recovered`` checks what recovery did (None, a random-timing kill: a few
+    more seconds of load instead), then drain and compare with ground truth."""
     d, gen = world
     gen.running.set()
-    time.sleep(6)
-    t = inject(d)
-    tta = d.time_to_answer(t)
-    time.sleep(4)
-    gen.pause()
-    assert gen.error is None, gen.error
-    d.drain()
-    res = compare(d, gen.log)
-    RESULTS.append((name, res, tta))
-    assert res["windows"] > 1000
-    assert (res["lost"], res["doubled"]) == (0, 0), res
+    try:
+        if recovered is None:
+            time.sleep(6)  # load before a kill at a random moment (a fault point waits for N)
+        t = inject(d)
+        tta = d.time_to_answer(t)
+        if recovered is None:
+            time.sleep(4)
+        else:
+            recovered(d)
+        gen.pause()
+        assert gen.error is None, gen.error
+        d.drain()
+        res = compare(d, gen.log)
+        RESULTS.append((name, res, tta))
+        assert res["windows"] > 1000
+        assert (res["lost"], res["doubled"]) == (0, 0), res
+    finally:
+        d.disarm()
+
+
+def died_by_sigkill(child: Child | None, timeout: float, what: str) -> None:
+    assert child is not None and child.proc is not None
+    try:
+        code = child.proc.wait(timeout)
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"{what} did not die within {timeout:.0f}s: the fault point "
+                             f"was not reached") from exc
+    assert code == -signal.SIGKILL, f"{what} exited with {code}, not by SIGKILL"
+
+
+# the batch every partition of OP on the killed shard's disk has when it dies, relative to N
+SHARD_POINTS = {"shard.received": -1, "shard.after-write": 0, "shard.after-ack": 0}
+
+
+@pytest.mark.parametrize("point", list(SHARD_POINTS))
+def test_shard_killed_at_a_step_of_batch_n_and_restarted(world, point: str) -> None:
+    seen: dict = {}
+
+    def inject(d: Deployment) -> float:
+        n = d.arm_shard(0, point, OP)
+        epoch = d.epoch()
+        victim = d.shards[0]
+        died_by_sigkill(victim, 120, f"{victim.name} armed with {point}@{n}")
+        t = time.monotonic()
+        disk = committed_batches(d.root / "shards" / victim.name, JOB, OP)
+        assert disk and set(disk.values()) == {n + SHARD_POINTS[point]}, (n, disk)
+        d.shards[0] = d.shard(0).start_and_wait()
+        seen.update(n=n, epoch=epoch, parts=set(disk))
+        return t
+
+    def recovered(d: Deployment) -> None:
+        n, parts = seen["n"], seen["parts"]
+        k = len(parts)
+        wait_until(lambda: (h := d.held(0, OP)).keys() == parts and min(h.values()) > n, 120,
+                   f"c0 serving its partitions of {OP} past batch {n}")
+        # a restart within the lease: the same partitions, recovered from c0's own disk
+        assert d.epoch() == seen["epoch"], "c0's partitions moved while it was down"
+        caught_up = d.shard_metric(0, "qstate_shard_caught_up_batches_total", OP)
+        skipped = d.shard_metric(0, "qstate_shard_commits_total", OP, result="skipped")
+        last_skipped = d.shard_metric(0, "qstate_shard_last_skipped_batch", OP)
+        if point == "shard.received":
+            # N replayed once from its manifest as the partitions came up; the driver's
+            # retried Commit(N) then found it there
+            assert (caught_up, skipped, last_skipped) == (k, k, n)
+        elif point == "shard.after-write":
+            # N on disk, unacknowledged: the retried Commit(N) skipped, nothing replayed
+            assert (caught_up, skipped, last_skipped) == (0, k, n)
+        else:
+            # N acknowledged: never sent again (N+1 may have come up from its manifest on
+            # some partitions, recorded while c0 was away)
+            assert last_skipped in (0, n + 1) and 0 <= caught_up <= k, \
+                (caught_up, skipped, last_skipped)
+
+    scenario(world, f"shard SIGKILL at {point}@N, restart", inject, recovered)
+
+
+# whether every shard had acknowledged N when the driver died there
+DRIVER_POINTS = {"driver.after-record": False, "driver.after-commit": True}
+
+
+@pytest.mark.parametrize("point", list(DRIVER_POINTS))
+def test_driver_killed_at_a_step_of_batch_n_and_restarted(world, point: str) -> None:
+    acknowledged = DRIVER_POINTS[point]
+    seen: dict = {}
+
+    def counters(d: Deployment) -> list[tuple[float, float]]:
+        return [(d.shard_metric(i, "qstate_shard_commits_total", OP, result="skipped"),
+                 d.shard_metric(i, "qstate_shard_caught_up_batches_total", OP))
+                for i in range(len(d.shards))]
+
+    def inject(d: Deployment) -> float:
+        n = d.arm_job(point, OP)
+        died_by_sigkill(d.job, 300, f"the driver armed with {point}@{n}")
+        d.kill_job()  # its JVM, if still on its way out
+        t = time.monotonic()
+        # Spark started N and did not commit it; N is recorded, acknowledged or not sent
+        assert (newest(d.checkpoint / "offsets"), newest(d.checkpoint / "commits")) == \
+            (n, n - 1)
+        assert d.recorded(OP) == n
+        assert d.last_batches(OP) == dict.fromkeys(range(P), n if acknowledged else n - 1)
+        seen.update(n=n, before=counters(d))
+        d.start_job()
+        return t
+
+    def recovered(d: Deployment) -> None:
+        n = seen["n"]
+        wait_until(lambda: len(b := d.last_batches(OP)) == P and min(b.values()) > n, 300,
+                   f"every partition of {OP} past batch {n}")
+        assert newest(d.checkpoint / "commits") > n  # Spark ran N again, and committed it
+        after = counters(d)
+        skipped = sum(a[0] - b[0] for a, b in zip(after, seen["before"], strict=True))
+        caught_up = sum(a[1] - b[1] for a, b in zip(after, seen["before"], strict=True))
+        # the re-run Commit(N): skipped on every partition when they all had it, else
+        # applied; either way nothing came from a manifest
+        assert (skipped, caught_up) == ((P if acknowledged else 0), 0)
+        if acknowledged:  # ... by each shard holding some of them
+            holders = [i for i in range(len(d.shards)) if d.held(i, OP)]
+            assert [d.shard_metric(i, "qstate_shard_last_skipped_batch", OP)
+                    for i in holders] == [n] * len(holders)
+
+    scenario(world, f"driver SIGKILL at {point}@N, restart", inject, recovered)
 
 
 def _wait_new(path: Path, timeout: float = 60) -> None:
@@ -85,9 +221,11 @@ def _wait_new(path: Path, timeout: float = 60) -> None:
         time.sleep(0.002)
 
 
+@random_timing
 def test_kill9_shard_mid_commit_and_restart(world):
     def inject(d: Deployment) -> float:
-        # the driver writes batch N's manifest right before it sends Commit(N)
+        # the driver writes batch N's manifest right before it sends Commit(N); the kill
+        # lands before, during or after the commit
         _wait_new(Path(d.storage) / "jobs" / "tweets" / "per_tweet_1h" / "batches")
         d.shards[0].kill()
         t = time.monotonic()
@@ -102,15 +240,13 @@ def test_kill9_shard_and_lose_its_disk(world):
         t = time.monotonic()
         shutil.rmtree(d.root / "shards" / "c1")
         return t  # not restarted: its partitions are restored on c0
-    scenario(world, "shard kill -9 + disk lost", inject)
-    d, _ = world
-    d.shards[1] = d.shard(1).start_and_wait()  # back, empty, for the next scenarios
+    scenario(world, "shard kill -9 + disk lost", inject)  # disarm() brings c1 back, empty
 
 
+@random_timing
 def test_kill9_driver_mid_batch_and_restart(world):
     def inject(d: Deployment) -> float:
-        ckpt = d.root / "ckpt" / "tweets" / MERGED
-        _wait_new(ckpt / "offsets")  # a batch has started and is not committed
+        _wait_new(d.checkpoint / "offsets")  # a batch has started and is not committed
         d.kill_job()
         t = time.monotonic()
         d.start_job()
