@@ -16,6 +16,8 @@ import signal
 import subprocess
 import threading
 import time
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,7 +37,7 @@ from service.core.storage import Storage
 from service.embedded.generate import produce
 from service.embedded.kafka import KafkaBroker
 from service.embedded.procs import Child, RouterProcess, ShardProcess, qstate_command
-from tests.helpers import http_windows, metric, shard_metrics_url, wait_until
+from tests.helpers import FAR, http_windows, metric, shard_metrics_url, wait_until
 
 HOUR = 3_600_000
 BOUNDARY = 1_767_229_200_000  # 2026-01-01T01:00Z
@@ -286,6 +288,59 @@ class Deployment:
         raise AssertionError(f"keys did not answer again within {bound:.0f}s")
 
 
+class Reader(threading.Thread):
+    """Reads the sampled keys (two per partition) through the router over and over while a
+    failure happens. Every answer must be a 200 or 404, or a 503 carrying Retry-After (or no
+    answer while the router itself is down); a window's value never goes down unless the
+    answer says it is of an older batch; ``highest`` is later held to ground truth (above it
+    would be counted twice)."""
+
+    def __init__(self, url: Callable[[], str], keys: list[str],
+                 operator: str = "per_tweet_1h") -> None:
+        super().__init__(daemon=True)
+        self.url, self.keys, self.operator = url, keys, operator
+        self.stop = threading.Event()
+        self.answers: Counter[int] = Counter()  # status -> count; 0: no connection
+        self.wrong: list[str] = []
+        self.highest: dict[tuple[str, int], int] = {}
+        self._last: dict[str, tuple[int, dict[int, int]]] = {}  # key -> (batch, windows)
+
+    def run(self) -> None:
+        with httpx.Client(timeout=5) as c:
+            while not self.stop.is_set():
+                for k in self.keys:
+                    try:  # the router of the moment (a scenario may replace it)
+                        r = c.get(f"{self.url()}/v1/state/{JOB}/{self.operator}/impressions/{k}",
+                                  params={"from": str(-FAR), "to": str(FAR)})
+                    except httpx.HTTPError:
+                        self.answers[0] += 1
+                        continue
+                    self.answers[r.status_code] += 1
+                    if r.status_code == 200:
+                        self._check(k, r.json())
+                    elif r.status_code == 503 and not r.headers.get("retry-after"):
+                        self.wrong.append(f"{k}: 503 without Retry-After")
+                    elif r.status_code not in (404, 503):
+                        self.wrong.append(f"{k}: {r.status_code} {r.text[:200]}")
+                self.stop.wait(0.05)
+
+    def _check(self, key: str, answer: dict) -> None:
+        batch = answer["batch"]
+        windows = {w["start"]: w["value"] for w in answer["windows"]}
+        prev_batch, prev = self._last.get(key, (-1, {}))
+        if batch >= prev_batch:
+            self.wrong += [f"{key}@{s}: {windows.get(s, 0)} at batch {batch} after {v} at "
+                           f"batch {prev_batch}" for s, v in prev.items()
+                           if windows.get(s, 0) < v]
+        self._last[key] = (batch, windows)
+        for s, v in windows.items():
+            self.highest[(key, s)] = max(self.highest.get((key, s), 0), v)
+
+    def finish(self) -> None:
+        self.stop.set()
+        self.join(30)
+
+
 def truth(log: Path) -> tuple[dict, dict, dict, list[str]]:
     events = load_events(log)
     on_time = events[events["time"] >= BOUNDARY]  # late ones were all before BOUNDARY - 3 min
@@ -298,10 +353,11 @@ def truth(log: Path) -> tuple[dict, dict, dict, list[str]]:
     return as_map(imp), as_map(clk), as_map(minute), sorted(events["tweet_id"].unique())
 
 
-def compare(d: Deployment, log: Path) -> dict[str, int]:
+def compare(d: Deployment, log: Path,
+            truths: tuple[dict, dict, dict, list[str]] | None = None) -> dict[str, int]:
     """Every (key, window) of every state against ground truth: counts lost and doubled."""
     assert d.router is not None
-    want_imp, want_clk, want_min, keys = truth(log)
+    want_imp, want_clk, want_min, keys = truths or truth(log)
     result = {"lost": 0, "doubled": 0, "windows": 0}
     for op, state, want in (("per_tweet_1h", "impressions", want_imp),
                             ("per_tweet_1h", "clicks", want_clk),
@@ -313,3 +369,53 @@ def compare(d: Deployment, log: Path) -> dict[str, int]:
             result["lost" if diff < 0 else "doubled"] += abs(diff)
         result["windows"] += len(want)
     return result
+
+
+RESULTS: list[tuple[str, dict, float]] = []
+
+
+def scenario(world, name: str, inject: Callable[[Deployment], float],
+             recovered: Callable[[Deployment], None] | None = None) -> None:
+    """Under load: ``inject`` the failure (returns when it happened), wait until every key
+    answers again, ``recovered`` checks what recovery did (None, a random-timing kill: a few
+    more seconds of load instead), then drain and compare with ground truth."""
+    d, gen = world
+    gen.running.set()
+    reader = Reader(lambda: d.router.url if d.router else "http://127.0.0.1:9",
+                    d.sample_keys())
+    reader.start()
+    try:
+        if recovered is None:
+            time.sleep(6)  # load before a kill at a random moment (a fault point waits for N)
+        t = inject(d)
+        tta = d.time_to_answer(t)
+        if recovered is None:
+            time.sleep(4)
+        else:
+            recovered(d)
+        reader.finish()
+        gen.pause()
+        assert gen.error is None, gen.error
+        d.drain()
+        want = truth(gen.log)
+        res = compare(d, gen.log, want)
+        RESULTS.append((name, res, tta))
+        assert res["windows"] > 1000
+        assert (res["lost"], res["doubled"]) == (0, 0), res
+        # what readers saw during the failure: never wrong, never above the final count
+        assert reader.answers[200] > 0 and not reader.wrong, (reader.answers, reader.wrong[:5])
+        above = {w: v for w, v in reader.highest.items() if v > want[0].get(w, 0)}
+        assert not above, list(above.items())[:5]
+    finally:
+        reader.finish()
+        d.disarm()
+
+
+def died_by_sigkill(child: Child | None, timeout: float, what: str) -> None:
+    assert child is not None and child.proc is not None
+    try:
+        code = child.proc.wait(timeout)
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"{what} did not die within {timeout:.0f}s: the fault point "
+                             f"was not reached") from exc
+    assert code == -signal.SIGKILL, f"{what} exited with {code}, not by SIGKILL"

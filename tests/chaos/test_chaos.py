@@ -11,7 +11,10 @@ A shard or the driver dies deterministically: it is restarted with a fault point
 batches ahead. Each scenario asserts the process died by that signal, what batch N was at
 that moment (the shards' commit markers and Describe, Spark's logs), and what recovery did
 with N (the shards' commit counters: applied once, or skipped as already there). The same
-kills at random moments, from outside, run only from ``python -m loadtest.chaos``.
+kills at random moments, from outside, are in random_timing.py, which only
+``python -m loadtest.chaos`` runs. During every scenario a reader polls two keys per partition
+(``harness.Reader``): each answer exact so far or a 503 with Retry-After, never above the
+final ground truth, never going back.
 
 Every scenario leaves the deployment as it found it (``Deployment.disarm``), so each can run
 alone.
@@ -19,104 +22,17 @@ alone.
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-import subprocess
 import time
-from collections.abc import Callable
-from pathlib import Path
 
-import httpx
 import pytest
 
-from loadtest.chaos import RANDOM_TIMING
-from service.embedded.kafka import KafkaBroker
-from service.embedded.procs import Child, RouterProcess
-from tests.chaos.harness import (
-    BOUNDARY,
-    JOB,
-    Deployment,
-    Generator,
-    P,
-    compare,
-    newest,
-)
+from service.embedded.procs import RouterProcess
+from tests.chaos.harness import JOB, Deployment, P, died_by_sigkill, newest, scenario
 from tests.helpers import committed_batches, wait_until
 
 pytestmark = [pytest.mark.chaos, pytest.mark.spark]
-RESULTS: list[tuple[str, dict, float]] = []
 OP = "per_tweet_1h"  # the operator a fault names; the job's other one runs on undisturbed
-random_timing = pytest.mark.skipif(
-    os.environ.get(RANDOM_TIMING) != "1",
-    reason=f"kills at random moments: python -m loadtest.chaos runs them ({RANDOM_TIMING}=1)")
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    root: Path = tmp_path_factory.mktemp("chaos")
-    broker = KafkaBroker(root / "broker").start()
-    d = Deployment(root, broker)
-    gen = Generator(broker.bootstrap, root / "events.jsonl")
-    try:
-        d.start()
-        gen.start()
-        gen.running.set()
-        assert d.router is not None
-        deadline = time.monotonic() + 240
-        while True:  # late events only once the watermark has closed their windows
-            r = httpx.get(f"{d.router.url}/v1/jobs/tweets", timeout=2)
-            ops = r.json().get("operators", []) if r.status_code == 200 else []
-            if len(ops) == 2 and all(o["watermark"] > BOUNDARY for o in ops):
-                break
-            assert time.monotonic() < deadline, "the job did not start"
-            time.sleep(1)
-        gen.late.set()
-        yield d, gen
-    finally:
-        gen.stopped.set()
-        gen.running.clear()
-        d.stop()
-        broker.stop()
-        for name, res, tta in RESULTS:
-            print(f"chaos {name}: {res}, answering again after {tta:.2f}s")
-
-
-def scenario(world, name: str, inject: Callable[[Deployment], float],
-             recovered: Callable[[Deployment], None] | None = None) -> None:
-    """Under load: ``inject`` the failure (returns when it happened), wait until every key
-    answers again, ``recovered`` checks what recovery did (None, a random-timing kill: a few
-    more seconds of load instead), then drain and compare with ground truth."""
-    d, gen = world
-    gen.running.set()
-    try:
-        if recovered is None:
-            time.sleep(6)  # load before a kill at a random moment (a fault point waits for N)
-        t = inject(d)
-        tta = d.time_to_answer(t)
-        if recovered is None:
-            time.sleep(4)
-        else:
-            recovered(d)
-        gen.pause()
-        assert gen.error is None, gen.error
-        d.drain()
-        res = compare(d, gen.log)
-        RESULTS.append((name, res, tta))
-        assert res["windows"] > 1000
-        assert (res["lost"], res["doubled"]) == (0, 0), res
-    finally:
-        d.disarm()
-
-
-def died_by_sigkill(child: Child | None, timeout: float, what: str) -> None:
-    assert child is not None and child.proc is not None
-    try:
-        code = child.proc.wait(timeout)
-    except subprocess.TimeoutExpired as exc:
-        raise AssertionError(f"{what} did not die within {timeout:.0f}s: the fault point "
-                             f"was not reached") from exc
-    assert code == -signal.SIGKILL, f"{what} exited with {code}, not by SIGKILL"
 
 
 # the batch every partition of OP on the killed shard's disk has when it dies, relative to N
@@ -212,28 +128,6 @@ def test_driver_killed_at_a_step_of_batch_n_and_restarted(world, point: str) -> 
     scenario(world, f"driver SIGKILL at {point}@N, restart", inject, recovered)
 
 
-def _wait_new(path: Path, timeout: float = 60) -> None:
-    """Return right after a new numbered file appears in ``path``."""
-    start = newest(path)
-    deadline = time.monotonic() + timeout
-    while newest(path) == start:
-        assert time.monotonic() < deadline, f"nothing new in {path}"
-        time.sleep(0.002)
-
-
-@random_timing
-def test_kill9_shard_mid_commit_and_restart(world):
-    def inject(d: Deployment) -> float:
-        # the driver writes batch N's manifest right before it sends Commit(N); the kill
-        # lands before, during or after the commit
-        _wait_new(Path(d.storage) / "jobs" / "tweets" / "per_tweet_1h" / "batches")
-        d.shards[0].kill()
-        t = time.monotonic()
-        d.shards[0].start_and_wait()
-        return t
-    scenario(world, "shard kill -9 mid-commit, restart", inject)
-
-
 def test_kill9_shard_and_lose_its_disk(world):
     def inject(d: Deployment) -> float:
         d.shards[1].kill()
@@ -241,17 +135,6 @@ def test_kill9_shard_and_lose_its_disk(world):
         shutil.rmtree(d.root / "shards" / "c1")
         return t  # not restarted: its partitions are restored on c0
     scenario(world, "shard kill -9 + disk lost", inject)  # disarm() brings c1 back, empty
-
-
-@random_timing
-def test_kill9_driver_mid_batch_and_restart(world):
-    def inject(d: Deployment) -> float:
-        _wait_new(d.checkpoint / "offsets")  # a batch has started and is not committed
-        d.kill_job()
-        t = time.monotonic()
-        d.start_job()
-        return t
-    scenario(world, "driver kill -9 mid-batch, restart", inject)
 
 
 def test_kill9_router_start_another(world):
