@@ -35,6 +35,9 @@ KEYS = [f"page-{i}" for i in range(200)] + ["ünï/cødé key", "a" * 1024, BIG]
 # enough keys that one shard owns more than the coalescer's 2,000 per call
 MANY = [f"item-{i}" for i in range(6000)]
 ROUTES = ("local", "grpc")  # how a router reads a partition
+# ROUTES -> the path label its reads carry in qstate_router_shard_reads_total
+READ_PATH = {"local": "local", "grpc": "remote"}
+READS = "qstate_router_shard_reads_total"
 
 
 def views(key: str, batch: int) -> int:
@@ -61,6 +64,19 @@ class Shop:
     def owner_of(self, key: str) -> ShardProcess:
         address = self.coordinator.assignment.owner(SPEC.operator, partition_of(key, P))
         return next(s for s in self.shards if s.address == address)
+
+    @contextmanager
+    def served_by(self, route: str, at_least: int) -> Iterator[None]:
+        """Assert that the block's lookups through router ``route`` took its read path (at
+        least ``at_least`` keys), and none the other path: the router's own metric says."""
+        url = self.routers[route].url
+        before = shard_reads(url)
+        yield
+        after = shard_reads(url)
+        mine = READ_PATH[route]
+        assert after[mine] - before[mine] >= at_least, (route, before, after)
+        assert {p: n for p, n in after.items() if p != mine} == {
+            p: n for p, n in before.items() if p != mine}, (route, before, after)
 
     def metrics_url(self, shard: ShardProcess) -> str:
         """Where the shard serves /metrics (it registers the address in storage)."""
@@ -134,7 +150,12 @@ def start_shop(tmp: Path) -> Shop:
     return shop
 
 
+def shard_reads(url: str) -> dict[str, float]:
+    """A router's key lookups so far, by read path."""
+    return {path: metric(url, READS, path=path) for path in READ_PATH.values()}
+
+
 def _served_locally(url: str, key: str) -> bool:
-    before = metric(url, "qstate_router_shard_reads_total", path="local")
+    before = metric(url, READS, path="local")
     httpx.get(f"{url}/v1/state/{SPEC.job}/{SPEC.operator}/views/{key}", timeout=5)
-    return metric(url, "qstate_router_shard_reads_total", path="local") > before
+    return metric(url, READS, path="local") > before

@@ -73,14 +73,18 @@ class UnknownOperator(NotFound):
 
 
 class Unavailable(QStateError):
-    """The owning shard is down, restoring or moving: retry after ``retry_after_s``."""
+    """The owning shard is down, restoring or moving: retry after ``retry_after_s``.
+    ``reason``, a short fixed word (restoring, shard-down, ...), labels the router's metric
+    of 503 answers; the message says the rest."""
 
     http_status = 503
     grpc_code = grpc.StatusCode.UNAVAILABLE
 
-    def __init__(self, message: str, retry_after_s: float = 1.0, **detail: Any) -> None:
+    def __init__(self, message: str, retry_after_s: float = 1.0, *,
+                 reason: str = "unavailable", **detail: Any) -> None:
         super().__init__(message, retry_after_s=retry_after_s, **detail)
         self.retry_after_s = retry_after_s
+        self.reason = reason
 
 
 class StaleEpoch(QStateError):

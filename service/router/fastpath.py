@@ -20,7 +20,7 @@ from service.router.query import QueryService, absent
 __all__ = ["with_fast_get"]
 
 PREFIX = "/v1/state/"
-ROUTE = "/v1/state/{job}/{operator}/{state}/{key:path}"
+ROUTE = "/v1/state/{job}/{operator}/{state}/{key}"  # the FastAPI route's template
 _JSON = [(b"content-type", JSON.encode())]
 
 
@@ -49,7 +49,7 @@ def with_fast_get(app: Any, query: QueryService) -> Any:
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
         HTTP_LATENCY.labels(ROUTE).observe(time.perf_counter() - t0)
-        HTTP_REQUESTS.labels(ROUTE, str(status)).inc()
+        HTTP_REQUESTS.labels(ROUTE, "GET", str(status)).inc()
         return None
 
     return asgi

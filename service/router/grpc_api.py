@@ -13,6 +13,7 @@ from service.core.errors import QStateError, Unavailable, grpc_trailers
 from service.router.http import FAR
 from service.router.metrics import GRPC_LATENCY as RPC_LATENCY
 from service.router.metrics import GRPC_REQUESTS as RPCS
+from service.router.metrics import count_unavailable
 from service.router.query import QueryService, absent
 
 __all__ = ["QueryableStateService"]
@@ -42,6 +43,7 @@ def _range(req: pb.GetRequest | pb.MultiGetRequest) -> tuple[int, int] | None:
 
 async def _fail(context: grpc.aio.ServicerContext, method: str, exc: QStateError) -> None:
     RPCS.labels(method, exc.grpc_code.name).inc()
+    count_unavailable(exc)
     trailers = grpc_trailers(exc)
     if isinstance(exc, Unavailable):
         trailers += (("retry-after-ms", str(int(exc.retry_after_s * 1000))),)

@@ -39,7 +39,7 @@ from service.core.answer import (
 from service.core.config import DEFAULTS
 from service.core.errors import InvalidRequest, QStateError
 from service.router.cluster import cluster
-from service.router.metrics import HTTP_LATENCY, HTTP_REQUESTS
+from service.router.metrics import HTTP_LATENCY, HTTP_REQUESTS, count_unavailable, http_method
 from service.router.query import OperatorStatus, QueryService, absent
 from service.router.ui import mount_ui
 
@@ -99,10 +99,12 @@ def retry_after(exc: QStateError) -> int:
 
 
 def error_response(exc: QStateError) -> tuple[int, bytes, dict[str, str]]:
-    """Status, body and headers of an error answer: the one place they are decided."""
+    """Status, body and headers of an error answer: the one place they are decided (and
+    503s counted by reason)."""
     headers = {"content-type": JSON}
     if exc.http_status == 503:
         headers["retry-after"] = str(retry_after(exc))
+        count_unavailable(exc)
     return exc.http_status, orjson.dumps(exc.body()), headers
 
 
@@ -142,10 +144,12 @@ def create_app(query: QueryService, ready: Callable[[], bool] = lambda: True) ->
     async def measure(request: Request, call_next):  # type: ignore[no-untyped-def]
         t0 = time.perf_counter()
         response = await call_next(request)
-        route = request.scope.get("route")
-        path = getattr(route, "path", "unmatched")
-        HTTP_LATENCY.labels(path).observe(time.perf_counter() - t0)
-        HTTP_REQUESTS.labels(path, str(response.status_code)).inc()
+        # the route's template, never the path asked: a label per key would be a series
+        # per key
+        route = getattr(request.scope.get("route"), "path_format", None) or "unmatched"
+        HTTP_LATENCY.labels(route).observe(time.perf_counter() - t0)
+        HTTP_REQUESTS.labels(route, http_method(request.method),
+                             str(response.status_code)).inc()
         return response
 
     def _error(exc: QStateError) -> Response:

@@ -30,6 +30,13 @@ __all__ = ["RouterOptions", "run", "serve"]
 
 log = logging.getLogger(__name__)
 
+# gRPC core cancels every call of a connection (GOAWAY) once more than 1,000 requests wait
+# for the server to pick them up: a client bursting 2,000 concurrent Gets on one channel
+# lost some of them. Waiting requests cost a few hundred bytes each; the coalescer wants
+# bursts.
+SERVER_OPTIONS = [("grpc.server.max_pending_requests", 20_000),
+                  ("grpc.server.max_pending_requests_hard_limit", 20_000)]
+
 
 @dataclass(frozen=True)
 class RouterOptions:
@@ -71,7 +78,7 @@ async def serve(o: RouterOptions, scratch: Path | None = None) -> None:
                                                     cfg.local_ready_poll_s)) \
         if o.local_reads else None
 
-    grpc_server = grpc.aio.server()
+    grpc_server = grpc.aio.server(options=SERVER_OPTIONS)
     pb_grpc.add_QueryableStateServicer_to_server(QueryableStateService(query), grpc_server)
     grpc_server.add_insecure_port(f"{host}:{o.grpc_port}")
     await grpc_server.start()

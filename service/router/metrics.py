@@ -1,20 +1,45 @@
-"""Prometheus metrics of a router (no per-key labels: routes are templates)."""
+"""Prometheus metrics of a router. No per-key labels: an HTTP route is its template
+(``/v1/state/{job}/{operator}/{state}/{key}``), never the path asked."""
+
+from __future__ import annotations
 
 from prometheus_client import Counter, Histogram
 
+from service.core.errors import QStateError, Unavailable
+
 __all__ = ["GRPC_LATENCY", "GRPC_REQUESTS", "HTTP_LATENCY", "HTTP_REQUESTS", "LOCAL_READS",
-           "REMOTE_READS", "SHARD_READS"]
+           "METHODS", "REMOTE_READS", "SHARD_READS", "UNAVAILABLE", "count_unavailable",
+           "http_method"]
 
 _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
+# the method label takes these, anything else is "other": a client cannot make new series
+METHODS = frozenset({"GET", "POST", "HEAD", "OPTIONS", "PUT", "PATCH", "DELETE"})
 
-HTTP_REQUESTS = Counter("qstate_router_http_requests_total", "HTTP requests",
-                        ["route", "status"])
-HTTP_LATENCY = Histogram("qstate_router_http_request_seconds", "HTTP request latency",
-                         ["route"], buckets=_BUCKETS)
+HTTP_REQUESTS = Counter("qstate_router_http_requests_total",
+                        "HTTP requests by route template (unmatched: no route), method and "
+                        "status", ["route", "method", "status"])
+HTTP_LATENCY = Histogram("qstate_router_http_request_seconds",
+                         "HTTP request latency by route template", ["route"], buckets=_BUCKETS)
 GRPC_REQUESTS = Counter("qstate_router_grpc_requests_total", "gRPC requests", ["method", "code"])
 GRPC_LATENCY = Histogram("qstate_router_grpc_request_seconds", "gRPC latency", ["method"],
                          buckets=_BUCKETS)
 SHARD_READS = Counter("qstate_router_shard_reads_total",
-                      "Key lookups by path: in-process from a co-located shard, or over gRPC",
-                      ["path"])
-LOCAL_READS, REMOTE_READS = SHARD_READS.labels("local"), SHARD_READS.labels("grpc")
+                      "Key lookups by path: local (in-process from a co-located shard's files) "
+                      "or remote (the owner's gRPC API, coalesced)", ["path"])
+LOCAL_READS, REMOTE_READS = SHARD_READS.labels("local"), SHARD_READS.labels("remote")
+UNAVAILABLE = Counter("qstate_router_unavailable_total",
+                      "Answers 503 (HTTP) or UNAVAILABLE (gRPC) by reason: no-owner (the "
+                      "partition has no shard server yet), shard-down (its owner cannot be "
+                      "reached), shard-timeout (its owner did not answer in "
+                      "QSTATE_SHARD_TIMEOUT_S), restoring, moving (between owners)",
+                      ["reason"])
+
+
+def http_method(method: str) -> str:
+    return method if method in METHODS else "other"
+
+
+def count_unavailable(exc: QStateError) -> None:
+    """Count ``exc`` if it is a 503 (``Unavailable.reason`` says why)."""
+    if isinstance(exc, Unavailable):
+        UNAVAILABLE.labels(exc.reason).inc()

@@ -51,8 +51,8 @@ class PartitionReads:
         self.retry_after_s = retry_after_s
         self.local = local
 
-    def _unavailable(self, message: str, pid: PartitionId) -> Unavailable:
-        return Unavailable(message, self.retry_after_s, partition=pid.partition)
+    def _unavailable(self, message: str, pid: PartitionId, reason: str) -> Unavailable:
+        return Unavailable(message, self.retry_after_s, reason=reason, partition=pid.partition)
 
     def read_local(self, spec: OperatorSpec, pid: PartitionId, state: str, key: str,
                    rng: tuple[int, int] | None) -> Hit | None:
@@ -80,7 +80,8 @@ class PartitionReads:
         for attempt in (0, 1):
             address = await self.routing.owner(pid)
             if address is None:
-                raise self._unavailable(f"partition {pid} has no shard server yet", pid)
+                raise self._unavailable(f"partition {pid} has no shard server yet", pid,
+                                        "no-owner")
             REMOTE_READS.inc()
             try:
                 r = await self.caller.lookup(address, pid, state,
@@ -91,11 +92,15 @@ class PartitionReads:
                         continue  # moved: ask the new owner
                     raise self._unavailable(
                         f"shard {address} holding partition {pid} is unavailable "
-                        f"({exc.code().name})", pid) from None
+                        f"({exc.code().name})", pid,
+                        "shard-timeout" if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+                        else "shard-down") from None
                 raise from_grpc(exc) or QStateError(exc.details() or "shard error") from None
             if r.status == pb.RESTORING:
-                raise self._unavailable(f"partition {pid} is being restored on {address}", pid)
+                raise self._unavailable(f"partition {pid} is being restored on {address}", pid,
+                                        "restoring")
             if r.status != pb.NOT_OWNED:
                 return Hit(r.status == pb.FOUND, r.batch, r.watermark_ms, _windows(r))
             await self.routing.refresh(force=True)
-        raise self._unavailable(f"partition {pid} is moving between shard servers", pid)
+        raise self._unavailable(f"partition {pid} is moving between shard servers", pid,
+                                "moving")
