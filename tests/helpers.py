@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+
+from prometheus_client.samples import Sample
 
 from proto import shard_pb2 as pb
 from service.core.address import partition_of
@@ -96,17 +99,42 @@ def latest_only(windows: Windows) -> Windows:
     return {(k, s): v for (k, s), v in windows.items() if best[k] == s}
 
 
-def metric(url: str, name: str, **labels: str) -> float:
-    """The value of one sample on ``url``/metrics (0 when absent)."""
+@dataclass(frozen=True)
+class Scrape:
+    """Every sample of one scrape of a /metrics page."""
+
+    samples: list[Sample]
+
+    def matching(self, name: str, **labels: str) -> list[Sample]:
+        return [s for s in self.samples
+                if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())]
+
+    def value(self, name: str, **labels: str) -> float:
+        """The first sample ``name`` with ``labels`` (among others), 0 when there is none."""
+        found = self.matching(name, **labels)
+        return float(found[0].value) if found else 0.0
+
+    def by(self, name: str, *keys: str) -> dict[tuple[str, ...], float]:
+        """Samples ``name`` summed by the values of their labels ``keys``."""
+        out: dict[tuple[str, ...], float] = {}
+        for s in self.matching(name):
+            k = tuple(s.labels.get(key, "") for key in keys)
+            out[k] = out.get(k, 0.0) + float(s.value)
+        return out
+
+
+def scrape(url: str) -> Scrape:
+    """``url``/metrics, parsed."""
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
     text = httpx.get(f"{url}/metrics", timeout=10).text
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                return float(s.value)
-    return 0.0
+    return Scrape([s for f in text_string_to_metric_families(text) for s in f.samples])
+
+
+def metric(url: str, name: str, **labels: str) -> float:
+    """The value of one sample on ``url``/metrics (0 when absent)."""
+    return scrape(url).value(name, **labels)
 
 
 def wait_until(pred: Callable[[], object], timeout: float, what: str) -> object:
