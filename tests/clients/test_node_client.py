@@ -1,7 +1,8 @@
 """The Node example client (clients/node/query.mjs) against a real router over gRPC.
 
 Its answers must equal both the Python stub's answers for the same requests and the values
-written into the delta files. Needs node and npm; node_modules come from the project's own
+written into the delta files, through a router reading shards in-process and one reading
+them over gRPC (local reads on and off; the router's metric says which path served). Needs node and npm; node_modules come from the project's own
 package-lock.json (`npm ci`) when missing or out of date.
 """
 
@@ -76,9 +77,14 @@ def node() -> str:
 
 
 @pytest.fixture(params=ROUTES)
-def cluster(request: pytest.FixtureRequest, shop: Shop) -> Any:
+def route(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def cluster(route: str, shop: Shop) -> Any:
     """A router of the shop deployment, reading shards in-process or over gRPC."""
-    return shop.routers[request.param]
+    return shop.routers[route]
 
 
 @pytest.fixture
@@ -112,10 +118,11 @@ def as_dict(msg) -> dict[str, Any]:
 
 @pytest.mark.parametrize("key", ["page-0", "page-7", "ünï/cødé key", "a" * 1024, BIG])
 @pytest.mark.parametrize("state", ["views", "avg_ms"])
-def test_get_latest_window(node, cluster, stub, state: str, key: str) -> None:
-    got = node_json(node, cluster.grpc_address, "get", "shop", "views_1m", state, key)
-    py = as_dict(stub.Get(qpb.GetRequest(job="shop", operator="views_1m", state=state,
-                                         key=key), timeout=5))
+def test_get_latest_window(node, shop, route, cluster, stub, state: str, key: str) -> None:
+    with shop.served_by(route, 2):  # the router's read path, for both clients
+        got = node_json(node, cluster.grpc_address, "get", "shop", "views_1m", state, key)
+        py = as_dict(stub.Get(qpb.GetRequest(job="shop", operator="views_1m", state=state,
+                                             key=key), timeout=5))
     assert got == py == truth_value(state, key)
 
 
@@ -136,11 +143,14 @@ def test_get_range_and_exact_int64(node, cluster, stub) -> None:
     assert int(big["windows"][0]["int_value"]) == 2**62 + 2 * (BATCHES - 1) + 1
 
 
-def test_multiget_matches_stub_and_truth_and_marks_misses(node, cluster, stub) -> None:
+def test_multiget_matches_stub_and_truth_and_marks_misses(node, shop, route, cluster,
+                                                          stub) -> None:
     keys = [*KEYS[:40], "a" * 1024, BIG, "nope"]  # "nope" was never written
-    got = node_json(node, cluster.grpc_address, "multiget", "shop", "views_1m", "views", *keys)
-    py = as_dict(stub.MultiGet(qpb.MultiGetRequest(job="shop", operator="views_1m",
-                                                   state="views", keys=keys), timeout=5))
+    with shop.served_by(route, 2 * len(keys)):
+        got = node_json(node, cluster.grpc_address, "multiget", "shop", "views_1m", "views",
+                        *keys)
+        py = as_dict(stub.MultiGet(qpb.MultiGetRequest(job="shop", operator="views_1m",
+                                                       state="views", keys=keys), timeout=5))
     assert got == py == {"results": [truth_value("views", k) for k in keys]}
     assert got["results"][-1]["found"] is False
 

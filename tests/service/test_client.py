@@ -1,4 +1,6 @@
-"""The Python client, sync and async, against the shop deployment's routers."""
+"""The Python client, sync and async, against the shop deployment's routers: the one that
+reads shards in-process and the one that reads them over gRPC (the router's metric says
+which path served)."""
 
 from __future__ import annotations
 
@@ -9,13 +11,19 @@ import pytest
 from service.client import AsyncClient, Client
 from service.core.answer import JobInfo, StateAnswer
 from service.core.errors import InvalidAddress, NotFound, Unavailable, UnknownOperator
-from tests.shop import BATCHES, KEYS, WINDOW, Shop, avg_ms, views, window
+from tests.shop import BATCHES, KEYS, ROUTES, WINDOW, Shop, avg_ms, views, window
 
 LAST = BATCHES - 1
 
 
-def test_sync_client_answers_and_errors(shop: Shop) -> None:
-    with Client(shop.routers["grpc"].url) as c:
+@pytest.fixture(params=ROUTES)
+def route(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def test_sync_client_answers_and_errors(shop: Shop, route: str) -> None:
+    # three keys read: KEYS[5] twice, never-written once
+    with shop.served_by(route, 3), Client(shop.routers[route].url) as c:
         v = c.get("shop", "views_1m", "views", KEYS[5])
         assert v.latest is not None and (v.latest.start, v.latest.value) == (
             window(LAST)[0], views(KEYS[5], LAST))
@@ -32,8 +40,8 @@ def test_sync_client_answers_and_errors(shop: Shop) -> None:
             c.get("shop", "views_1m", "views", "k" * 1025)
 
 
-def test_async_client_matches_sync(shop: Shop) -> None:
-    url = shop.routers["local"].url
+def test_async_client_matches_sync(shop: Shop, route: str) -> None:
+    url = shop.routers[route].url
 
     async def go() -> tuple[list[StateAnswer], list[StateAnswer], JobInfo]:
         async with AsyncClient(url) as c:
@@ -43,7 +51,8 @@ def test_async_client_matches_sync(shop: Shop) -> None:
             info = await c.describe("shop")
             return list(ones), many, info
 
-    ones, many, info = asyncio.run(go())
+    with shop.served_by(route, 20 + 21):
+        ones, many, info = asyncio.run(go())
     with Client(url) as c:
         assert ones == [c.get("shop", "views_1m", "views", k) for k in KEYS[:20]]
         assert many == c.multi_get("shop", "views_1m", "views", [*KEYS[:20], "nope"])
@@ -52,10 +61,10 @@ def test_async_client_matches_sync(shop: Shop) -> None:
     assert info.operators[0].partitions_available == info.operators[0].partitions
 
 
-def test_async_client_retries_a_503_then_raises(shop: Shop) -> None:
+def test_async_client_retries_a_503_then_raises(shop: Shop, route: str) -> None:
     with shop.shard_down(shop.shards[0]) as key:
         async def ask() -> None:
-            async with AsyncClient(shop.routers["grpc"].url, retries=2, backoff_s=0.01) as c:
+            async with AsyncClient(shop.routers[route].url, retries=2, backoff_s=0.01) as c:
                 await c.get("shop", "views_1m", "views", key)
 
         loop_started = asyncio.run(_timed(ask))
