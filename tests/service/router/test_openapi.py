@@ -10,7 +10,7 @@ import httpx
 import jsonschema
 import pytest
 
-from tests.shop import KEYS, Shop
+from tests.shop import KEYS, ROUTES, Shop
 
 STATE = "/v1/state/{job}/{operator}/{state}/{key}"
 BATCH = "/v1/state/{job}/{operator}/{state}:batchGet"
@@ -47,8 +47,10 @@ def test_no_422_is_documented(doc: dict[str, Any]) -> None:
             assert "422" not in op["responses"]
 
 
-def test_every_answer_matches_its_documented_schema(shop: Shop, doc: dict[str, Any]) -> None:
-    url = shop.routers["grpc"].url
+@pytest.mark.parametrize("route", ROUTES)  # local reads on and off
+def test_every_answer_matches_its_documented_schema(shop: Shop, doc: dict[str, Any],
+                                                    route: str) -> None:
+    url = shop.routers[route].url
     state = f"{url}/v1/state/shop/views_1m/views"
     with httpx.Client(timeout=10) as c:
         for r in (c.get(f"{state}/{KEYS[0]}"),  # 200
@@ -70,10 +72,11 @@ def test_every_answer_matches_its_documented_schema(shop: Shop, doc: dict[str, A
 
 def test_503_matches_its_documented_schema_and_header(shop: Shop, doc: dict[str, Any]) -> None:
     with shop.shard_down(shop.shards[1]) as key:
-        url = f"{shop.routers['grpc'].url}/v1/state/shop/views_1m/views"
-        r = httpx.get(f"{url}/{key}", timeout=10)
-        assert r.status_code == 503
-        check(doc, STATE, "get", r)
-        b = httpx.post(f"{url}:batchGet", json={"keys": [key]}, timeout=10)
-        assert b.status_code == 503
-        check(doc, BATCH, "post", b)
+        for router in shop.routers.values():  # local reads on and off
+            url = f"{router.url}/v1/state/shop/views_1m/views"
+            r = httpx.get(f"{url}/{key}", timeout=10)
+            assert r.status_code == 503
+            check(doc, STATE, "get", r)
+            b = httpx.post(f"{url}:batchGet", json={"keys": [key]}, timeout=10)
+            assert b.status_code == 503
+            check(doc, BATCH, "post", b)

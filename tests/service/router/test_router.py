@@ -82,8 +82,8 @@ def test_http_errors_say_what_is_wrong(shop: Shop, route: str, path: str, status
         assert (r.json()["batch"], r.json()["watermark"]) == (LAST, LAST * WINDOW)
 
 
-def test_batch_get_limits(shop: Shop) -> None:
-    url = f"{shop.routers['local'].url}/v1/state/shop/views_1m/views:batchGet"
+def test_batch_get_limits(shop: Shop, route: str) -> None:
+    url = f"{shop.routers[route].url}/v1/state/shop/views_1m/views:batchGet"
     too_many = httpx.post(url, json={"keys": ["k"] * 1001})
     assert too_many.status_code == 400 and "at most 1000" in too_many.json()["message"]
     missing = httpx.post(url, json={"nokeys": 1})
