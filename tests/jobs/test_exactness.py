@@ -8,12 +8,16 @@ over the same topic and asserts both modes give the same answer for every window
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from pathlib import Path
 
+import httpx
 import pandas as pd
+import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from jobs import metrics
 from jobs.examples.workloads import (
     Ads,
     Tweets,
@@ -25,7 +29,14 @@ from jobs.job import JobContext
 from jobs.runner import start_job
 from loadtest.truth import ads_campaign_views, load_events, window_counts
 from service.embedded.generate import produce
-from tests.helpers import Windows, grpc_windows, http_windows, latest_only, read_all_windows
+from tests.helpers import (
+    Windows,
+    grpc_windows,
+    http_windows,
+    latest_only,
+    read_all_windows,
+    scrape,
+)
 
 P = 16
 HOUR = 3_600_000
@@ -44,6 +55,48 @@ def assert_router_answers(router, job: str, operator: str, state: str, keys: lis
     latest = latest_only(want)
     assert http_windows(router.url, job, operator, state, keys, latest=True) == latest
     assert grpc_windows(router.grpc_address, job, operator, state, keys, latest=True) == latest
+
+
+@pytest.fixture(scope="module")
+def job_metrics() -> str:
+    """The /metrics page of this process, where the jobs these tests start run (as
+    ``qstate job`` serves it)."""
+    return f"http://127.0.0.1:{metrics.serve(0, '127.0.0.1')}"
+
+
+def assert_job_metrics(url: str, router, job: str, topic: str, produced: int,
+                       dead: Counter[str]) -> None:
+    """The job's /metrics after its run, against what the run did: one count per batch,
+    every record read once, the dead letters by reason, the watermark and last batch the
+    shards serve (the router says), fresh, nothing behind, no partition moved, no key."""
+    m = scrape(url)
+    ops = {o["name"]: o for o in httpx.get(f"{router.url}/v1/jobs/{job}", timeout=10)
+           .json()["operators"]}
+    assert set(ops) == {"per_tweet_1h", "per_tweet_1m"}
+    last = {op: m.value("qstate_job_last_batch", job=job, operator=op) for op in ops}
+    assert last == {op: o["last_batch"] for op, o in ops.items()}
+    batches = m.value("qstate_job_batches_total", job=job)
+    assert batches == max(last.values()) + 1  # every batch id counted once: none re-ran
+    assert m.value("qstate_job_events_total", job=job) == produced
+    assert {(s.labels["topic"], s.labels["reason"]): s.value
+            for s in m.matching("qstate_job_dead_lettered_total", job=job)} == {
+        (topic, reason): n for reason, n in dead.items()}
+    now = time.time()
+    for op, o in ops.items():
+        labels = {"job": job, "operator": op}
+        assert m.value("qstate_job_watermark_ms", **labels) == o["watermark"]
+        behind = m.value("qstate_job_freshness_seconds", **labels, kind="watermark")
+        assert now - o["watermark"] / 1000 - 60 <= behind <= now - o["watermark"] / 1000
+        assert 0 <= m.value("qstate_job_freshness_seconds", **labels, kind="commit") < 3600
+        assert m.value("qstate_job_stage_seconds_count", **labels, stage="commit") == batches
+    assert m.value("qstate_job_batch_seconds_count", job=job) == batches
+    assert m.value("qstate_job_lag_events", job=job, topic=topic) == 0
+    assert m.matching("qstate_job_lag_events", job=job, topic=topic)  # present, not absent
+    assert m.value("qstate_job_reassignments_total", job=job) == 0
+    assert m.value("qstate_job_assignment_epoch", job=job) >= 1
+    for sample in m.samples:
+        if sample.name.startswith("qstate_"):
+            assert not any(v.startswith("tw-") for v in sample.labels.values()), sample
 
 
 def dead_letters(bootstrap: str, topic: str) -> list[tuple[bytes | None, bytes | None, dict]]:
@@ -99,7 +152,8 @@ def drain(spark, cfg: JobContext, job: str = "tweets") -> Counter[str]:
 
 
 def test_tweets_exact_with_out_of_order_late_and_bad_events(
-        spark, broker, topic, tmp_path: Path, storage_uri, shards, router) -> None:
+        spark, broker, topic, tmp_path: Path, storage_uri, shards, router,
+        job_metrics: str) -> None:
     log = tmp_path / "events.jsonl"
     wl = Tweets(keys=1500, seed=1)
     job_name = f"tw{topic[-6:]}"
@@ -175,6 +229,10 @@ def test_tweets_exact_with_out_of_order_late_and_bad_events(
     assert_router_answers(router, job_name, "per_tweet_1m", "impressions", keys, minute)
     assert_router_answers(router, job_name, "per_tweet_1h", "impressions", keys,
                           as_map(impressions, "tweet_id"))
+    # what the job's /metrics says it did: every record produced read once (the good, the
+    # late and the bad ones), the dead letters by the reasons the reports give
+    assert_job_metrics(job_metrics, router, job_name, topic,
+                       len(events) + len(late) + len(BAD), dead)
 
 
 def test_ads_exact_across_a_stop_and_restart(spark, broker, topic, tmp_path: Path,
