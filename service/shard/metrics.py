@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from service.shard.held import Held
 
 __all__ = ["APPLIED_ROWS", "APPLY_SECONDS", "CAUGHT_UP", "COMMITS", "COMMIT_SECONDS", "HELD",
-           "LAST_BATCH", "LAST_SKIPPED", "LOOKUPS", "LOOKUP_SECONDS", "STATES", "STATE_WRITES",
+           "LAST_SKIPPED", "LOOKUPS", "LOOKUP_SECONDS", "STATES", "STATE_WRITES",
            "HeldCollector"]
 
 COMMITS = Counter("qstate_shard_commits_total", "Partition commits", ["job", "operator", "result"])
@@ -46,8 +46,6 @@ CAUGHT_UP = Counter("qstate_shard_caught_up_batches_total",
 LOOKUPS = Counter("qstate_shard_lookup_keys_total", "Keys looked up", ["status"])
 LOOKUP_SECONDS = Histogram("qstate_shard_lookup_seconds", "Time per MultiGet call",
                            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05))
-LAST_BATCH = Gauge("qstate_shard_last_batch", "Last batch committed on this server",
-                   ["job", "operator"])
 # with qstate_shard_commits_total{result="skipped"} (how many partitions): which batch a
 # restarted driver re-ran (or a committer re-sent) that this server already had
 LAST_SKIPPED = Gauge("qstate_shard_last_skipped_batch",
@@ -96,8 +94,9 @@ class HeldCollector(Collector):
     """``qstate_shard_partitions{job,operator,state}``: partitions held and serving reads,
     held and restoring (reads answer RESTORING), and retired (moved away; the folder is
     still on this disk); ``qstate_shard_rocksdb_bytes{job,operator}``: SST and WAL bytes of
-    the held partitions; ``qstate_shard_watermark_ms{job,operator}``: the lowest watermark
-    of the serving ones. The folder scan runs at most every ``disk_every_s``."""
+    the held partitions; ``qstate_shard_last_batch`` and ``qstate_shard_watermark_ms``
+    ``{job,operator}``: the lowest last batch and watermark of the serving ones (after a
+    restart too, before any commit). The folder scan runs at most every ``disk_every_s``."""
 
     def __init__(self, disk_every_s: float = 10.0) -> None:
         self.disk_every_s = disk_every_s
@@ -111,7 +110,7 @@ class HeldCollector(Collector):
         self._server_dir, self._held = server_dir, held
         self._disk_at = float("-inf")
 
-    def _families(self) -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
+    def _families(self) -> tuple[GaugeMetricFamily, ...]:
         return (
             GaugeMetricFamily("qstate_shard_partitions",
                               "Partitions on this server by state: serving, restoring (held, "
@@ -120,6 +119,9 @@ class HeldCollector(Collector):
             GaugeMetricFamily("qstate_shard_rocksdb_bytes",
                               "SST and WAL bytes on disk of the partitions held (refreshed at "
                               "most every 10 s)", labels=["job", "operator"]),
+            GaugeMetricFamily("qstate_shard_last_batch",
+                              "Lowest last batch of the serving partitions held",
+                              labels=["job", "operator"]),
             GaugeMetricFamily("qstate_shard_watermark_ms",
                               "Lowest watermark of the serving partitions held, epoch ms",
                               labels=["job", "operator"]),
@@ -137,22 +139,23 @@ class HeldCollector(Collector):
         return self._disk
 
     def collect(self) -> Iterator[Metric]:
-        parts, size, marks = self._families()
+        families = parts, size, batches, marks = self._families()
         if self._held is None:
-            return iter((parts, size, marks))
+            return iter(families)
         held = self._held()
         disk = self._scan()
         counts: dict[tuple[str, str], dict[str, int]] = {}
         nbytes: dict[tuple[str, str], int] = {}
-        low: dict[tuple[str, str], int] = {}
+        low: dict[tuple[str, str], tuple[int, int]] = {}  # lowest (batch, watermark)
         for pid, h in held.items():
             op = (pid.job, pid.operator)
             state = "serving" if h.ready.is_set() else "restoring"
             counts.setdefault(op, dict.fromkeys(STATES, 0))[state] += 1
             nbytes[op] = nbytes.get(op, 0) + disk.get((pid.job, pid.operator, pid.partition), 0)
             if state == "serving":
-                wm = h.store.meta.watermark_ms
-                low[op] = min(low.get(op, wm), wm)
+                meta = h.store.meta
+                b, wm = low.get(op, (meta.last_batch, meta.watermark_ms))
+                low[op] = (min(b, meta.last_batch), min(wm, meta.watermark_ms))
         mine = {(p.job, p.operator, p.partition) for p in held}
         for job, operator, p in disk:
             if (job, operator, p) not in mine:
@@ -162,9 +165,10 @@ class HeldCollector(Collector):
                 parts.add_metric([job, operator, state], n)
         for (job, operator), n in sorted(nbytes.items()):
             size.add_metric([job, operator], n)
-        for (job, operator), wm in sorted(low.items()):
+        for (job, operator), (b, wm) in sorted(low.items()):
+            batches.add_metric([job, operator], b)
             marks.add_metric([job, operator], wm)
-        return iter((parts, size, marks))
+        return iter(families)
 
 
 HELD = HeldCollector()

@@ -88,7 +88,6 @@ class ShardService(pb_grpc.ShardServicer):
         metrics.COMMITS.labels(*labels, "skipped").inc(len(res.skipped))
         if res.skipped:
             metrics.LAST_SKIPPED.labels(*labels).set(request.batch)
-        metrics.LAST_BATCH.labels(*labels).set(request.batch)
         return pb.CommitReply(applied=res.applied, skipped=res.skipped,
                               caught_up_batches=res.caught_up)
 

@@ -210,6 +210,7 @@ def test_a_restarted_shard_reports_its_partitions_before_any_commit(
                                                  "retired": 0}, 30, "partitions serving")
     m = scrape(url)
     assert m.value("qstate_shard_commits_total", **OP, result="applied") == 0
+    assert m.value("qstate_shard_last_batch", **OP) == LAST
     assert m.value("qstate_shard_watermark_ms", **OP) == LAST * WINDOW
     # reopening may flush the WAL into a table file: wait for the next folder scan
     wait_until(lambda: scrape(url).value("qstate_shard_rocksdb_bytes", **OP)
