@@ -2,8 +2,9 @@
 
 Its answers must equal both the Python stub's answers for the same requests and the values
 written into the delta files, through a router reading shards in-process and one reading
-them over gRPC (local reads on and off; the router's metric says which path served). Needs node and npm; node_modules come from the project's own
-package-lock.json (`npm ci`) when missing or out of date.
+them over gRPC (local reads on and off; the router's metric says which path served).
+Needs node and npm; node_modules come from the project's own package-lock.json (`npm ci`)
+when missing or out of date.
 """
 
 from __future__ import annotations
