@@ -18,15 +18,20 @@ from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from service.core.errors import InvalidAddress, QStateError
+
 if TYPE_CHECKING:
     from service.core.address import PartitionId
     from service.shard.held import Held
 
 __all__ = ["APPLIED_ROWS", "APPLY_SECONDS", "CAUGHT_UP", "COMMITS", "COMMIT_SECONDS", "HELD",
            "LAST_SKIPPED", "LOOKUPS", "LOOKUP_SECONDS", "STATES", "STATE_WRITES",
-           "HeldCollector"]
+           "HeldCollector", "refused_commit"]
 
-COMMITS = Counter("qstate_shard_commits_total", "Partition commits", ["job", "operator", "result"])
+COMMITS = Counter("qstate_shard_commits_total",
+                  "Partition commits by result: applied, skipped (this server already had the "
+                  "batch), or the error class that refused the Commit (StaleEpoch, NotOwner, "
+                  "Unavailable, DeltaMismatch, ...)", ["job", "operator", "result"])
 COMMIT_SECONDS = Histogram(
     "qstate_shard_commit_seconds", "Time to apply one batch on this server", ["job", "operator"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
@@ -51,6 +56,16 @@ LOOKUP_SECONDS = Histogram("qstate_shard_lookup_seconds", "Time per MultiGet cal
 LAST_SKIPPED = Gauge("qstate_shard_last_skipped_batch",
                      "Newest batch a Commit found already applied on some of its partitions "
                      "(a re-run or re-sent batch)", ["job", "operator"])
+
+
+
+def refused_commit(job: str, operator: str, exc: QStateError, partitions: int) -> None:
+    """A Commit refused with ``exc``: counted under its class (a fixed set, the error tree)
+    for each partition it asked for. Names that failed validation are no label."""
+    if isinstance(exc, InvalidAddress):
+        job = operator = ""
+    COMMITS.labels(job, operator, type(exc).__name__).inc(max(1, partitions))
+
 
 STATES = ("serving", "restoring", "retired")
 # RocksDB's table files and write-ahead logs: the data, not its info logs or manifests

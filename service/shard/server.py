@@ -77,6 +77,7 @@ class ShardService(pb_grpc.ShardServicer):
                 self.partitions.commit, request.job, request.operator, request.batch,
                 request.watermark_ms, request.epoch, parts)
         except QStateError as exc:
+            metrics.refused_commit(request.job, request.operator, exc, len(request.partitions))
             await _abort(context, exc)
         faults.hit("shard.after-write", request.batch, request.operator)
         if faults.at("shard.after-ack", request.batch, request.operator):

@@ -20,6 +20,8 @@ import pytest
 from jobs.coordinator import Coordinator
 from proto import qstate_pb2 as qpb
 from proto import qstate_pb2_grpc as qpb_grpc
+from proto import shard_pb2 as spb
+from proto import shard_pb2_grpc as spb_grpc
 from service.core.address import PartitionId, partition_of
 from service.core.assignment import list_servers
 from service.core.operator import OperatorSpec, WindowSpec, save_spec
@@ -166,6 +168,23 @@ def test_router_counts_requests_by_route_template_status_and_read_path(
     assert looked_up == ({} if route == "local" else {"FOUND": len(found) + len(batch),
                                                       "ABSENT": 2})
     no_key_in_labels(after)
+
+
+def test_a_refused_commit_is_counted_by_its_error(deployment: tuple[Shop, Path]) -> None:
+    shop, _ = deployment
+    shard = shop.shards[0]
+    mine = owned(shop, shard)[:2]
+    req = spb.CommitRequest(job=SPEC.job, operator=SPEC.operator, batch=BATCHES,
+                            watermark_ms=BATCHES * WINDOW, epoch=0)  # a stale writer
+    for p in mine:
+        req.partitions.add(partition=p, has_delta=False)
+    with grpc.insecure_channel(shard.address) as ch, pytest.raises(grpc.RpcError) as err:
+        spb_grpc.ShardStub(ch).Commit(req, timeout=10)
+    assert err.value.code() == grpc.StatusCode.ABORTED
+    m = scrape(shop.metrics_url(shard))
+    assert m.by("qstate_shard_commits_total", "result") == {
+        ("applied",): BATCHES * len(owned(shop, shard)), ("skipped",): 0,
+        ("StaleEpoch",): len(mine)}
 
 
 def unavailable(url: str) -> dict[str, float]:
