@@ -122,7 +122,8 @@ class DemoRun:
         env = {**os.environ, "QSTATE_HOME": str(self.home / "home"),
                "QSTATE_KAFKA_BOOTSTRAP": self.bootstrap, "QSTATE_HTTP_PORT": str(self.http),
                "QSTATE_GRPC_PORT": str(self.grpc), "QSTATE_SHARD_PORT": str(self.shard),
-               "QSTATE_JOB_METRICS_PORT": str(self.job_metrics)}
+               "QSTATE_JOB_METRICS_PORT": str(self.job_metrics),
+               "QSTATE_SHARD_METRICS_PORT": "0"}  # any free ones: beside another qstate run
         with open(self.log_path, "wb") as out:
             self.proc = subprocess.Popen([sys.executable, "-m", "service", "run", *self.args],
                                          cwd=ROOT, env=env, stdout=out,

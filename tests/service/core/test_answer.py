@@ -18,6 +18,8 @@ from service.core.answer import (
     JobSummary,
     OperatorInfo,
     PartitionStatus,
+    Point,
+    Series,
     ShardStatus,
     StateAnswer,
     StateInfo,
@@ -51,13 +53,23 @@ VALID: dict[type[BaseModel], dict[str, Any]] = {
     PartitionStatus: PARTITION,
     ShardStatus: SHARD,
     ClusterInfo: {"now": 3500, "shards": [SHARD], "unassigned": []},
+    Point: {"time": 1767225600000, "value": 17},
 }
+ROOTS: dict[type[BaseModel], list[Any]] = {Series: [{"time": 0, "value": 1}]}  # JSON arrays
 FAST = settings(max_examples=25, deadline=None)
 
 
 def test_every_model_is_covered() -> None:
     exported = {getattr(answer, n) for n in answer.__all__}
-    assert {m for m in exported if isinstance(m, type) and issubclass(m, BaseModel)} == set(VALID)
+    assert {m for m in exported if isinstance(m, type) and issubclass(m, BaseModel)} == \
+        set(VALID) | set(ROOTS)
+
+
+@pytest.mark.parametrize("model", list(ROOTS))
+def test_array_answers_forbid_extra_fields_in_items(model: type[BaseModel]) -> None:
+    model.model_validate(ROOTS[model])
+    with pytest.raises(ValidationError, match="extra"):
+        model.model_validate([{**ROOTS[model][0], "surprise": 1}])
 
 
 @pytest.mark.parametrize("model", list(VALID))
