@@ -23,7 +23,7 @@ from jobs.sink import serve
 from jobs.sinks import QStateSink, Reports
 from service.core.config import settings
 from service.core.errors import InvalidRequest
-from service.core.kafka import ensure_topic
+from service.core.kafka import EndOffsets, ensure_topic
 
 __all__ = ["EXAMPLES", "MERGED", "Builder", "RunningJob", "load_builder", "start_job"]
 
@@ -57,6 +57,7 @@ class RunningJob:
     queries: dict[str, StreamingQuery]
     reports: dict[str, Reports]
     sinks: list[QStateSink] = field(default_factory=list)
+    end_offsets: Callable[[str], dict[str, int] | None] | None = None  # a topic's, on the broker
 
     @property
     def name(self) -> str:
@@ -70,6 +71,8 @@ class RunningJob:
             for sink in self.sinks:
                 sink.flush()  # the last batch's commits, under way when the query stopped
         finally:
+            if isinstance(self.end_offsets, EndOffsets):
+                self.end_offsets.close()
             release(self.context.storage, self.name)
 
     def process_all_available(self) -> None:
@@ -80,18 +83,21 @@ class RunningJob:
             sink.flush()
 
     def behind(self) -> dict[str, int]:
-        """Events in the job's topics that its queries have not read yet, per topic, from
-        Spark's last progress (the source's latest offsets minus the batch's end offsets);
-        also set as ``qstate_job_lag_events``."""
+        """Events in the job's topics that its queries have not read yet, per topic: the
+        topic's end offsets on the broker now minus where the last batch ended (Spark's
+        progress); also set as ``qstate_job_lag_events``. Spark's own ``latestOffset`` is
+        only what the last batch was planned with, so a stalled job would look caught up by
+        it; it stands in only while the broker does not answer."""
         out: dict[str, int] = {}
         for q in self.queries.values():
             progress = q.lastProgress
             for source in progress.sources if progress is not None else []:
                 latest, end = _offsets(source.latestOffset), _offsets(source.endOffset)
-                for topic, parts in latest.items():
-                    done = end.get(topic, {})
+                for topic, done in end.items():
+                    now = (self.end_offsets(topic) if self.end_offsets else None) or \
+                        latest.get(topic, {})
                     out[topic] = max(out.get(topic, 0), sum(
-                        max(0, off - done.get(p, off)) for p, off in parts.items()))
+                        max(0, now.get(p, off) - off) for p, off in done.items()))
         for topic, n in out.items():
             metrics.LAG.labels(self.name, topic).set(n)
         return out
@@ -140,4 +146,4 @@ def start_job(spark: SparkSession, builder: str | Builder, ctx: JobContext) -> R
             checkpoint=str(ctx.checkpoint / op.name), storage=ctx.storage, shards=ctx.shards,
             retention_ms=retention, trigger_interval=ctx.trigger_interval,
             reports=reports[op.name])
-    return RunningJob(job, ctx, queries, reports, sinks)
+    return RunningJob(job, ctx, queries, reports, sinks, EndOffsets(ctx.bootstrap))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from confluent_kafka import KafkaException
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 __all__ = ["ensure_topic"]
@@ -21,3 +21,30 @@ def ensure_topic(bootstrap: str, topic: str, partitions: int = 4, timeout: float
         except KafkaException as exc:  # created concurrently by someone else is fine
             if "TOPIC_ALREADY_EXISTS" not in str(exc):
                 raise
+
+
+class EndOffsets:
+    """A topic's end offsets on the broker now (partition, as Spark names it: "0" -> offset);
+    one consumer, made on first use, that never joins a group. None when the broker does not
+    answer in ``timeout`` (a status line must not hang on it)."""
+
+    def __init__(self, bootstrap: str, timeout: float = 2.0) -> None:
+        self.bootstrap, self.timeout = bootstrap, timeout
+        self._consumer: Consumer | None = None
+
+    def __call__(self, topic: str) -> dict[str, int] | None:
+        try:
+            if self._consumer is None:
+                self._consumer = Consumer({"bootstrap.servers": self.bootstrap,
+                                           "group.id": "qstate-end-offsets",
+                                           "enable.auto.commit": False})
+            md = self._consumer.list_topics(topic, timeout=self.timeout).topics[topic]
+            return {str(p): self._consumer.get_watermark_offsets(
+                TopicPartition(topic, p), timeout=self.timeout)[1] for p in md.partitions}
+        except (KafkaException, KeyError):
+            return None
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None

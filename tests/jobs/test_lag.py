@@ -39,6 +39,20 @@ def test_a_partition_not_read_yet_counts_nothing_and_queries_of_one_topic_take_t
     assert job.behind() == {"t": 8}
 
 
+def test_the_broker_s_end_offsets_count_so_a_stalled_job_falls_behind() -> None:
+    # the last batch planned with latest = end: Spark's progress alone says 0 behind
+    q = _query({"t": {"0": 10, "1": 5}}, {"t": {"0": 10, "1": 5}})
+    job = _job(q)
+    assert job.behind() == {"t": 0}
+    ends = {"0": 10, "1": 5}
+    job.end_offsets = lambda topic: dict(ends) if topic == "t" else None
+    for produced in (100, 200):  # no new batch while events keep coming
+        ends["0"] = 10 + produced
+        assert job.behind() == {"t": produced}
+    job.end_offsets = lambda topic: None  # broker not answering: Spark's latest stands in
+    assert job.behind() == {"t": 0}
+
+
 def test_no_progress_yet_is_nothing_behind_known() -> None:
     assert _job(SimpleNamespace(lastProgress=None)).behind() == {}
     # what Spark reports before its source has seen the topic
