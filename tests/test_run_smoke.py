@@ -45,7 +45,7 @@ def closed(url: str, job: str, operator: str) -> int:
 
 def final_windows(served: dict[tuple[str, int], int | float], expected, key: str,
                   size_ms: int, watermark: int) -> tuple[dict, dict]:
-    want = {(r[key], int(r.start)): int(r.count) for r in expected.itertuples()
+    want = {(getattr(r, key), int(r.start)): int(r.count) for r in expected.itertuples()
             if r.end <= watermark}
     got = {k: v for k, v in served.items() if k[1] + size_ms <= watermark}
     return got, want
