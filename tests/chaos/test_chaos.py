@@ -113,7 +113,7 @@ def test_driver_killed_at_a_step_of_batch_n_and_restarted(world, point: str) -> 
         n = seen["n"]
         wait_until(lambda: len(b := d.last_batches(OP)) == P and min(b.values()) > n, 300,
                    f"every partition of {OP} past batch {n}")
-        assert newest(d.checkpoint / "commits") > n  # Spark ran N again, and committed it
+        assert newest(d.checkpoint / "commits") >= n  # Spark ran N again, and committed it
         after = counters(d)
         skipped = sum(a[0] - b[0] for a, b in zip(after, seen["before"], strict=True))
         caught_up = sum(a[1] - b[1] for a, b in zip(after, seen["before"], strict=True))
