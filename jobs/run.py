@@ -122,4 +122,8 @@ def _alive(job: RunningJob) -> bool:
         console.print(f"[red]job {job.name} failed[/red]: {exc}\n"
                       f"the other jobs keep running; restart this one from its checkpoint")
         JOB_UP.labels(job.name).set(0)
+        try:  # all of it: its other queries, its coordinator (no writer left behind), sinks
+            job.stop()
+        except Exception:
+            log.exception("stopping the failed job %s", job.name)
         return False

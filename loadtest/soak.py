@@ -41,6 +41,7 @@ import typer
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
+from service.core.config import DEFAULTS
 from service.embedded.ports import free_port
 
 __all__ = ["MARKER_EVENTS", "DemoRun", "Sample", "Soak", "Summary", "write_results"]
@@ -279,11 +280,13 @@ class Soak:
         """operator -> key -> latest count of each marker key (0 when absent)."""
         out: dict[str, dict[str, int]] = {}
         for op in OPERATORS["tweets"]:
-            r = self.http.post(f"/v1/state/tweets/{op}/impressions:batchGet",
-                               json={"keys": keys})
-            r.raise_for_status()
-            out[op] = {i["key"]: (i["windows"][0]["value"] if i.get("windows") else 0)
-                       for i in r.json()["results"]}
+            out[op] = {}
+            for i in range(0, len(keys), DEFAULTS.max_batch_keys):
+                r = self.http.post(f"/v1/state/tweets/{op}/impressions:batchGet",
+                                   json={"keys": keys[i:i + DEFAULTS.max_batch_keys]})
+                r.raise_for_status()
+                out[op].update({a["key"]: (a["windows"][0]["value"] if a.get("windows") else 0)
+                                for a in r.json()["results"]})
         return out
 
     def produce_marker(self) -> str:

@@ -19,12 +19,11 @@ import pyarrow as pa
 from jobs.coordinator import Coordinator
 from service.core import delta as deltas
 from service.core.address import PartitionId, partition_of
-from service.core.assignment import list_servers
 from service.core.operator import OperatorSpec, WindowSpec, save_spec
 from service.core.shard_client import ShardClients
 from service.core.storage import Storage
 from service.embedded.procs import RouterProcess, ShardProcess
-from tests.helpers import metric, wait_until
+from tests.helpers import metric, shard_metrics_url, wait_until
 
 P = 8
 WINDOW = 60_000
@@ -80,9 +79,9 @@ class Shop:
             p: n for p, n in before.items() if p != mine}, (route, before, after)
 
     def metrics_url(self, shard: ShardProcess) -> str:
-        """Where the shard serves /metrics (it registers the address in storage)."""
-        info = next(i for i in list_servers(self.storage) if i.address == shard.address)
-        return f"http://{info.metrics}"
+        """Where this incarnation of the shard serves /metrics (a restarted one registers its
+        new pid and port)."""
+        return shard_metrics_url(self.storage.uri, shard)
 
     @contextmanager
     def shard_down(self, shard: ShardProcess) -> Iterator[str]:

@@ -24,7 +24,9 @@ def probe_app(ready: Callable[[], bool], info: Callable[[], dict]) -> Starlette:
         return JSONResponse({"ready": ok, **info()}, status_code=200 if ok else 503)
 
     async def metrics(_: Request) -> Response:
-        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+        # collectors may scan disk (a shard's RocksDB sizes): not on the loop serving requests
+        body = await asyncio.to_thread(generate_latest)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     # a Route, not a Mount: /metrics answers itself instead of redirecting to /metrics/
     return Starlette(routes=[

@@ -126,7 +126,7 @@ class Demo:
 
     def write_targets(self) -> None:
         """Prometheus's targets file (deploy/prometheus/prometheus.yml reads it): written
-        once every process is started, again whenever one restarts on other ports."""
+        once every process is started (the demo restarts none: a child that dies ends it)."""
         write_targets(targets_path(self.cfg.home), [t for t in self.targets if t.address])
 
     def stop(self) -> None:
@@ -238,7 +238,9 @@ class Status:
         for job in failed:
             line.append(f"job {job} FAILED (see logs/jobs.log)  ", style="bold red")
         if behind:
-            self.history.append((time.monotonic(), sum(behind.values())))
+            now = time.monotonic()
+            self.history = [(t, b) for t, b in self.history if now - t <= 120]
+            self.history.append((now, sum(behind.values())))
         for topic in TOPICS:
             line.append(f"{topic} {self._rate(topic):,.0f} ev/s")
             if topic in behind:

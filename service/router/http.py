@@ -90,7 +90,9 @@ def time_range(from_: str | None, to: str | None) -> tuple[int, int] | None:
     lo, hi = parse_time("from", from_), parse_time("to", to)
     if lo is None and hi is None:
         return None
-    return (lo if lo is not None else -FAR, hi if hi is not None else FAR)
+    # beyond +-FAR is "open": clamped, so no time a client can write overflows an int64
+    return (max(-FAR, min(FAR, lo if lo is not None else -FAR)),
+            max(-FAR, min(FAR, hi if hi is not None else FAR)))
 
 
 def retry_after(exc: QStateError) -> int:

@@ -180,5 +180,12 @@ class Partitions:
 
     def held_now(self) -> dict[PartitionId, Held]:
         """A copy without the lock, which an assignment change holds while it waits for a
-        batch being applied: a metrics scrape must never wait for that."""
-        return dict(self._held)
+        batch being applied: a metrics scrape must never wait for that. A change in another
+        thread during the copy makes it raise: copy again."""
+        for _ in range(100):
+            try:
+                return dict(self._held)
+            except RuntimeError:  # "dictionary changed size during iteration"
+                continue
+        with self._lock:
+            return dict(self._held)

@@ -134,7 +134,8 @@ class Deployment:
             "job", "tweets", "--bootstrap", self.broker.bootstrap, "--storage", self.storage,
             "--checkpoints", str(self.root / "ckpt"), "--partitions", str(P),
             "--shards", ",".join(s.address for s in self.shards), "--no-live",
-            "--max-rows-per-trigger", "50000"), self.root / "logs" / "job.log",
+            "--max-rows-per-trigger", "50000", "--metrics-port", "0"),
+            self.root / "logs" / "job.log",
             env={**os.environ, "QSTATE_LEASE_S": str(LEASE_S), "QSTATE_FAULT": fault}).start()
 
     def kill_job(self) -> None:

@@ -17,6 +17,10 @@ class StandIn:
     name: str
     fail_at: int | None = None  # the check at which its query has failed
     checks: int = 0
+    stopped: bool = False
+
+    def stop(self) -> None:
+        self.stopped = True
 
     def check(self) -> None:
         self.checks += 1
@@ -41,6 +45,7 @@ def test_a_failed_job_is_dropped_and_the_others_keep_running() -> None:
     t.join(5)
     assert result["failed"] == [bad] and running == [good]
     assert bad.checks == 2  # reported once, then left alone
+    assert bad.stopped and not good.stopped  # all of the failed one, none of the other
     assert JOB_UP.labels("bad")._value.get() == 0
     assert JOB_UP.labels("good")._value.get() == 1
 

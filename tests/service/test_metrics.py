@@ -23,12 +23,11 @@ from proto import qstate_pb2_grpc as qpb_grpc
 from proto import shard_pb2 as spb
 from proto import shard_pb2_grpc as spb_grpc
 from service.core.address import PartitionId, partition_of
-from service.core.assignment import list_servers
 from service.core.operator import OperatorSpec, WindowSpec, save_spec
 from service.core.shard_files import partition_dir
 from service.core.storage import Storage
 from service.embedded.procs import ShardProcess
-from tests.helpers import Scrape, scrape, wait_until
+from tests.helpers import Scrape, scrape, shard_metrics_url, wait_until
 from tests.shop import (
     BATCHES,
     BIG,
@@ -64,10 +63,8 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Shop,
 
 
 def metrics_url(storage: Storage, shard: ShardProcess) -> str:
-    """Where ``shard`` serves /metrics, once it has registered (just after its port opens)."""
-    return str(wait_until(lambda: next((f"http://{i.metrics}" for i in list_servers(storage)
-                                        if i.address == shard.address), None),
-                          30, f"{shard.name} registered"))
+    """Where this incarnation of ``shard`` serves /metrics, once it has registered."""
+    return shard_metrics_url(storage.uri, shard)
 
 
 def owned(shop: Shop, shard: ShardProcess) -> list[int]:

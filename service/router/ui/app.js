@@ -171,8 +171,10 @@ async function refreshKey() {
     clearAnswer(s.key ? "" : "Type a key to see its current value.");
     return;
   }
-  const path = ["state", s.job, s.operator, s.state].map(encodeURIComponent).join("/")
-    + "/" + encodeURIComponent(s.key);
+  // dots too: a key "." or ".." must not become a path segment the URL resolves away
+  const segment = (v) => encodeURIComponent(v).replace(/\./g, "%2E");
+  const path = ["state", s.job, s.operator, s.state].map(segment).join("/")
+    + "/" + segment(s.key);
   const latest = await api(path);
   if (seq !== keySeq) return;
   const fetched = Date.now();
