@@ -134,8 +134,49 @@ class Settings(BaseSettings):
         "partitions are ready for in-process reads.")
     max_batch_keys: int = Field(1000, ge=1, description="Router: keys per batch request.")
     max_windows: int = Field(
-        10_000, ge=1, description="Windows per key in one time-range answer.")
+        10_000, ge=1, description="Most windows per key in one time-range answer, and the "
+        "default `limit`; an answer cut short says where to go on (`next_from`).")
     router_url: str = Field("http://127.0.0.1:8000", description="Where `qstate get` asks.")
+
+    # ---- security ---------------------------------------------------------------------
+    tls_cert: str = Field(
+        "", description="PEM certificate (chain) a router serves HTTPS and gRPC with and a "
+        "shard server its internal API with; `qstate certs` makes one for development. "
+        "Empty: plain text, which only a loopback address allows (see allow_insecure).")
+    tls_key: str = Field("", description="PEM private key of tls_cert.")
+    tls_ca: str = Field(
+        "", description="PEM CA bundle that callers verify servers with: routers, jobs and "
+        "tools verify shard servers, `qstate get` and the clients verify the router. Set it "
+        "wherever servers use tls_cert.")
+    cluster_token: str = Field(
+        "", description="Shared secret of the internal shard API: a shard server answers "
+        "Commit, MultiGet and Describe only to callers that send it (gRPC metadata "
+        "`authorization: Bearer ...`), and every job, router and tool sends it. Empty: the "
+        "shard API is open, which only a loopback address allows. `qstate run` makes one per "
+        "demo.")
+    tokens_file: str = Field(
+        "", description="Router: JSON file of client tokens, stored hashed and each scoped "
+        "to jobs (and operators); `qstate token add` writes it. Empty: no token is asked, "
+        "which only a loopback address allows.")
+    metrics_public: bool = Field(
+        True, description="Router: /metrics answers without a token (false: any valid token).")
+    allow_insecure: bool = Field(
+        False, description="Let a router or shard server on a non-loopback address run "
+        "without TLS, tokens or a cluster token (e.g. behind a service mesh that encrypts and "
+        "authenticates). Off: such a server refuses to start and says what is missing.")
+    token: str = Field(
+        "", description="Client token `qstate get` and the Python client send (never "
+        "logged).")
+
+    # ---- limits -----------------------------------------------------------------------
+    max_body_bytes: int = Field(
+        1 << 20, ge=1024, description="Router: largest request body accepted (413 beyond).")
+    max_concurrent_requests: int = Field(
+        5000, ge=1, description="Router: requests (HTTP and gRPC each) served at once; "
+        "beyond it 429 (gRPC RESOURCE_EXHAUSTED) with Retry-After.")
+    max_shard_queue: int = Field(
+        20_000, ge=1, description="Router: keys waiting for one shard beyond the calls in "
+        "flight; beyond it 429 with Retry-After.")
 
     # ---- tests ------------------------------------------------------------------------
     fault: str = Field(

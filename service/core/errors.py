@@ -20,13 +20,17 @@ __all__ = [
     "CommitFailed",
     "DeltaMismatch",
     "Fenced",
+    "Forbidden",
     "InvalidAddress",
     "InvalidRequest",
     "NotFound",
     "NotOwner",
+    "Overloaded",
     "QStateError",
     "StaleEpoch",
     "StartFailed",
+    "TooLarge",
+    "Unauthenticated",
     "Unavailable",
     "UnknownOperator",
     "from_grpc",
@@ -61,6 +65,27 @@ class InvalidAddress(InvalidRequest):
     """A name or key that DESIGN §2 does not allow; the message says what is allowed."""
 
 
+class TooLarge(InvalidRequest):
+    """A request body beyond the router's limit (``max_body_bytes``)."""
+
+    http_status = 413
+
+
+class Unauthenticated(QStateError):
+    """No credential, or one nobody issued: a client token at the router, the cluster token
+    at a shard. The message says which was expected; it never repeats what was sent."""
+
+    http_status = 401
+    grpc_code = grpc.StatusCode.UNAUTHENTICATED
+
+
+class Forbidden(QStateError):
+    """A valid token whose scopes do not cover the job (or operator) asked for."""
+
+    http_status = 403
+    grpc_code = grpc.StatusCode.PERMISSION_DENIED
+
+
 class NotFound(QStateError):
     """Unknown job/operator/state, or no data for a key (then ``batch`` says as of when)."""
 
@@ -85,6 +110,18 @@ class Unavailable(QStateError):
         super().__init__(message, retry_after_s=retry_after_s, **detail)
         self.retry_after_s = retry_after_s
         self.reason = reason
+
+
+class Overloaded(QStateError):
+    """More work than a router takes at once (requests in flight, keys queued for one
+    shard): retry after ``retry_after_s``. Answered at once, never after a wait."""
+
+    http_status = 429
+    grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+    def __init__(self, message: str, retry_after_s: float = 1.0, **detail: Any) -> None:
+        super().__init__(message, retry_after_s=retry_after_s, **detail)
+        self.retry_after_s = retry_after_s
 
 
 class StaleEpoch(QStateError):
@@ -151,6 +188,8 @@ _BY_CODE: dict[grpc.StatusCode, type[QStateError]] = {
     grpc.StatusCode.ABORTED: StaleEpoch,
     grpc.StatusCode.FAILED_PRECONDITION: NotOwner,
     grpc.StatusCode.DATA_LOSS: DeltaMismatch,
+    grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
+    grpc.StatusCode.PERMISSION_DENIED: Forbidden,
 }
 
 
@@ -187,7 +226,8 @@ def from_http(status: int, body: dict[str, Any]) -> QStateError:
     message = str(body.get("message") or body.get("detail") or f"HTTP {status}")
     cls = _BY_NAME.get(str(body.get("error")))
     if cls is None:
-        cls = next((c for c in (InvalidRequest, NotFound, Unavailable, StaleEpoch)
+        cls = next((c for c in (InvalidRequest, Unauthenticated, Forbidden, NotFound,
+                                TooLarge, Overloaded, Unavailable, StaleEpoch)
                     if c.http_status == status), QStateError)
     try:
         return cls(message, **detail)
@@ -198,4 +238,5 @@ def from_http(status: int, body: dict[str, Any]) -> QStateError:
 _BY_NAME: dict[str, type[QStateError]] = {
     c.__name__: c for c in (QStateError, InvalidRequest, InvalidAddress, NotFound,
                             UnknownOperator, Unavailable, StaleEpoch, NotOwner, DeltaMismatch,
-                            CommitFailed, Fenced, StartFailed, BrokerError, BadRecord)}
+                            CommitFailed, Fenced, StartFailed, BrokerError, BadRecord,
+                            TooLarge, Unauthenticated, Forbidden, Overloaded)}

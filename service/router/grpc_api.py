@@ -9,7 +9,7 @@ import grpc
 from proto import qstate_pb2 as pb
 from proto import qstate_pb2_grpc as pb_grpc
 from service.core.answer import StateAnswer
-from service.core.errors import QStateError, Unavailable, grpc_trailers
+from service.core.errors import Overloaded, QStateError, Unavailable, grpc_trailers
 from service.router.http import FAR
 from service.router.metrics import GRPC_LATENCY as RPC_LATENCY
 from service.router.metrics import GRPC_REQUESTS as RPCS
@@ -45,7 +45,7 @@ async def _fail(context: grpc.aio.ServicerContext, method: str, exc: QStateError
     RPCS.labels(method, exc.grpc_code.name).inc()
     count_unavailable(exc)
     trailers = grpc_trailers(exc)
-    if isinstance(exc, Unavailable):
+    if isinstance(exc, Unavailable | Overloaded):
         trailers += (("retry-after-ms", str(int(exc.retry_after_s * 1000))),)
     await context.abort(exc.grpc_code, exc.message, trailers)
 

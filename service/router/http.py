@@ -104,8 +104,9 @@ def error_response(exc: QStateError) -> tuple[int, bytes, dict[str, str]]:
     """Status, body and headers of an error answer: the one place they are decided (and
     503s counted by reason)."""
     headers = {"content-type": JSON}
-    if exc.http_status == 503:
+    if "retry_after_s" in exc.detail:  # 503 unavailable, 429 overloaded
         headers["retry-after"] = str(retry_after(exc))
+    if exc.http_status == 503:
         count_unavailable(exc)
     return exc.http_status, orjson.dumps(exc.body()), headers
 
