@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12proto/qstate.proto\x12\tqstate.v1\"\x87\x01\n\nGetRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x10\n\x08operator\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x0b\n\x03key\x18\x04 \x01(\t\x12\x14\n\x07\x66rom_ms\x18\x05 \x01(\x03H\x00\x88\x01\x01\x12\x12\n\x05to_ms\x18\x06 \x01(\x03H\x01\x88\x01\x01\x42\n\n\x08_from_msB\x08\n\x06_to_ms\"\x8d\x01\n\x0fMultiGetRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x10\n\x08operator\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x0c\n\x04keys\x18\x04 \x03(\t\x12\x14\n\x07\x66rom_ms\x18\x05 \x01(\x03H\x00\x88\x01\x01\x12\x12\n\x05to_ms\x18\x06 \x01(\x03H\x01\x88\x01\x01\x42\n\n\x08_from_msB\x08\n\x06_to_ms\"\x82\x01\n\x06Window\x12\x15\n\x08start_ms\x18\x01 \x01(\x03H\x01\x88\x01\x01\x12\x13\n\x06\x65nd_ms\x18\x02 \x01(\x03H\x02\x88\x01\x01\x12\x13\n\tint_value\x18\x03 \x01(\x03H\x00\x12\x16\n\x0c\x64ouble_value\x18\x04 \x01(\x01H\x00\x42\x07\n\x05valueB\x0b\n\t_start_msB\t\n\x07_end_ms\"\x9f\x01\n\nStateValue\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x10\n\x08operator\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x0b\n\x03key\x18\x04 \x01(\t\x12\r\n\x05\x66ound\x18\x05 \x01(\x08\x12\r\n\x05\x62\x61tch\x18\x06 \x01(\x03\x12\x14\n\x0cwatermark_ms\x18\x07 \x01(\x03\x12\"\n\x07windows\x18\x08 \x03(\x0b\x32\x11.qstate.v1.Window\":\n\x10MultiGetResponse\x12&\n\x07results\x18\x01 \x03(\x0b\x32\x15.qstate.v1.StateValue\"\x11\n\x0fListJobsRequest\"4\n\x10ListJobsResponse\x12 \n\x04jobs\x18\x01 \x03(\x0b\x32\x12.qstate.v1.JobInfo\"!\n\x12\x44\x65scribeJobRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\"M\n\nWindowSpec\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0f\n\x07size_ms\x18\x02 \x01(\x03\x12\x10\n\x08slide_ms\x18\x03 \x01(\x03\x12\x0e\n\x06gap_ms\x18\x04 \x01(\x03\"\'\n\tStateInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\"\xe8\x01\n\x0cOperatorInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12$\n\x06states\x18\x03 \x03(\x0b\x32\x14.qstate.v1.StateInfo\x12%\n\x06window\x18\x04 \x01(\x0b\x32\x15.qstate.v1.WindowSpec\x12\x12\n\npartitions\x18\x05 \x01(\r\x12\x14\n\x0cretention_ms\x18\x06 \x01(\x03\x12\x12\n\nlast_batch\x18\x07 \x01(\x03\x12\x14\n\x0cwatermark_ms\x18\x08 \x01(\x03\x12\x1c\n\x14partitions_available\x18\t \x01(\r\"C\n\x07JobInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12*\n\toperators\x18\x02 \x03(\x0b\x32\x17.qstate.v1.OperatorInfo2\x91\x02\n\x0eQueryableState\x12\x33\n\x03Get\x12\x15.qstate.v1.GetRequest\x1a\x15.qstate.v1.StateValue\x12\x43\n\x08MultiGet\x12\x1a.qstate.v1.MultiGetRequest\x1a\x1b.qstate.v1.MultiGetResponse\x12\x43\n\x08ListJobs\x12\x1a.qstate.v1.ListJobsRequest\x1a\x1b.qstate.v1.ListJobsResponse\x12@\n\x0b\x44\x65scribeJob\x12\x1d.qstate.v1.DescribeJobRequest\x1a\x12.qstate.v1.JobInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12proto/qstate.proto\x12\tqstate.v1\"\xa5\x01\n\nGetRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x10\n\x08operator\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x0b\n\x03key\x18\x04 \x01(\t\x12\x14\n\x07\x66rom_ms\x18\x05 \x01(\x03H\x00\x88\x01\x01\x12\x12\n\x05to_ms\x18\x06 \x01(\x03H\x01\x88\x01\x01\x12\x12\n\x05limit\x18\x07 \x01(\rH\x02\x88\x01\x01\x42\n\n\x08_from_msB\x08\n\x06_to_msB\x08\n\x06_limit\"\xab\x01\n\x0fMultiGetRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x10\n\x08operator\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x0c\n\x04keys\x18\x04 \x03(\t\x12\x14\n\x07\x66rom_ms\x18\x05 \x01(\x03H\x00\x88\x01\x01\x12\x12\n\x05to_ms\x18\x06 \x01(\x03H\x01\x88\x01\x01\x12\x12\n\x05limit\x18\x07 \x01(\rH\x02\x88\x01\x01\x42\n\n\x08_from_msB\x08\n\x06_to_msB\x08\n\x06_limit\"\x82\x01\n\x06Window\x12\x15\n\x08start_ms\x18\x01 \x01(\x03H\x01\x88\x01\x01\x12\x13\n\x06\x65nd_ms\x18\x02 \x01(\x03H\x02\x88\x01\x01\x12\x13\n\tint_value\x18\x03 \x01(\x03H\x00\x12\x16\n\x0c\x64ouble_value\x18\x04 \x01(\x01H\x00\x42\x07\n\x05valueB\x0b\n\t_start_msB\t\n\x07_end_ms\"\xcb\x01\n\nStateValue\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x10\n\x08operator\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x0b\n\x03key\x18\x04 \x01(\t\x12\r\n\x05\x66ound\x18\x05 \x01(\x08\x12\r\n\x05\x62\x61tch\x18\x06 \x01(\x03\x12\x14\n\x0cwatermark_ms\x18\x07 \x01(\x03\x12\"\n\x07windows\x18\x08 \x03(\x0b\x32\x11.qstate.v1.Window\x12\x19\n\x0cnext_from_ms\x18\t \x01(\x03H\x00\x88\x01\x01\x42\x0f\n\r_next_from_ms\":\n\x10MultiGetResponse\x12&\n\x07results\x18\x01 \x03(\x0b\x32\x15.qstate.v1.StateValue\"\x11\n\x0fListJobsRequest\"4\n\x10ListJobsResponse\x12 \n\x04jobs\x18\x01 \x03(\x0b\x32\x12.qstate.v1.JobInfo\"!\n\x12\x44\x65scribeJobRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\"M\n\nWindowSpec\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0f\n\x07size_ms\x18\x02 \x01(\x03\x12\x10\n\x08slide_ms\x18\x03 \x01(\x03\x12\x0e\n\x06gap_ms\x18\x04 \x01(\x03\"\'\n\tStateInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\"\xe8\x01\n\x0cOperatorInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12$\n\x06states\x18\x03 \x03(\x0b\x32\x14.qstate.v1.StateInfo\x12%\n\x06window\x18\x04 \x01(\x0b\x32\x15.qstate.v1.WindowSpec\x12\x12\n\npartitions\x18\x05 \x01(\r\x12\x14\n\x0cretention_ms\x18\x06 \x01(\x03\x12\x12\n\nlast_batch\x18\x07 \x01(\x03\x12\x14\n\x0cwatermark_ms\x18\x08 \x01(\x03\x12\x1c\n\x14partitions_available\x18\t \x01(\r\"C\n\x07JobInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12*\n\toperators\x18\x02 \x03(\x0b\x32\x17.qstate.v1.OperatorInfo2\x91\x02\n\x0eQueryableState\x12\x33\n\x03Get\x12\x15.qstate.v1.GetRequest\x1a\x15.qstate.v1.StateValue\x12\x43\n\x08MultiGet\x12\x1a.qstate.v1.MultiGetRequest\x1a\x1b.qstate.v1.MultiGetResponse\x12\x43\n\x08ListJobs\x12\x1a.qstate.v1.ListJobsRequest\x1a\x1b.qstate.v1.ListJobsResponse\x12@\n\x0b\x44\x65scribeJob\x12\x1d.qstate.v1.DescribeJobRequest\x1a\x12.qstate.v1.JobInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,29 +32,29 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'proto.qstate_pb2', _globals
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_GETREQUEST']._serialized_start=34
-  _globals['_GETREQUEST']._serialized_end=169
-  _globals['_MULTIGETREQUEST']._serialized_start=172
-  _globals['_MULTIGETREQUEST']._serialized_end=313
-  _globals['_WINDOW']._serialized_start=316
-  _globals['_WINDOW']._serialized_end=446
-  _globals['_STATEVALUE']._serialized_start=449
-  _globals['_STATEVALUE']._serialized_end=608
-  _globals['_MULTIGETRESPONSE']._serialized_start=610
-  _globals['_MULTIGETRESPONSE']._serialized_end=668
-  _globals['_LISTJOBSREQUEST']._serialized_start=670
-  _globals['_LISTJOBSREQUEST']._serialized_end=687
-  _globals['_LISTJOBSRESPONSE']._serialized_start=689
-  _globals['_LISTJOBSRESPONSE']._serialized_end=741
-  _globals['_DESCRIBEJOBREQUEST']._serialized_start=743
-  _globals['_DESCRIBEJOBREQUEST']._serialized_end=776
-  _globals['_WINDOWSPEC']._serialized_start=778
-  _globals['_WINDOWSPEC']._serialized_end=855
-  _globals['_STATEINFO']._serialized_start=857
-  _globals['_STATEINFO']._serialized_end=896
-  _globals['_OPERATORINFO']._serialized_start=899
-  _globals['_OPERATORINFO']._serialized_end=1131
-  _globals['_JOBINFO']._serialized_start=1133
-  _globals['_JOBINFO']._serialized_end=1200
-  _globals['_QUERYABLESTATE']._serialized_start=1203
-  _globals['_QUERYABLESTATE']._serialized_end=1476
+  _globals['_GETREQUEST']._serialized_end=199
+  _globals['_MULTIGETREQUEST']._serialized_start=202
+  _globals['_MULTIGETREQUEST']._serialized_end=373
+  _globals['_WINDOW']._serialized_start=376
+  _globals['_WINDOW']._serialized_end=506
+  _globals['_STATEVALUE']._serialized_start=509
+  _globals['_STATEVALUE']._serialized_end=712
+  _globals['_MULTIGETRESPONSE']._serialized_start=714
+  _globals['_MULTIGETRESPONSE']._serialized_end=772
+  _globals['_LISTJOBSREQUEST']._serialized_start=774
+  _globals['_LISTJOBSREQUEST']._serialized_end=791
+  _globals['_LISTJOBSRESPONSE']._serialized_start=793
+  _globals['_LISTJOBSRESPONSE']._serialized_end=845
+  _globals['_DESCRIBEJOBREQUEST']._serialized_start=847
+  _globals['_DESCRIBEJOBREQUEST']._serialized_end=880
+  _globals['_WINDOWSPEC']._serialized_start=882
+  _globals['_WINDOWSPEC']._serialized_end=959
+  _globals['_STATEINFO']._serialized_start=961
+  _globals['_STATEINFO']._serialized_end=1000
+  _globals['_OPERATORINFO']._serialized_start=1003
+  _globals['_OPERATORINFO']._serialized_end=1235
+  _globals['_JOBINFO']._serialized_start=1237
+  _globals['_JOBINFO']._serialized_end=1304
+  _globals['_QUERYABLESTATE']._serialized_start=1307
+  _globals['_QUERYABLESTATE']._serialized_end=1580
 # @@protoc_insertion_point(module_scope)

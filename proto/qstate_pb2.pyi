@@ -7,36 +7,40 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GetRequest(_message.Message):
-    __slots__ = ("job", "operator", "state", "key", "from_ms", "to_ms")
+    __slots__ = ("job", "operator", "state", "key", "from_ms", "to_ms", "limit")
     JOB_FIELD_NUMBER: _ClassVar[int]
     OPERATOR_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     FROM_MS_FIELD_NUMBER: _ClassVar[int]
     TO_MS_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
     job: str
     operator: str
     state: str
     key: str
     from_ms: int
     to_ms: int
-    def __init__(self, job: _Optional[str] = ..., operator: _Optional[str] = ..., state: _Optional[str] = ..., key: _Optional[str] = ..., from_ms: _Optional[int] = ..., to_ms: _Optional[int] = ...) -> None: ...
+    limit: int
+    def __init__(self, job: _Optional[str] = ..., operator: _Optional[str] = ..., state: _Optional[str] = ..., key: _Optional[str] = ..., from_ms: _Optional[int] = ..., to_ms: _Optional[int] = ..., limit: _Optional[int] = ...) -> None: ...
 
 class MultiGetRequest(_message.Message):
-    __slots__ = ("job", "operator", "state", "keys", "from_ms", "to_ms")
+    __slots__ = ("job", "operator", "state", "keys", "from_ms", "to_ms", "limit")
     JOB_FIELD_NUMBER: _ClassVar[int]
     OPERATOR_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     FROM_MS_FIELD_NUMBER: _ClassVar[int]
     TO_MS_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
     job: str
     operator: str
     state: str
     keys: _containers.RepeatedScalarFieldContainer[str]
     from_ms: int
     to_ms: int
-    def __init__(self, job: _Optional[str] = ..., operator: _Optional[str] = ..., state: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., from_ms: _Optional[int] = ..., to_ms: _Optional[int] = ...) -> None: ...
+    limit: int
+    def __init__(self, job: _Optional[str] = ..., operator: _Optional[str] = ..., state: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., from_ms: _Optional[int] = ..., to_ms: _Optional[int] = ..., limit: _Optional[int] = ...) -> None: ...
 
 class Window(_message.Message):
     __slots__ = ("start_ms", "end_ms", "int_value", "double_value")
@@ -51,7 +55,7 @@ class Window(_message.Message):
     def __init__(self, start_ms: _Optional[int] = ..., end_ms: _Optional[int] = ..., int_value: _Optional[int] = ..., double_value: _Optional[float] = ...) -> None: ...
 
 class StateValue(_message.Message):
-    __slots__ = ("job", "operator", "state", "key", "found", "batch", "watermark_ms", "windows")
+    __slots__ = ("job", "operator", "state", "key", "found", "batch", "watermark_ms", "windows", "next_from_ms")
     JOB_FIELD_NUMBER: _ClassVar[int]
     OPERATOR_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -60,6 +64,7 @@ class StateValue(_message.Message):
     BATCH_FIELD_NUMBER: _ClassVar[int]
     WATERMARK_MS_FIELD_NUMBER: _ClassVar[int]
     WINDOWS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_FROM_MS_FIELD_NUMBER: _ClassVar[int]
     job: str
     operator: str
     state: str
@@ -68,7 +73,8 @@ class StateValue(_message.Message):
     batch: int
     watermark_ms: int
     windows: _containers.RepeatedCompositeFieldContainer[Window]
-    def __init__(self, job: _Optional[str] = ..., operator: _Optional[str] = ..., state: _Optional[str] = ..., key: _Optional[str] = ..., found: _Optional[bool] = ..., batch: _Optional[int] = ..., watermark_ms: _Optional[int] = ..., windows: _Optional[_Iterable[_Union[Window, _Mapping]]] = ...) -> None: ...
+    next_from_ms: int
+    def __init__(self, job: _Optional[str] = ..., operator: _Optional[str] = ..., state: _Optional[str] = ..., key: _Optional[str] = ..., found: _Optional[bool] = ..., batch: _Optional[int] = ..., watermark_ms: _Optional[int] = ..., windows: _Optional[_Iterable[_Union[Window, _Mapping]]] = ..., next_from_ms: _Optional[int] = ...) -> None: ...
 
 class MultiGetResponse(_message.Message):
     __slots__ = ("results",)

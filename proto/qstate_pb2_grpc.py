@@ -63,7 +63,8 @@ class QueryableStateServicer:
         """One key: its latest window, or its windows starting in [from_ms, to_ms), oldest first.
         NOT_FOUND: unknown job/operator/state, or the key has no data (the message names the
         batch). INVALID_ARGUMENT: bad name or key. UNAVAILABLE: the owning shard is down or
-        restoring; retry after the delay in the "retry-after-ms" trailer.
+        restoring; retry after the delay in the "retry-after-ms" trailer. RESOURCE_EXHAUSTED:
+        the router has more in flight than it takes; retry later.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

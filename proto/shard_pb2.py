@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x11proto/shard.proto\x12\x0fqstate.shard.v1\"W\n\x0ePartitionDelta\x12\x11\n\tpartition\x18\x01 \x01(\r\x12\x11\n\thas_delta\x18\x02 \x01(\x08\x12\x0c\n\x04rows\x18\x03 \x01(\x04\x12\x11\n\tfragments\x18\x04 \x03(\r\"\x97\x01\n\rCommitRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x10\n\x08operator\x18\x02 \x01(\t\x12\r\n\x05\x62\x61tch\x18\x03 \x01(\x03\x12\x14\n\x0cwatermark_ms\x18\x04 \x01(\x03\x12\r\n\x05\x65poch\x18\x05 \x01(\x04\x12\x33\n\npartitions\x18\x06 \x03(\x0b\x32\x1f.qstate.shard.v1.PartitionDelta\"J\n\x0b\x43ommitReply\x12\x0f\n\x07\x61pplied\x18\x01 \x03(\r\x12\x0f\n\x07skipped\x18\x02 \x03(\r\x12\x19\n\x11\x63\x61ught_up_batches\x18\x03 \x01(\x03\"*\n\x08KeyQuery\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\r\"\xa4\x01\n\rLookupRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x10\n\x08operator\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\'\n\x04keys\x18\x04 \x03(\x0b\x32\x19.qstate.shard.v1.KeyQuery\x12\r\n\x05range\x18\x05 \x01(\x08\x12\x0f\n\x07\x66rom_ms\x18\x06 \x01(\x03\x12\r\n\x05to_ms\x18\x07 \x01(\x03\x12\r\n\x05limit\x18\x08 \x01(\r\"r\n\x06Window\x12\x10\n\x08windowed\x18\x01 \x01(\x08\x12\x10\n\x08start_ms\x18\x02 \x01(\x03\x12\x0e\n\x06\x65nd_ms\x18\x03 \x01(\x03\x12\x13\n\tint_value\x18\x04 \x01(\x03H\x00\x12\x16\n\x0c\x64ouble_value\x18\x05 \x01(\x01H\x00\x42\x07\n\x05value\"\x93\x01\n\tKeyResult\x12\x0b\n\x03key\x18\x01 \x01(\t\x12*\n\x06status\x18\x02 \x01(\x0e\x32\x1a.qstate.shard.v1.KeyStatus\x12\r\n\x05\x62\x61tch\x18\x03 \x01(\x03\x12\x14\n\x0cwatermark_ms\x18\x04 \x01(\x03\x12(\n\x07windows\x18\x05 \x03(\x0b\x32\x17.qstate.shard.v1.Window\":\n\x0bLookupReply\x12+\n\x07results\x18\x01 \x03(\x0b\x32\x1a.qstate.shard.v1.KeyResult\"\x11\n\x0f\x44\x65scribeRequest\"\xa4\x01\n\rPartitionInfo\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x10\n\x08operator\x18\x02 \x01(\t\x12\x11\n\tpartition\x18\x03 \x01(\r\x12\x12\n\nlast_batch\x18\x04 \x01(\x03\x12\x14\n\x0cwatermark_ms\x18\x05 \x01(\x03\x12\x15\n\rkeys_estimate\x18\x06 \x01(\x04\x12\x11\n\trestoring\x18\x07 \x01(\x08\x12\r\n\x05\x65poch\x18\x08 \x01(\x04\"g\n\rDescribeReply\x12\x11\n\tserver_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x32\n\npartitions\x18\x03 \x03(\x0b\x32\x1e.qstate.shard.v1.PartitionInfo*\\\n\tKeyStatus\x12\x1a\n\x16KEY_STATUS_UNSPECIFIED\x10\x00\x12\t\n\x05\x46OUND\x10\x01\x12\n\n\x06\x41\x42SENT\x10\x02\x12\r\n\tNOT_OWNED\x10\x03\x12\r\n\tRESTORING\x10\x04\x32\xe7\x01\n\x05Shard\x12\x46\n\x06\x43ommit\x12\x1e.qstate.shard.v1.CommitRequest\x1a\x1c.qstate.shard.v1.CommitReply\x12H\n\x08MultiGet\x12\x1e.qstate.shard.v1.LookupRequest\x1a\x1c.qstate.shard.v1.LookupReply\x12L\n\x08\x44\x65scribe\x12 .qstate.shard.v1.DescribeRequest\x1a\x1e.qstate.shard.v1.DescribeReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x11proto/shard.proto\x12\x0fqstate.shard.v1\"W\n\x0ePartitionDelta\x12\x11\n\tpartition\x18\x01 \x01(\r\x12\x11\n\thas_delta\x18\x02 \x01(\x08\x12\x0c\n\x04rows\x18\x03 \x01(\x04\x12\x11\n\tfragments\x18\x04 \x03(\r\"\x97\x01\n\rCommitRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x10\n\x08operator\x18\x02 \x01(\t\x12\r\n\x05\x62\x61tch\x18\x03 \x01(\x03\x12\x14\n\x0cwatermark_ms\x18\x04 \x01(\x03\x12\r\n\x05\x65poch\x18\x05 \x01(\x04\x12\x33\n\npartitions\x18\x06 \x03(\x0b\x32\x1f.qstate.shard.v1.PartitionDelta\"J\n\x0b\x43ommitReply\x12\x0f\n\x07\x61pplied\x18\x01 \x03(\r\x12\x0f\n\x07skipped\x18\x02 \x03(\r\x12\x19\n\x11\x63\x61ught_up_batches\x18\x03 \x01(\x03\"*\n\x08KeyQuery\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\r\"\xa4\x01\n\rLookupRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x10\n\x08operator\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\'\n\x04keys\x18\x04 \x03(\x0b\x32\x19.qstate.shard.v1.KeyQuery\x12\r\n\x05range\x18\x05 \x01(\x08\x12\x0f\n\x07\x66rom_ms\x18\x06 \x01(\x03\x12\r\n\x05to_ms\x18\x07 \x01(\x03\x12\r\n\x05limit\x18\x08 \x01(\r\"r\n\x06Window\x12\x10\n\x08windowed\x18\x01 \x01(\x08\x12\x10\n\x08start_ms\x18\x02 \x01(\x03\x12\x0e\n\x06\x65nd_ms\x18\x03 \x01(\x03\x12\x13\n\tint_value\x18\x04 \x01(\x03H\x00\x12\x16\n\x0c\x64ouble_value\x18\x05 \x01(\x01H\x00\x42\x07\n\x05value\"\xbf\x01\n\tKeyResult\x12\x0b\n\x03key\x18\x01 \x01(\t\x12*\n\x06status\x18\x02 \x01(\x0e\x32\x1a.qstate.shard.v1.KeyStatus\x12\r\n\x05\x62\x61tch\x18\x03 \x01(\x03\x12\x14\n\x0cwatermark_ms\x18\x04 \x01(\x03\x12(\n\x07windows\x18\x05 \x03(\x0b\x32\x17.qstate.shard.v1.Window\x12\x19\n\x0cnext_from_ms\x18\x06 \x01(\x03H\x00\x88\x01\x01\x42\x0f\n\r_next_from_ms\":\n\x0bLookupReply\x12+\n\x07results\x18\x01 \x03(\x0b\x32\x1a.qstate.shard.v1.KeyResult\"\x11\n\x0f\x44\x65scribeRequest\"\xa4\x01\n\rPartitionInfo\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x10\n\x08operator\x18\x02 \x01(\t\x12\x11\n\tpartition\x18\x03 \x01(\r\x12\x12\n\nlast_batch\x18\x04 \x01(\x03\x12\x14\n\x0cwatermark_ms\x18\x05 \x01(\x03\x12\x15\n\rkeys_estimate\x18\x06 \x01(\x04\x12\x11\n\trestoring\x18\x07 \x01(\x08\x12\r\n\x05\x65poch\x18\x08 \x01(\x04\"g\n\rDescribeReply\x12\x11\n\tserver_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x32\n\npartitions\x18\x03 \x03(\x0b\x32\x1e.qstate.shard.v1.PartitionInfo*\\\n\tKeyStatus\x12\x1a\n\x16KEY_STATUS_UNSPECIFIED\x10\x00\x12\t\n\x05\x46OUND\x10\x01\x12\n\n\x06\x41\x42SENT\x10\x02\x12\r\n\tNOT_OWNED\x10\x03\x12\r\n\tRESTORING\x10\x04\x32\xe7\x01\n\x05Shard\x12\x46\n\x06\x43ommit\x12\x1e.qstate.shard.v1.CommitRequest\x1a\x1c.qstate.shard.v1.CommitReply\x12H\n\x08MultiGet\x12\x1e.qstate.shard.v1.LookupRequest\x1a\x1c.qstate.shard.v1.LookupReply\x12L\n\x08\x44\x65scribe\x12 .qstate.shard.v1.DescribeRequest\x1a\x1e.qstate.shard.v1.DescribeReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'proto.shard_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_KEYSTATUS']._serialized_start=1185
-  _globals['_KEYSTATUS']._serialized_end=1277
+  _globals['_KEYSTATUS']._serialized_start=1229
+  _globals['_KEYSTATUS']._serialized_end=1321
   _globals['_PARTITIONDELTA']._serialized_start=38
   _globals['_PARTITIONDELTA']._serialized_end=125
   _globals['_COMMITREQUEST']._serialized_start=128
@@ -46,15 +46,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WINDOW']._serialized_start=568
   _globals['_WINDOW']._serialized_end=682
   _globals['_KEYRESULT']._serialized_start=685
-  _globals['_KEYRESULT']._serialized_end=832
-  _globals['_LOOKUPREPLY']._serialized_start=834
-  _globals['_LOOKUPREPLY']._serialized_end=892
-  _globals['_DESCRIBEREQUEST']._serialized_start=894
-  _globals['_DESCRIBEREQUEST']._serialized_end=911
-  _globals['_PARTITIONINFO']._serialized_start=914
-  _globals['_PARTITIONINFO']._serialized_end=1078
-  _globals['_DESCRIBEREPLY']._serialized_start=1080
-  _globals['_DESCRIBEREPLY']._serialized_end=1183
-  _globals['_SHARD']._serialized_start=1280
-  _globals['_SHARD']._serialized_end=1511
+  _globals['_KEYRESULT']._serialized_end=876
+  _globals['_LOOKUPREPLY']._serialized_start=878
+  _globals['_LOOKUPREPLY']._serialized_end=936
+  _globals['_DESCRIBEREQUEST']._serialized_start=938
+  _globals['_DESCRIBEREQUEST']._serialized_end=955
+  _globals['_PARTITIONINFO']._serialized_start=958
+  _globals['_PARTITIONINFO']._serialized_end=1122
+  _globals['_DESCRIBEREPLY']._serialized_start=1124
+  _globals['_DESCRIBEREPLY']._serialized_end=1227
+  _globals['_SHARD']._serialized_start=1324
+  _globals['_SHARD']._serialized_end=1555
 # @@protoc_insertion_point(module_scope)

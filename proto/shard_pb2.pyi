@@ -101,18 +101,20 @@ class Window(_message.Message):
     def __init__(self, windowed: _Optional[bool] = ..., start_ms: _Optional[int] = ..., end_ms: _Optional[int] = ..., int_value: _Optional[int] = ..., double_value: _Optional[float] = ...) -> None: ...
 
 class KeyResult(_message.Message):
-    __slots__ = ("key", "status", "batch", "watermark_ms", "windows")
+    __slots__ = ("key", "status", "batch", "watermark_ms", "windows", "next_from_ms")
     KEY_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
     WATERMARK_MS_FIELD_NUMBER: _ClassVar[int]
     WINDOWS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_FROM_MS_FIELD_NUMBER: _ClassVar[int]
     key: str
     status: KeyStatus
     batch: int
     watermark_ms: int
     windows: _containers.RepeatedCompositeFieldContainer[Window]
-    def __init__(self, key: _Optional[str] = ..., status: _Optional[_Union[KeyStatus, str]] = ..., batch: _Optional[int] = ..., watermark_ms: _Optional[int] = ..., windows: _Optional[_Iterable[_Union[Window, _Mapping]]] = ...) -> None: ...
+    next_from_ms: int
+    def __init__(self, key: _Optional[str] = ..., status: _Optional[_Union[KeyStatus, str]] = ..., batch: _Optional[int] = ..., watermark_ms: _Optional[int] = ..., windows: _Optional[_Iterable[_Union[Window, _Mapping]]] = ..., next_from_ms: _Optional[int] = ...) -> None: ...
 
 class LookupReply(_message.Message):
     __slots__ = ("results",)

@@ -49,6 +49,12 @@ def _arm_fault() -> None:
         raise typer.BadParameter(exc.message, param_hint="QSTATE_FAULT") from None
 
 
+def _refused_start(exc: Exception) -> typer.Exit:
+    """A server that may not start as configured (``StartFailed``): one line, exit 2."""
+    typer.echo(f"error: {exc}", err=True)
+    return typer.Exit(2)
+
+
 @app.command()
 def shard(
     host: Annotated[str, option("shard_host", "--host")] = S.shard_host,
@@ -60,11 +66,19 @@ def shard(
     data_dir: Annotated[Path, option("shard_data_dir", "--data-dir")] = Path(S.shard_data),
     storage: Annotated[str, option("storage", "--storage")] = S.storage_uri,
 ) -> None:
-    """Run a shard server: RocksDB partitions behind the internal gRPC API."""
+    """Run a shard server: RocksDB partitions behind the internal gRPC API.
+
+    Exit codes: 0 stopped by SIGTERM/Ctrl-C; 2 a setting does not allow starting (e.g. a
+    non-loopback --host without TLS and QSTATE_CLUSTER_TOKEN).
+    """
+    from service.core.errors import StartFailed
     from service.shard.main import ShardOptions, run
 
     _arm_fault()
-    run(ShardOptions(host, port, data_dir, storage, server_id, metrics_port, advertise, S))
+    try:
+        run(ShardOptions(host, port, data_dir, storage, server_id, metrics_port, advertise, S))
+    except StartFailed as exc:
+        raise _refused_start(exc) from None
 
 
 @app.command()
@@ -122,10 +136,18 @@ def router(
     local_reads: Annotated[bool, option("local_reads", "--local-reads/--no-local-reads")
                            ] = S.local_reads,
 ) -> None:
-    """Run a router: HTTP and gRPC queries, routed to the shard owning each key."""
+    """Run a router: HTTP and gRPC queries, routed to the shard owning each key.
+
+    Exit codes: 0 stopped by SIGTERM/Ctrl-C; 2 a setting does not allow starting (e.g. a
+    non-loopback --host without TLS, client tokens and QSTATE_CLUSTER_TOKEN).
+    """
+    from service.core.errors import StartFailed
     from service.router.main import RouterOptions, run
 
-    run(RouterOptions(host, http_port, grpc_port, storage, local_reads, S))
+    try:
+        run(RouterOptions(host, http_port, grpc_port, storage, local_reads, S))
+    except StartFailed as exc:
+        raise _refused_start(exc) from None
 
 
 @app.command()
@@ -134,29 +156,56 @@ def get(
     from_: Annotated[str | None, typer.Option("--from", help="Epoch ms or ISO-8601.")] = None,
     to: Annotated[str | None, typer.Option(help="Epoch ms or ISO-8601 (exclusive).")] = None,
     url: Annotated[str, option("router_url", "--url")] = S.router_url,
+    ca: Annotated[str, option("tls_ca", "--ca")] = S.tls_ca,
+    token: Annotated[str, option("token", "--token", show_default=False)] = S.token,
 ) -> None:
     """Print one key's latest window (or windows in --from/--to) as JSON.
 
     Exit codes: 0 found; 1 no data for the key (or unknown job/operator/state); 2 bad
-    request; 3 the owning shard is unavailable (after retries); 4 the router cannot be
-    reached.
+    request; 3 the owning shard is unavailable or the router overloaded (after retries); 4
+    the router cannot be reached; 5 no valid token, or the token may not read this job.
     """
     import httpx
 
     from service.client import Client
-    from service.core.errors import InvalidRequest, NotFound, QStateError
+    from service.core.errors import (
+        Forbidden,
+        InvalidRequest,
+        NotFound,
+        QStateError,
+        Unauthenticated,
+    )
 
     try:
-        with Client(url) as c:
+        with Client(url, ca=ca or None, token=token or None) as c:
             v = c.get(job, operator, state, key, from_=from_, to=to)
     except QStateError as exc:
         typer.echo(f"error: {exc.message}", err=True)
-        code = 1 if isinstance(exc, NotFound) else 2 if isinstance(exc, InvalidRequest) else 3
+        code = 1 if isinstance(exc, NotFound) else 2 if isinstance(exc, InvalidRequest) else \
+            5 if isinstance(exc, Unauthenticated | Forbidden) else 3
         raise typer.Exit(code) from None
     except httpx.TransportError as exc:
         typer.echo(f"error: the router at {url} cannot be reached: {exc}", err=True)
         raise typer.Exit(4) from None
     typer.echo(v.model_dump_json(indent=2))
+
+
+@app.command()
+def certs(
+    out: Annotated[Path, typer.Option(help="Folder for ca.pem, server.pem, server-key.pem.")
+                   ] = Path(S.home) / "certs",
+    host: Annotated[list[str] | None, typer.Option(
+        help="A name or address the server certificate is valid for, besides 127.0.0.1, "
+             "::1 and localhost (repeatable).")] = None,
+    days: Annotated[int, typer.Option(help="Validity.")] = 365,
+) -> None:
+    """Make a development CA and a server certificate it signs; print the settings to use.
+
+    Keys are written mode 0600. Production certificates come from your own CA.
+    """
+    from service.embedded.certs import make_certs
+
+    typer.echo(make_certs(out, host or [], days).env_lines())
 
 
 @app.command()
@@ -188,6 +237,54 @@ def run(
         ads_rate=ads_rate, partitions=partitions, duration_s=duration,
         job_metrics_port=S.job_metrics_port, event_log=event_log)).run()
     raise typer.Exit(code)
+
+
+token_app = typer.Typer(help="Client tokens of the router (stored hashed).",
+                        no_args_is_help=True)
+app.add_typer(token_app, name="token")
+_TOKENS_FILE = S.tokens_file or str(Path(S.home) / "tokens.json")
+
+
+@token_app.command("add")
+def token_add(
+    name: Annotated[str, typer.Argument(help="Who holds it, e.g. grafana.")],
+    scope: Annotated[list[str], typer.Option(
+        help="JOB, JOB/OPERATOR or * (repeatable): what the token may read.")],
+    file: Annotated[Path, typer.Option(
+        help="Tokens file (QSTATE_TOKENS_FILE of the router).")] = Path(_TOKENS_FILE),
+) -> None:
+    """Make a token: its hash goes to the file (mode 0600), the token to stdout, once.
+
+    Exit codes: 0 made; 2 a bad scope or name, or the name exists.
+    """
+    from pydantic import ValidationError
+
+    from service.core.errors import InvalidRequest
+    from service.core.tokens import add_token
+
+    try:
+        token = add_token(file, name, scope)
+    except (InvalidRequest, ValidationError) as exc:
+        raise typer.BadParameter(str(exc)) from None
+    typer.echo(token)
+    typer.echo(f"token {name!r} added to {file}; the router reads it with "
+               f"QSTATE_TOKENS_FILE={file}. It is shown only now.", err=True)
+
+
+@token_app.command("list")
+def token_list(
+    file: Annotated[Path, typer.Option(help="Tokens file.")] = Path(_TOKENS_FILE),
+) -> None:
+    """Names and scopes of the tokens in the file (never their hashes)."""
+    from service.core.errors import StartFailed
+    from service.core.tokens import TokenFile
+
+    try:
+        entries = TokenFile.model_validate_json(file.read_bytes()).tokens
+    except (OSError, ValueError) as exc:
+        raise _refused_start(StartFailed(f"tokens file {file}: {exc}")) from None
+    for e in entries:
+        typer.echo(f"{e.name}\t{' '.join(e.scopes)}")
 
 
 state_app = typer.Typer(help="Inspect served state.", no_args_is_help=True)

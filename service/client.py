@@ -7,11 +7,14 @@
 Answers are ``service.core.answer`` models, the ones the router serializes. Errors are the
 classes of ``service.core.errors`` (``NotFound``, ``InvalidRequest``, ``Unavailable`` ...).
 A 503 (shard unavailable or restoring) is retried with backoff, honouring Retry-After.
+Over HTTPS, ``ca`` names the CA bundle that signed the router's certificate (``qstate
+certs`` makes one); ``token`` is sent as ``Authorization: Bearer``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from datetime import datetime
 from typing import Any
@@ -47,6 +50,16 @@ def _key_path(job: str, operator: str, state: str, key: str) -> str:
     return f"{_state_path(job, operator, state)}/{quote(key, safe='')}"
 
 
+def _connection(ca: str | None, token: str | None) -> dict[str, Any]:
+    """httpx client arguments: trust ``ca`` (else the system's CAs), send ``token``."""
+    kw: dict[str, Any] = {}
+    if ca:
+        kw["verify"] = ssl.create_default_context(cafile=ca)
+    if token:
+        kw["headers"] = {"authorization": f"Bearer {token}"}
+    return kw
+
+
 def _raise(r: httpx.Response) -> None:
     if r.status_code < 400:
         return
@@ -80,9 +93,10 @@ class _Base:
 
 class Client(_Base):
     def __init__(self, url: str = "http://127.0.0.1:8000", timeout: float = 5.0,
-                 retries: int = 3, backoff_s: float = 0.2) -> None:
+                 retries: int = 3, backoff_s: float = 0.2, *, ca: str | None = None,
+                 token: str | None = None) -> None:
         super().__init__(retries, backoff_s)
-        self._http = httpx.Client(base_url=url, timeout=timeout)
+        self._http = httpx.Client(base_url=url, timeout=timeout, **_connection(ca, token))
 
     def __enter__(self) -> Client:
         return self
@@ -129,9 +143,10 @@ class Client(_Base):
 
 class AsyncClient(_Base):
     def __init__(self, url: str = "http://127.0.0.1:8000", timeout: float = 5.0,
-                 retries: int = 3, backoff_s: float = 0.2) -> None:
+                 retries: int = 3, backoff_s: float = 0.2, *, ca: str | None = None,
+                 token: str | None = None) -> None:
         super().__init__(retries, backoff_s)
-        self._http = httpx.AsyncClient(base_url=url, timeout=timeout)
+        self._http = httpx.AsyncClient(base_url=url, timeout=timeout, **_connection(ca, token))
 
     async def __aenter__(self) -> AsyncClient:
         return self

@@ -56,6 +56,10 @@ class StateAnswer(BaseModel):
     watermark: int = Field(description="The event-time watermark at that batch, epoch ms")
     windows: list[Window] = Field(description="Oldest first; the latest window alone when no "
                                   "time range was asked")
+    next_from: int | None = Field(None, description="Set only when the range held more than "
+                                  "`limit` windows: the start of the next one, epoch ms. Ask "
+                                  "again with from=next_from (same to) for the next page; "
+                                  "null: nothing more")
 
     @property
     def latest(self) -> Window | None:
@@ -100,8 +104,9 @@ class ErrorBody(BaseModel):
     operator: str | None = None
     state: str | None = None
     partition: int | None = Field(None, description="503: the partition that cannot answer")
-    retry_after_s: float | None = Field(None, description="503: when to ask again (also the "
-                                        "Retry-After header, in whole seconds)")
+    retry_after_s: float | None = Field(None, description="503, 429: when to ask again (also "
+                                        "the Retry-After header, in whole seconds)")
+    limit_bytes: int | None = Field(None, description="413: the largest body accepted")
 
 
 class StateInfo(BaseModel):
@@ -190,15 +195,29 @@ class ClusterInfo(BaseModel):
     unassigned: list[PartitionStatus] = Field(description="Partitions no server owns")
 
 
-def error_responses() -> dict[int | str, dict[str, Any]]:
-    """The documented error answers of every state route (for FastAPI's ``responses``)."""
+def error_responses(body: bool = False) -> dict[int | str, dict[str, Any]]:
+    """The documented error answers of every route that reads state (for FastAPI's
+    ``responses``); ``body``: the route takes a request body (413)."""
     retry = {"Retry-After": {"description": "Seconds to wait before asking again",
                              "schema": {"type": "integer"}}}
-    return {
-        400: {"model": ErrorBody, "description": "Invalid name, key, body or time range"},
+    out: dict[int | str, dict[str, Any]] = {
+        400: {"model": ErrorBody, "description": "Invalid name, key, body, time range or "
+                                                 "limit; the message says what to fix"},
+        401: {"model": ErrorBody, "description": "The router asks for a token and none, or "
+                                                 "one it does not know, was sent"},
+        403: {"model": ErrorBody, "description": "The token may not read this job (or "
+                                                 "operator)"},
         404: {"model": ErrorBody,
               "description": "Unknown job/operator/state, or no data for the key"},
+        429: {"model": ErrorBody, "headers": retry,
+              "description": "The router has more requests in flight, or more keys waiting "
+                             "for one shard, than it takes (QSTATE_MAX_CONCURRENT_REQUESTS, "
+                             "QSTATE_MAX_SHARD_QUEUE); retry after Retry-After"},
         503: {"model": ErrorBody, "headers": retry,
               "description": "The owning shard is unavailable or restoring; retry after "
                              "Retry-After"},
     }
+    if body:
+        out[413] = {"model": ErrorBody, "description": "A request body larger than the "
+                                                       "router takes (QSTATE_MAX_BODY_BYTES)"}
+    return out

@@ -8,6 +8,8 @@ import grpc
 
 from proto import shard_pb2 as pb
 from proto import shard_pb2_grpc as pb_grpc
+from service.core import security
+from service.core.config import Settings, settings
 
 __all__ = ["CHANNEL_OPTIONS", "ShardClients", "partition_state"]
 
@@ -31,9 +33,11 @@ def partition_state(owner: str | None, info: pb.PartitionInfo | None) -> str:
 
 
 class ShardClients:
-    """Blocking stubs keyed by address; channels are created once and reused."""
+    """Blocking stubs keyed by address; channels are created once and reused. TLS and the
+    cluster token come from ``cfg`` (default: this process's settings)."""
 
-    def __init__(self) -> None:
+    def __init__(self, cfg: Settings | None = None) -> None:
+        self.cfg = cfg or settings()
         self._stubs: dict[str, pb_grpc.ShardStub] = {}
         self._channels: dict[str, grpc.Channel] = {}
         self._lock = threading.Lock()
@@ -44,7 +48,7 @@ class ShardClients:
             with self._lock:
                 stub = self._stubs.get(address)
                 if stub is None:
-                    ch = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+                    ch = security.channel(address, self.cfg, CHANNEL_OPTIONS)
                     self._channels[address] = ch
                     stub = self._stubs[address] = pb_grpc.ShardStub(ch)
         return stub

@@ -6,6 +6,8 @@ process we hold by PID; Ctrl-C or SIGTERM stops them all, newest first.
 
 from __future__ import annotations
 
+import os
+import secrets
 import signal
 import threading
 import time
@@ -74,15 +76,19 @@ class Demo:
                                     log_path=logs / "broker.log").start()
         else:
             wait_for_port(host, int(port), 10)
+        # The shard API is closed even in the demo: a token of its own, known only to the
+        # processes it starts (through their environment, never printed), unless one is set.
+        env = {**os.environ, "QSTATE_CLUSTER_TOKEN": os.environ.get("QSTATE_CLUSTER_TOKEN")
+               or secrets.token_urlsafe(32)}
         shards: list[ShardProcess] = []
         for i in range(2):
             s = ShardProcess.make(f"shard-{i}", cfg.home / "shards", cfg.storage, logs,
-                                  port=cfg.shard_base_port + i,
+                                  port=cfg.shard_base_port + i, env=env,
                                   metrics_port=cfg.shard_metrics_base_port + i
                                   if cfg.shard_metrics_base_port else 0)
             self._spawn(s.start_and_wait())
             shards.append(s)
-        router = RouterProcess.make(cfg.storage, logs)
+        router = RouterProcess.make(cfg.storage, logs, env=env)
         router.http_port, router.grpc_port = cfg.http_port, cfg.grpc_port
         router.args = qstate_command("router", "--http-port", str(cfg.http_port),
                                      "--grpc-port", str(cfg.grpc_port), "--storage", cfg.storage)
@@ -106,7 +112,7 @@ class Demo:
             "--checkpoints", str(cfg.home / "checkpoints"), "--option", f"mapping={mapping}",
             "--shards", ",".join(s.address for s in shards), "--partitions",
             str(cfg.partitions), "--metrics-port", self.job_metrics.rsplit(":", 1)[1],
-            "--no-live"), logs / "jobs.log").start())
+            "--no-live"), logs / "jobs.log", env).start())
         self.targets = [Target("router", "router", f"127.0.0.1:{cfg.http_port}"),
                         *(Target("shard", s.name, self._shard_metrics(s)) for s in shards),
                         Target("job", "jobs", self.job_metrics)]

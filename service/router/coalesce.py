@@ -4,6 +4,9 @@ A unary Python gRPC call costs ~280 µs of CPU a side, a key inside a MultiGet ~
 per-request hop caps a router at a few thousand requests/s. Lookups that arrive while
 ``max_inflight`` calls to the same shard are outstanding wait and leave together in the
 next call: at low load every lookup goes at once, under load batches grow by themselves.
+The wait is bounded: a lookup that finds ``max_queue`` keys already waiting for the same
+shard fails at once with ``Overloaded`` (429), instead of growing a queue no answer can
+leave in time.
 """
 
 from __future__ import annotations
@@ -15,13 +18,16 @@ import grpc
 
 from proto import shard_pb2 as pb
 from proto import shard_pb2_grpc as pb_grpc
+from service.core import security
 from service.core.address import PartitionId
-from service.core.config import DEFAULTS
+from service.core.config import DEFAULTS, Settings
+from service.core.errors import Overloaded
 from service.core.shard_client import CHANNEL_OPTIONS
 
 __all__ = ["MAX_BATCH", "ShardCaller"]
 
-Group = tuple[str, str, str, str, int, int, bool]  # address, job, op, state, from, to, range
+# address, job, op, state, from, to, range, limit (windows per key of a range)
+Group = tuple[str, str, str, str, int, int, bool, int]
 MAX_BATCH = 2000
 
 
@@ -34,7 +40,12 @@ class _Pending:
 
 
 class ShardCaller:
-    def __init__(self, timeout_s: float = DEFAULTS.shard_timeout_s, max_inflight: int = 2) -> None:
+    def __init__(self, timeout_s: float = DEFAULTS.shard_timeout_s, max_inflight: int = 2,
+                 cfg: Settings = DEFAULTS, max_queue: int = DEFAULTS.max_shard_queue,
+                 retry_after_s: float = DEFAULTS.retry_after_s) -> None:
+        self.cfg = cfg  # TLS and the cluster token of the shard API
+        self.max_queue = max_queue
+        self.retry_after_s = retry_after_s
         self.timeout_s = timeout_s
         self.max_inflight = max_inflight
         self._stubs: dict[str, pb_grpc.ShardStub] = {}
@@ -44,7 +55,7 @@ class ShardCaller:
     def stub(self, address: str) -> pb_grpc.ShardStub:
         stub = self._stubs.get(address)
         if stub is None:
-            ch = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+            ch = security.aio_channel(address, self.cfg, CHANNEL_OPTIONS)
             self._channels.append(ch)
             stub = self._stubs[address] = pb_grpc.ShardStub(ch)
         return stub
@@ -54,12 +65,17 @@ class ShardCaller:
             await ch.close()
 
     def lookup(self, address: str, pid: PartitionId, state: str, key: pb.KeyQuery,
-               rng: tuple[int, int] | None) -> asyncio.Future:
+               rng: tuple[int, int] | None, limit: int = 0) -> asyncio.Future:
         """A future of the key's ``KeyResult``; fails with ``grpc.aio.AioRpcError``."""
-        group: Group = (address, pid.job, pid.operator, state, *(rng or (0, 0)), rng is not None)
+        group: Group = (address, pid.job, pid.operator, state, *(rng or (0, 0)), rng is not None,
+                        limit if rng is not None else 0)
         p = self._groups.get(group)
         if p is None:
             p = self._groups[group] = _Pending()
+        if len(p.keys) >= self.max_queue:
+            raise Overloaded(f"{len(p.keys)} keys already wait for shard {address} "
+                             f"(QSTATE_MAX_SHARD_QUEUE); retry after {self.retry_after_s:g} s",
+                             retry_after_s=self.retry_after_s)
         fut = asyncio.get_running_loop().create_future()
         p.keys.append(key)
         p.futures.append(fut)
@@ -72,6 +88,14 @@ class ShardCaller:
     def _flush(self, group: Group) -> None:
         p = self._groups[group]
         p.scheduled = False
+        if any(f.done() for f in p.futures):
+            # lookups nobody waits for any more (their request failed or went away, e.g. a
+            # batchGet refused part-way): not sent to the shard at all
+            live = [(k, f) for k, f in zip(p.keys, p.futures, strict=True) if not f.done()]
+            p.keys, p.futures = [k for k, _ in live], [f for _, f in live]
+            if not p.keys and not p.inflight:
+                self._groups.pop(group, None)
+                return
         while p.keys and p.inflight < self.max_inflight:
             keys, futures = p.keys[:MAX_BATCH], p.futures[:MAX_BATCH]
             del p.keys[:MAX_BATCH], p.futures[:MAX_BATCH]
@@ -80,9 +104,9 @@ class ShardCaller:
 
     async def _call(self, group: Group, p: _Pending, keys: list[pb.KeyQuery],
                     futures: list[asyncio.Future]) -> None:
-        address, job, operator, state, lo, hi, is_range = group
+        address, job, operator, state, lo, hi, is_range, limit = group
         req = pb.LookupRequest(job=job, operator=operator, state=state, keys=keys,
-                               range=is_range, from_ms=lo, to_ms=hi)
+                               range=is_range, from_ms=lo, to_ms=hi, limit=limit)
         try:
             reply = await self.stub(address).MultiGet(req, timeout=self.timeout_s)
         except grpc.aio.AioRpcError as exc:

@@ -10,10 +10,11 @@ from proto import qstate_pb2 as pb
 from proto import qstate_pb2_grpc as pb_grpc
 from service.core.answer import StateAnswer
 from service.core.errors import Overloaded, QStateError, Unavailable, grpc_trailers
+from service.router.auth import GrpcAuth
 from service.router.http import FAR
 from service.router.metrics import GRPC_LATENCY as RPC_LATENCY
 from service.router.metrics import GRPC_REQUESTS as RPCS
-from service.router.metrics import count_unavailable
+from service.router.metrics import count_refused, count_unavailable
 from service.router.query import QueryService, absent
 
 __all__ = ["QueryableStateService"]
@@ -44,6 +45,7 @@ def _range(req: pb.GetRequest | pb.MultiGetRequest) -> tuple[int, int] | None:
 async def _fail(context: grpc.aio.ServicerContext, method: str, exc: QStateError) -> None:
     RPCS.labels(method, exc.grpc_code.name).inc()
     count_unavailable(exc)
+    count_refused(exc)
     trailers = grpc_trailers(exc)
     if isinstance(exc, Unavailable | Overloaded):
         trailers += (("retry-after-ms", str(int(exc.retry_after_s * 1000))),)
@@ -51,13 +53,15 @@ async def _fail(context: grpc.aio.ServicerContext, method: str, exc: QStateError
 
 
 class QueryableStateService(pb_grpc.QueryableStateServicer):
-    def __init__(self, query: QueryService) -> None:
+    def __init__(self, query: QueryService, auth: GrpcAuth | None = None) -> None:
         self.query = query
+        self.auth = auth or GrpcAuth(None)
 
     async def Get(self, request: pb.GetRequest, context: grpc.aio.ServicerContext
                   ) -> pb.StateValue:
         t0 = time.perf_counter()
         try:
+            self.auth.check(context, request.job, request.operator)
             a = await self.query.get(request.job, request.operator, request.state, request.key,
                                      _range(request))
             if not a.found:
@@ -72,6 +76,7 @@ class QueryableStateService(pb_grpc.QueryableStateServicer):
                        ) -> pb.MultiGetResponse:
         t0 = time.perf_counter()
         try:
+            self.auth.check(context, request.job, request.operator)
             answers = await self.query.multi_get(request.job, request.operator, request.state,
                                                  list(request.keys), _range(request))
         except QStateError as exc:
@@ -82,19 +87,28 @@ class QueryableStateService(pb_grpc.QueryableStateServicer):
 
     async def ListJobs(self, request: pb.ListJobsRequest, context: grpc.aio.ServicerContext
                        ) -> pb.ListJobsResponse:
+        try:
+            who = self.auth.principal(context)
+        except QStateError as exc:
+            await _fail(context, "ListJobs", exc)
         jobs = await self.query.jobs()
         return pb.ListJobsResponse(jobs=[
-            pb.JobInfo(name=j, operators=[pb.OperatorInfo(name=s.operator) for s in specs])
-            for j, specs in jobs.items()])
+            pb.JobInfo(name=j, operators=[pb.OperatorInfo(name=s.operator) for s in specs
+                                          if who is None or who.allows(j, s.operator)])
+            for j, specs in jobs.items() if who is None or who.allows(j)])
 
     async def DescribeJob(self, request: pb.DescribeJobRequest,
                           context: grpc.aio.ServicerContext) -> pb.JobInfo:
         try:
+            self.auth.check(context, request.job)
+            who = self.auth.principal(context)
             ops = await self.query.describe_job(request.job)
         except QStateError as exc:
             await _fail(context, "DescribeJob", exc)
         out = pb.JobInfo(name=request.job)
         for s in ops:
+            if who is not None and not who.allows(request.job, s.spec.operator):
+                continue
             sp = s.spec
             out.operators.add(
                 name=sp.operator, key=sp.key,

@@ -20,6 +20,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.core.address import MAX_KEY_BYTES, NAME_PATTERN, check_key, check_name
 from service.core.answer import (
@@ -39,7 +40,13 @@ from service.core.answer import (
 from service.core.config import DEFAULTS
 from service.core.errors import InvalidRequest, QStateError
 from service.router.cluster import cluster
-from service.router.metrics import HTTP_LATENCY, HTTP_REQUESTS, count_unavailable, http_method
+from service.router.metrics import (
+    HTTP_LATENCY,
+    HTTP_REQUESTS,
+    count_refused,
+    count_unavailable,
+    http_method,
+)
 from service.router.query import OperatorStatus, QueryService, absent
 from service.router.ui import mount_ui
 
@@ -106,8 +113,10 @@ def error_response(exc: QStateError) -> tuple[int, bytes, dict[str, str]]:
     headers = {"content-type": JSON}
     if "retry_after_s" in exc.detail:  # 503 unavailable, 429 overloaded
         headers["retry-after"] = str(retry_after(exc))
-    if exc.http_status == 503:
-        count_unavailable(exc)
+    if exc.http_status == 401:
+        headers["www-authenticate"] = "Bearer"
+    count_unavailable(exc)
+    count_refused(exc)
     return exc.http_status, orjson.dumps(exc.body()), headers
 
 
@@ -135,6 +144,13 @@ From = Annotated[str | None, Query(alias="from", description="Epoch ms, ISO-8601
                                    examples=["2026-01-01T10:00:00Z"])]
 To = Annotated[str | None, Query(description="Epoch ms, ISO-8601 or relative to now "
                                  "(exclusive)", examples=["now"])]
+
+
+def _may_read(request: Request, job: str, operator: str | None = None) -> bool:
+    """Whether the request's token (``service.router.auth`` leaves it in the request's state
+    when the router asks for tokens) may read ``job`` (``operator``)."""
+    principal = getattr(request.state, "principal", None)
+    return principal is None or principal.allows(job, operator)
 
 
 def create_app(query: QueryService, ready: Callable[[], bool] = lambda: True) -> FastAPI:
@@ -182,6 +198,15 @@ def create_app(query: QueryService, ready: Callable[[], bool] = lambda: True) ->
     async def on_query_error(_: Request, exc: QStateError) -> Response:
         return _error(exc)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(_: Request, exc: StarletteHTTPException) -> Response:
+        # Starlette's own answers (no such route 404, wrong method 405, a body FastAPI could
+        # not read 400) in the one documented error shape, not {"detail": ...}
+        name = {400: "InvalidRequest", 404: "NotFound"}.get(exc.status_code, "HTTPError")
+        return Response(orjson.dumps({"error": name, "message": str(exc.detail)}),
+                        status_code=exc.status_code,
+                        headers={**(exc.headers or {}), "content-type": JSON})
+
     @app.get("/v1/state/{job}/{operator}/{state}/{key:path}", response_model=StateAnswer,
              responses=errors, summary="The latest window of a key, or its windows in a range")
     async def get_state(job: Name, operator: Name, state: Name, key: Key, from_: From = None,
@@ -209,18 +234,21 @@ def create_app(query: QueryService, ready: Callable[[], bool] = lambda: True) ->
             Point.model_construct(time=a.watermark if w.start is None else w.start,
                                   value=w.value) for w in a.windows]))
 
-    @app.get("/v1/jobs", response_model=JobList, summary="Jobs whose state is queryable")
-    async def list_jobs() -> Any:
+    @app.get("/v1/jobs", response_model=JobList, responses=errors,
+             summary="Jobs whose state is queryable (with tokens: those the token may read)")
+    async def list_jobs(request: Request) -> Any:
         jobs = await query.jobs()
         return json_response(JobList(jobs=[
-            JobSummary(name=j, operators=[s.operator for s in specs])
-            for j, specs in jobs.items()]))
+            JobSummary(name=j, operators=[s.operator for s in specs
+                                          if _may_read(request, j, s.operator)])
+            for j, specs in jobs.items() if _may_read(request, j)]))
 
     @app.get("/v1/jobs/{job}", response_model=JobInfo, responses=errors,
              summary="Operators, states, windows, partitions, last batch and watermark")
-    async def describe_job(job: Name) -> Any:
+    async def describe_job(request: Request, job: Name) -> Any:
         ops = await query.describe_job(job)
-        return json_response(JobInfo(name=job, operators=[_operator(s) for s in ops]))
+        return json_response(JobInfo(name=job, operators=[
+            _operator(s) for s in ops if _may_read(request, job, s.spec.operator)]))
 
     @app.get("/v1/cluster", response_model=ClusterInfo,
              summary="Shard servers, their partitions and how each stands: state, last batch, "

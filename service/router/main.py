@@ -14,13 +14,17 @@ import uvicorn
 
 from proto import qstate_pb2_grpc as pb_grpc
 from proto import shard_pb2 as pb
+from service.core import security
 from service.core.address import PartitionId
 from service.core.config import Settings
 from service.core.storage import Storage
+from service.core.tokens import TokenBook
+from service.router.auth import GrpcAuth, with_auth
 from service.router.coalesce import ShardCaller
 from service.router.fastpath import with_fast_get
 from service.router.grpc_api import QueryableStateService
 from service.router.http import create_app
+from service.router.limits import with_limits
 from service.router.local import LocalReader
 from service.router.query import QueryService
 from service.router.reads import PartitionReads
@@ -67,10 +71,13 @@ async def _watch_local_shards(routing: RoutingTable, caller: ShardCaller, local:
 async def serve(o: RouterOptions, scratch: Path | None = None) -> None:
     cfg = o.settings
     host = o.host
+    security.check_exposure(host, cfg, "the router", tokens=True)
+    book = TokenBook.load(cfg.tokens_file) if cfg.tokens_file else None
     routing = RoutingTable(Storage(o.storage_uri), cfg.routing_refresh_s,
                            cfg.routing_min_interval_s)
     await routing.start()
-    caller = ShardCaller(timeout_s=cfg.shard_timeout_s)
+    caller = ShardCaller(timeout_s=cfg.shard_timeout_s, cfg=cfg,
+                         max_queue=cfg.max_shard_queue, retry_after_s=cfg.retry_after_s)
     local = LocalReader(scratch or Path(tempfile.mkdtemp(prefix="qstate-router-")))
     reads = PartitionReads(routing, caller, cfg.retry_after_s, local if o.local_reads else None)
     query = QueryService(routing, reads, cfg.max_batch_keys)
@@ -78,15 +85,22 @@ async def serve(o: RouterOptions, scratch: Path | None = None) -> None:
                                                     cfg.local_ready_poll_s)) \
         if o.local_reads else None
 
-    grpc_server = grpc.aio.server(options=SERVER_OPTIONS)
-    pb_grpc.add_QueryableStateServicer_to_server(QueryableStateService(query), grpc_server)
-    grpc_server.add_insecure_port(f"{host}:{o.grpc_port}")
+    # beyond max_concurrent_requests in flight, gRPC itself answers RESOURCE_EXHAUSTED at once
+    grpc_server = grpc.aio.server(
+        options=[*SERVER_OPTIONS, ("grpc.max_receive_message_length", cfg.max_body_bytes)],
+        maximum_concurrent_rpcs=cfg.max_concurrent_requests)
+    pb_grpc.add_QueryableStateServicer_to_server(QueryableStateService(query, GrpcAuth(book)),
+                                                 grpc_server)
+    security.server_port(grpc_server, f"{host}:{o.grpc_port}", cfg)
     await grpc_server.start()
 
     app = with_fast_get(create_app(query, ready=lambda: bool(routing.specs)), query)
+    app = with_limits(with_auth(app, book, cfg.metrics_public), cfg.max_body_bytes,
+                      cfg.max_concurrent_requests, cfg.retry_after_s)
     config = uvicorn.Config(app, host=host, port=o.http_port, log_level="warning",
                             access_log=False, http="httptools", lifespan="off",
-                            timeout_graceful_shutdown=2)
+                            timeout_graceful_shutdown=2,
+                            ssl_certfile=cfg.tls_cert or None, ssl_keyfile=cfg.tls_key or None)
     http = uvicorn.Server(config)
     # uvicorn stops on SIGINT/SIGTERM itself and re-raises the signal when done, which then
     # reaches the handlers below: gRPC and the routing table stop after HTTP has drained.
@@ -95,7 +109,8 @@ async def serve(o: RouterOptions, scratch: Path | None = None) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     task = asyncio.create_task(http.serve())
-    print(f"qstate router ready http=http://{host}:{o.http_port} grpc={host}:{o.grpc_port}",
+    scheme = "https" if cfg.tls_cert else "http"
+    print(f"qstate router ready http={scheme}://{host}:{o.http_port} grpc={host}:{o.grpc_port}",
           flush=True)
     await stop.wait()
     http.should_exit = True

@@ -5,10 +5,18 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Histogram
 
-from service.core.errors import QStateError, Unavailable
+from service.core.errors import (
+    Forbidden,
+    Overloaded,
+    QStateError,
+    TooLarge,
+    Unauthenticated,
+    Unavailable,
+)
 
 __all__ = ["GRPC_LATENCY", "GRPC_REQUESTS", "HTTP_LATENCY", "HTTP_REQUESTS", "LOCAL_READS",
-           "METHODS", "REMOTE_READS", "SHARD_READS", "UNAVAILABLE", "count_unavailable",
+           "METHODS", "REFUSED", "REMOTE_READS", "SHARD_READS", "UNAVAILABLE", "count_refused",
+           "count_unavailable",
            "http_method"]
 
 _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
@@ -31,8 +39,15 @@ UNAVAILABLE = Counter("qstate_router_unavailable_total",
                       "Answers 503 (HTTP) or UNAVAILABLE (gRPC) by reason: no-owner (the "
                       "partition has no shard server yet), shard-down (its owner cannot be "
                       "reached), shard-timeout (its owner did not answer in "
-                      "QSTATE_SHARD_TIMEOUT_S), restoring, moving (between owners)",
+                      "QSTATE_SHARD_TIMEOUT_S), restoring, moving (between owners), "
+                      "shard-refused (the shard refused this router's cluster token)",
                       ["reason"])
+
+REFUSED = Counter("qstate_router_refused_total",
+                  "Requests refused before any lookup, HTTP and gRPC, by reason: "
+                  "unauthenticated (no or unknown token), forbidden (token without the "
+                  "scope), too-large (body over QSTATE_MAX_BODY_BYTES), overloaded (over "
+                  "QSTATE_MAX_CONCURRENT_REQUESTS or QSTATE_MAX_SHARD_QUEUE)", ["reason"])
 
 
 def http_method(method: str) -> str:
@@ -43,3 +58,16 @@ def count_unavailable(exc: QStateError) -> None:
     """Count ``exc`` if it is a 503 (``Unavailable.reason`` says why)."""
     if isinstance(exc, Unavailable):
         UNAVAILABLE.labels(exc.reason).inc()
+
+
+_REFUSALS: tuple[tuple[type[QStateError], str], ...] = (
+    (Unauthenticated, "unauthenticated"), (Forbidden, "forbidden"), (TooLarge, "too-large"),
+    (Overloaded, "overloaded"))
+
+
+def count_refused(exc: QStateError) -> None:
+    """Count ``exc`` if it refused a request before any lookup (401, 403, 413, 429)."""
+    for cls, reason in _REFUSALS:
+        if isinstance(exc, cls):
+            REFUSED.labels(reason).inc()
+            return

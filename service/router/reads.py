@@ -5,6 +5,7 @@ table when a partition moved. The answer is a ``Hit`` as of one batch, or ``Unav
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import grpc
@@ -12,14 +13,18 @@ import grpc
 from proto import shard_pb2 as pb
 from service.core.address import PartitionId
 from service.core.answer import Window
+from service.core.config import DEFAULTS
 from service.core.errors import QStateError, Unavailable, from_grpc
 from service.core.operator import OperatorSpec
 from service.router.coalesce import ShardCaller
 from service.router.local import LocalReader
 from service.router.metrics import LOCAL_READS, REMOTE_READS
 from service.router.routing import RoutingTable
+from service.shard.reader import page
 
 __all__ = ["Hit", "PartitionReads"]
+
+log = logging.getLogger(__name__)
 
 _TRANSPORT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
@@ -30,6 +35,7 @@ class Hit:
     batch: int
     watermark_ms: int
     windows: list[Window]
+    next_from: int | None = None  # a range cut at its limit: where the next page starts
 
 
 def _windows(r: pb.KeyResult) -> list[Window]:
@@ -55,28 +61,32 @@ class PartitionReads:
         return Unavailable(message, self.retry_after_s, reason=reason, partition=pid.partition)
 
     def read_local(self, spec: OperatorSpec, pid: PartitionId, state: str, key: str,
-                   rng: tuple[int, int] | None) -> Hit | None:
-        """From a co-located shard's files, or None: ask the owner over gRPC."""
+                   rng: tuple[int, int] | None, limit: int = DEFAULTS.max_windows
+                   ) -> Hit | None:
+        """From a co-located shard's files, or None: ask the owner over gRPC. A range
+        answer holds at most ``limit`` windows."""
         if self.local is None:
             return None
         address = self.routing.owner_now(pid)
-        res = address and self.local.read(address, spec, pid, key, rng)
+        res = address and self.local.read(address, spec, pid, key, rng, limit + 1)
         if not res:
             return None
         LOCAL_READS.inc()
         meta, ws = res
+        ws, next_from = page(ws, limit)
         i = spec.state_names.index(state)
         return Hit(bool(ws), meta.last_batch, meta.watermark_ms,
                    [Window.model_construct(start=w.start, end=w.end, value=w.values[i])
-                    for w in ws])
+                    for w in ws], next_from)
 
     async def read(self, spec: OperatorSpec, pid: PartitionId, state: str, key: str,
-                   rng: tuple[int, int] | None) -> Hit:
-        hit = self.read_local(spec, pid, state, key, rng)
-        return hit if hit is not None else await self.read_remote(pid, state, key, rng)
+                   rng: tuple[int, int] | None, limit: int = DEFAULTS.max_windows) -> Hit:
+        hit = self.read_local(spec, pid, state, key, rng, limit)
+        return hit if hit is not None else await self.read_remote(pid, state, key, rng, limit)
 
     async def read_remote(self, pid: PartitionId, state: str, key: str,
-                          rng: tuple[int, int] | None) -> Hit:
+                          rng: tuple[int, int] | None, limit: int = DEFAULTS.max_windows
+                          ) -> Hit:
         for attempt in (0, 1):
             address = await self.routing.owner(pid)
             if address is None:
@@ -85,7 +95,8 @@ class PartitionReads:
             REMOTE_READS.inc()
             try:
                 r = await self.caller.lookup(address, pid, state,
-                                             pb.KeyQuery(key=key, partition=pid.partition), rng)
+                                             pb.KeyQuery(key=key, partition=pid.partition), rng,
+                                             limit)
             except grpc.aio.AioRpcError as exc:
                 if exc.code() in _TRANSPORT:
                     if attempt == 0 and await self.routing.moved(pid, address):
@@ -95,12 +106,21 @@ class PartitionReads:
                         f"({exc.code().name})", pid,
                         "shard-timeout" if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
                         else "shard-down") from None
+                if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+                    # the router's own credential is wrong: the client's request is fine,
+                    # so this is no 401 of theirs
+                    log.error("shard %s refused this router: its QSTATE_CLUSTER_TOKEN differs",
+                              address)
+                    raise self._unavailable(
+                        f"shard {address} holding partition {pid} refused this router (a "
+                        "cluster token that differs)", pid, "shard-refused") from None
                 raise from_grpc(exc) or QStateError(exc.details() or "shard error") from None
             if r.status == pb.RESTORING:
                 raise self._unavailable(f"partition {pid} is being restored on {address}", pid,
                                         "restoring")
             if r.status != pb.NOT_OWNED:
-                return Hit(r.status == pb.FOUND, r.batch, r.watermark_ms, _windows(r))
+                return Hit(r.status == pb.FOUND, r.batch, r.watermark_ms, _windows(r),
+                           r.next_from_ms if r.HasField("next_from_ms") else None)
             await self.routing.refresh(force=True)
         raise self._unavailable(f"partition {pid} is moving between shard servers", pid,
                                 "moving")

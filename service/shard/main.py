@@ -13,6 +13,7 @@ from pathlib import Path
 import grpc
 
 from proto import shard_pb2_grpc as pb_grpc
+from service.core import security
 from service.core.assignment import (
     ServerInfo,
     default_server_id,
@@ -62,16 +63,18 @@ async def _follow_assignments(partitions: Partitions, every_s: float) -> None:
 
 async def serve(o: ShardOptions) -> None:
     cfg = o.settings
+    security.check_exposure(o.host, cfg, "the shard API")
     storage = Storage(o.storage_uri)
     server_id = o.id
     partitions = Partitions(o.data_dir / server_id, storage, server_id, cfg.snapshot_every,
                             cfg.snapshots_kept, cfg.commit_workers, cfg.restore_timeout_s,
                             cfg.restore_retry_s)
     metrics.HELD.watch(partitions.server_dir, partitions.held_now)
-    server = grpc.aio.server(options=CHANNEL_OPTIONS)
+    server = grpc.aio.server(options=CHANNEL_OPTIONS,
+                             interceptors=security.cluster_interceptors(cfg))
     service = ShardService(partitions, server_id, "", cfg.max_windows)
     pb_grpc.add_ShardServicer_to_server(service, server)
-    bound = server.add_insecure_port(f"{o.host}:{o.port}")
+    bound = security.server_port(server, f"{o.host}:{o.port}", cfg)
     address = service.address = o.advertise or f"{o.host}:{bound}"
     await server.start()
     probe, probe_task = await serve_probe(

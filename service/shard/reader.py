@@ -20,7 +20,7 @@ from service.shard import layout
 from service.shard.codec import Codec
 from service.shard.layout import META, NO_WINDOW
 
-__all__ = ["Meta", "WindowValue", "read_windows"]
+__all__ = ["Meta", "WindowValue", "page", "read_windows"]
 
 
 @dataclass
@@ -65,6 +65,15 @@ def read_windows(db: Rdict, codec: Codec, key: str, range_ms: tuple[int, int] | 
         out.append(_window(codec, k, it.value()))
         it.next()
     return meta, out
+
+
+def page(windows: list[WindowValue], limit: int) -> tuple[list[WindowValue], int | None]:
+    """At most ``limit`` of ``windows`` (read with ``limit + 1``) and where the next page
+    starts: the start of the first window left out, None when none was. A range answer is
+    cut here and says so, never silently."""
+    if len(windows) <= limit:
+        return windows, None
+    return windows[:limit], windows[limit].start
 
 
 def _window(codec: Codec, k: bytes, v: bytes) -> WindowValue:

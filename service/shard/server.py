@@ -21,7 +21,7 @@ from service.core.errors import InvalidRequest, QStateError, UnknownOperator, gr
 from service.core.operator import OperatorSpec
 from service.shard import metrics
 from service.shard.partitions import PartitionCommit, Partitions
-from service.shard.reader import WindowValue
+from service.shard.reader import WindowValue, page
 
 __all__ = ["ShardService"]
 
@@ -118,6 +118,8 @@ class ShardService(pb_grpc.ShardServicer):
         idx = spec.state_names.index(request.state)
         is_long = spec.types[request.state] == "long"
         rng = (request.from_ms, request.to_ms) if request.range else None
+        # one more window than the page holds tells whether there is a next page: an answer
+        # this server's cap cut short says where to go on, like one the caller's limit cut
         limit = min(request.limit or self.max_windows, self.max_windows)
         reply = pb.LookupReply()
         for kq in request.keys:
@@ -131,7 +133,7 @@ class ShardService(pb_grpc.ShardServicer):
                 r.status = pb.RESTORING
                 continue
             try:
-                meta, windows = held.store.read(kq.key, rng, limit)
+                meta, windows = held.store.read(kq.key, rng, limit + 1)
             except Exception as exc:  # closed under us: the partition just moved away
                 if self.partitions.lookup(held_pid := PartitionId(
                         request.job, request.operator, kq.partition)) is held:
@@ -140,6 +142,9 @@ class ShardService(pb_grpc.ShardServicer):
                 log.info("%s moved away during a read: %s", held_pid, exc)
                 r.status = pb.NOT_OWNED
                 continue
+            windows, next_from = page(windows, limit)
+            if next_from is not None:
+                r.next_from_ms = next_from
             r.batch, r.watermark_ms = meta.last_batch, meta.watermark_ms
             r.status = pb.FOUND if windows else pb.ABSENT
             r.windows.extend(_window(w, idx, is_long) for w in windows)

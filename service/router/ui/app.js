@@ -22,10 +22,18 @@ function parseExact(text) {
       ? BigInt(ctx.source) : v);
 }
 
+// A router that asks for tokens answers 401: the page asks for one and keeps it for this tab
+// only (sessionStorage), sent as a bearer token; never in the URL, never in localStorage.
+const TOKEN_KEY = "qstate-token";
+
 async function api(path, params) {
   const url = new URL(path, API);
   for (const [k, v] of Object.entries(params || {})) url.searchParams.set(k, String(v));
-  const r = await fetch(url, { cache: "no-store", headers: { accept: "application/json" } });
+  const headers = { accept: "application/json" };
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  if (token) headers.authorization = `Bearer ${token}`;
+  const r = await fetch(url, { cache: "no-store", headers });
+  if (r.status === 401) $("token-form").hidden = false;
   const text = await r.text();
   let body = null;
   try { body = parseExact(text); } catch (_) { body = { message: text }; }
@@ -282,6 +290,13 @@ document.addEventListener("DOMContentLoaded", () => {
   for (const id of ["job", "operator", "state"]) $(id).addEventListener("change", onSelection);
   $("key").addEventListener("input", onSelection);
   $("query").addEventListener("submit", (e) => { e.preventDefault(); onSelection(); });
+  $("token-form").addEventListener("submit", (e) => {
+    e.preventDefault();
+    sessionStorage.setItem(TOKEN_KEY, $("token").value.trim());
+    $("token").value = "";
+    $("token-form").hidden = true;
+    tick();
+  });
   setInterval(tickAge, 500);
   tick();
 });

@@ -13,13 +13,17 @@ from service.core.errors import (
     CommitFailed,
     DeltaMismatch,
     Fenced,
+    Forbidden,
     InvalidAddress,
     InvalidRequest,
     NotFound,
     NotOwner,
+    Overloaded,
     QStateError,
     StaleEpoch,
     StartFailed,
+    TooLarge,
+    Unauthenticated,
     Unavailable,
     UnknownOperator,
     from_grpc,
@@ -46,6 +50,10 @@ DOCUMENTED: dict[type[QStateError], tuple[int, grpc.StatusCode]] = {
     StartFailed: (500, Code.INTERNAL),
     BrokerError: (500, Code.INTERNAL),
     BadRecord: (400, Code.INVALID_ARGUMENT),
+    TooLarge: (413, Code.INVALID_ARGUMENT),
+    Unauthenticated: (401, Code.UNAUTHENTICATED),
+    Forbidden: (403, Code.PERMISSION_DENIED),
+    Overloaded: (429, Code.RESOURCE_EXHAUSTED),
 }
 
 
@@ -131,8 +139,10 @@ def test_from_grpc_leaves_transport_failures_to_the_caller(code: grpc.StatusCode
     assert from_grpc(FakeRpcError(code, "connection reset")) is None
 
 
+# TooLarge and Overloaded are the router's own answers to its clients: no shard sends them
 @pytest.mark.parametrize("cls", [c for c in DOCUMENTED
-                                 if c.grpc_code not in (Code.UNAVAILABLE, Code.INTERNAL)])
+                                 if c.grpc_code not in (Code.UNAVAILABLE, Code.INTERNAL)
+                                 and c not in (TooLarge, Overloaded)])
 def test_an_error_crossing_grpc_keeps_its_status(cls: type[QStateError]) -> None:
     """What a shard raises comes back as its class or the base class of its code, so the
     router answers with the same HTTP status and a client sees the same kind of error."""

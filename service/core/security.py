@@ -1,0 +1,184 @@
+"""How qstate's servers and callers secure their sockets: TLS from settings, the cluster token
+of the internal shard API, and the rule that plain text and open doors stay on loopback.
+
+The shard API (Commit, MultiGet, Describe) is internal: a shard server with a
+``cluster_token`` answers only calls that carry ``authorization: Bearer <cluster token>`` in
+their metadata, and every caller made here sends it. TLS (``tls_cert``/``tls_key`` on a
+server, ``tls_ca`` on its callers) encrypts the same sockets. A server bound to an address
+other than loopback refuses to start without them unless ``allow_insecure`` says a mesh does
+that job (``check_exposure``).
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import logging
+import socket
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from service.core.config import Settings
+from service.core.errors import StartFailed
+
+__all__ = ["AUTH_HEADER", "aio_channel", "bearer", "channel", "check_exposure",
+           "cluster_interceptors", "is_loopback", "server_port"]
+
+log = logging.getLogger(__name__)
+
+AUTH_HEADER = "authorization"  # gRPC metadata keys are lower case
+
+
+def bearer(header: str | None) -> str | None:
+    """The token of an ``authorization: Bearer <token>`` value, or None."""
+    if not header:
+        return None
+    scheme, _, token = header.partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None
+
+
+def is_loopback(host: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and names that resolve only to them (``localhost``)."""
+    h = host.strip("[]")
+    try:
+        return ipaddress.ip_address(h).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(h, None)
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
+
+
+def check_exposure(host: str, cfg: Settings, role: str, *, tokens: bool = False) -> None:
+    """Refuse to serve ``role`` on a non-loopback ``host`` in plain text or with open doors:
+    no TLS, no cluster token (shards), no client tokens (routers, ``tokens=True``). The
+    message names every missing setting; ``allow_insecure`` turns the refusal into a
+    warning."""
+    if is_loopback(host):
+        return
+    missing = []
+    if not (cfg.tls_cert and cfg.tls_key):
+        missing.append("TLS (QSTATE_TLS_CERT and QSTATE_TLS_KEY; `qstate certs` makes them)")
+    if not cfg.cluster_token:
+        missing.append("the cluster token (QSTATE_CLUSTER_TOKEN)")
+    if tokens and not cfg.tokens_file:
+        missing.append("client tokens (QSTATE_TOKENS_FILE; `qstate token add` makes them)")
+    if not missing:
+        return
+    what = f"{role} on {host} (not a loopback address) without " + ", ".join(missing)
+    if cfg.allow_insecure:
+        log.warning("%s: allowed by QSTATE_ALLOW_INSECURE", what)
+        return
+    raise StartFailed(f"refusing to serve {what}; set them, bind 127.0.0.1, or set "
+                      "QSTATE_ALLOW_INSECURE=true where a mesh encrypts and authenticates")
+
+
+def _read(path: str, what: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise StartFailed(f"cannot read {what} {path}: {exc.strerror}") from None
+
+
+def server_port(server: grpc.aio.Server, address: str, cfg: Settings) -> int:
+    """Add ``address`` to ``server``: TLS with ``tls_cert``/``tls_key`` when set, plain text
+    otherwise. The bound port."""
+    if bool(cfg.tls_cert) != bool(cfg.tls_key):
+        raise StartFailed("TLS needs both QSTATE_TLS_CERT and QSTATE_TLS_KEY")
+    if not cfg.tls_cert:
+        return server.add_insecure_port(address)
+    creds = grpc.ssl_server_credentials(
+        [(_read(cfg.tls_key, "TLS key"), _read(cfg.tls_cert, "TLS certificate"))])
+    return server.add_secure_port(address, creds)
+
+
+def _channel_credentials(cfg: Settings) -> grpc.ChannelCredentials | None:
+    if not cfg.tls_ca:
+        return None
+    return grpc.ssl_channel_credentials(root_certificates=_read(cfg.tls_ca, "TLS CA bundle"))
+
+
+class _Metadata(grpc.UnaryUnaryClientInterceptor):
+    """Sends the cluster token with every call of a blocking channel."""
+
+    def __init__(self, pairs: tuple[tuple[str, str], ...]) -> None:
+        self.pairs = pairs
+
+    def intercept_unary_unary(self, continuation: Callable[..., Any], details: Any,
+                              request: Any) -> Any:
+        md = tuple(details.metadata or ()) + self.pairs
+        return continuation(details._replace(metadata=md), request)
+
+
+class _AioMetadata(grpc.aio.UnaryUnaryClientInterceptor):
+    """Sends the cluster token with every call of an asyncio channel."""
+
+    def __init__(self, pairs: tuple[tuple[str, str], ...]) -> None:
+        self.pairs = pairs
+
+    async def intercept_unary_unary(self, continuation: Callable[..., Any], details: Any,
+                                    request: Any) -> Any:
+        md = grpc.aio.Metadata(*(tuple(details.metadata or ()) + self.pairs))
+        return await continuation(details._replace(metadata=md), request)
+
+
+def _token_pairs(cfg: Settings) -> tuple[tuple[str, str], ...]:
+    return ((AUTH_HEADER, f"Bearer {cfg.cluster_token}"),) if cfg.cluster_token else ()
+
+
+def channel(address: str, cfg: Settings, options: list[tuple[str, Any]]) -> grpc.Channel:
+    """A blocking channel to a shard server: TLS when ``tls_ca`` is set, the cluster token
+    on every call when set."""
+    creds = _channel_credentials(cfg)
+    ch = grpc.secure_channel(address, creds, options=options) if creds is not None else \
+        grpc.insecure_channel(address, options=options)
+    pairs = _token_pairs(cfg)
+    return grpc.intercept_channel(ch, _Metadata(pairs)) if pairs else ch
+
+
+def aio_channel(address: str, cfg: Settings, options: list[tuple[str, Any]]
+                ) -> grpc.aio.Channel:
+    """``channel`` for asyncio callers (the router)."""
+    creds = _channel_credentials(cfg)
+    pairs = _token_pairs(cfg)
+    interceptors = [_AioMetadata(pairs)] if pairs else None
+    if creds is not None:
+        return grpc.aio.secure_channel(address, creds, options=options,
+                                       interceptors=interceptors)
+    return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
+
+
+class _ClusterTokenCheck(grpc.aio.ServerInterceptor):
+    """Refuses every call that lacks the cluster token, before the servicer runs. Compared
+    in constant time; what a caller sent is never repeated or logged."""
+
+    def __init__(self, token: str) -> None:
+        self.expected = f"Bearer {token}".encode()
+
+        async def refuse(_: Any, context: grpc.aio.ServicerContext) -> None:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                                "the internal shard API needs the cluster token "
+                                "(QSTATE_CLUSTER_TOKEN): missing or wrong",
+                                (("qstate-error", "Unauthenticated"),))
+
+        self._refusal = grpc.unary_unary_rpc_method_handler(refuse)
+
+    async def intercept_service(
+            self, continuation: Callable[[grpc.HandlerCallDetails],
+                                         Awaitable[grpc.RpcMethodHandler]],
+            details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        sent = dict(details.invocation_metadata or ()).get(AUTH_HEADER, "")  # type: ignore[attr-defined]
+        sent_b = sent.encode() if isinstance(sent, str) else bytes(sent)
+        if hmac.compare_digest(sent_b, self.expected):
+            return await continuation(details)
+        return self._refusal
+
+
+def cluster_interceptors(cfg: Settings) -> list[grpc.aio.ServerInterceptor]:
+    """The shard server's interceptors: the cluster token check when one is set."""
+    return [_ClusterTokenCheck(cfg.cluster_token)] if cfg.cluster_token else []

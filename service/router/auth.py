@@ -1,0 +1,99 @@
+"""Client tokens at the router's doors: who is asking (``TokenBook``) and whether their token's
+scopes cover the job and operator asked for, before any lookup.
+
+HTTP: an ASGI wrapper outside both the fast path and FastAPI, so no route can forget it;
+the request's ``Principal`` is left in ``scope["state"]["principal"]`` (FastAPI's
+``request.state.principal``) for routes that filter (the job list). gRPC:
+``GrpcAuth.principal`` from the call's metadata. Open without a
+token: /healthz, /readyz, the API's documents (/docs, /openapi.json) and the /ui page's
+files (they hold no data; the page sends the token the user gives it), and /metrics while
+``metrics_public``. Without a tokens file everything is open, as on a laptop.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+
+from service.core.errors import QStateError
+from service.core.security import AUTH_HEADER, bearer
+from service.core.tokens import Principal, TokenBook
+from service.router.http import error_response
+
+__all__ = ["GrpcAuth", "target_of", "with_auth"]
+
+_OPEN = frozenset({"/healthz", "/readyz", "/docs", "/docs/oauth2-redirect", "/redoc",
+                   "/openapi.json", "/favicon.ico"})
+
+
+def _open(path: str, metrics_public: bool) -> bool:
+    return path in _OPEN or path == "/ui" or path.startswith("/ui/") or \
+        (metrics_public and path == "/metrics")
+
+
+def target_of(path: str) -> tuple[str, str | None] | None:
+    """The job and operator a data path asks for: /v1/state|series/{job}/{op}/..., or
+    /v1/jobs/{job} (operator None); None for paths that name no job."""
+    parts = path.split("/", 5)
+    if len(parts) >= 5 and parts[1] == "v1" and parts[2] in ("state", "series"):
+        return parts[3], parts[4]
+    if len(parts) == 4 and parts[1] == "v1" and parts[2] == "jobs" and parts[3]:
+        return parts[3], None
+    return None
+
+
+def _authorize(book: TokenBook, scope: dict[str, Any]) -> Principal:
+    header = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"),
+                  None)
+    principal = book.authenticate(bearer(header))
+    path = scope["path"]
+    target = target_of(path)
+    if target is not None:
+        principal.check(*target)
+    elif path == "/v1/cluster":
+        principal.check_all("the cluster view (every job's partitions)")
+    return principal
+
+
+def with_auth(app: Any, book: TokenBook | None, metrics_public: bool = True) -> Any:
+    if book is None:
+        return app
+
+    async def asgi(scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or _open(scope["path"], metrics_public):
+            return await app(scope, receive, send)
+        try:
+            principal = _authorize(book, scope)
+        except QStateError as exc:
+            status, body, hdrs = error_response(exc)
+            await send({"type": "http.response.start", "status": status,
+                        "headers": [(k.encode(), v.encode()) for k, v in hdrs.items()]})
+            await send({"type": "http.response.body", "body": body})
+            return None
+        scope.setdefault("state", {})["principal"] = principal
+        return await app(scope, receive, send)
+
+    return asgi
+
+
+class GrpcAuth:
+    """The same check for the public gRPC API: the token in metadata ``authorization``."""
+
+    def __init__(self, book: TokenBook | None) -> None:
+        self.book = book
+
+    def principal(self, context: grpc.aio.ServicerContext) -> Principal | None:
+        """The caller, or None when the router asks for no tokens; raises
+        ``Unauthenticated``."""
+        if self.book is None:
+            return None
+        md = dict(context.invocation_metadata() or ())
+        sent = md.get(AUTH_HEADER)
+        return self.book.authenticate(bearer(sent if isinstance(sent, str) else None))
+
+    def check(self, context: grpc.aio.ServicerContext, job: str,
+              operator: str | None = None) -> None:
+        p = self.principal(context)
+        if p is not None:
+            p.check(job, operator)

@@ -1,0 +1,204 @@
+"""Client tokens at a real router over the session's shop deployment: the auth matrix (who
+asks what, expected status, and for a 200 the exact value), tokens made by ``qstate token
+add`` and never seen again, and the CLI's exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from proto import qstate_pb2 as qpb
+from proto import qstate_pb2_grpc as qpb_grpc
+from service.embedded.ports import free_port
+from service.embedded.procs import RouterProcess, qstate_command
+from tests.helpers import Scrape
+from tests.shop import BATCHES, KEYS, Shop, views
+
+pytestmark = pytest.mark.security
+
+LAST = BATCHES - 1
+KEY = KEYS[4]
+# who -> scopes; "nobody" and "forged" hold no valid token
+SCOPES = {"shop": ["shop"], "views": ["shop/views_1m"], "other": ["ads"],
+          "other_op": ["shop/clicks_1m"], "admin": ["*"]}
+
+
+@dataclass
+class Guarded:
+    router: RouterProcess
+    tokens: dict[str, str]  # who -> token
+    tokens_file: Path
+    log: Path
+
+    def headers(self, who: str) -> dict[str, str]:
+        if who == "nobody":
+            return {}
+        token = self.tokens.get(who, "qs_forged-token-nobody-issued")
+        return {"authorization": f"Bearer {token}"}
+
+
+def _add(file: Path, who: str, scopes: list[str]) -> str:
+    args = ["token", "add", who, "--file", str(file)]
+    for s in scopes:
+        args += ["--scope", s]
+    out = subprocess.run(qstate_command(*args), capture_output=True, text=True, timeout=60,
+                         check=True)
+    token = out.stdout.strip()
+    assert token.startswith("qs_") and len(token) > 40
+    return token
+
+
+@pytest.fixture(scope="module")
+def guarded(shop: Shop, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Guarded]:
+    tmp = tmp_path_factory.mktemp("guarded")
+    file = tmp / "tokens.json"
+    tokens = {who: _add(file, who, scopes) for who, scopes in SCOPES.items()}
+    env = {**os.environ, "QSTATE_TOKENS_FILE": str(file), "QSTATE_METRICS_PUBLIC": "false"}
+    router = RouterProcess.make(shop.storage.uri, tmp / "logs", "guarded", env).start_and_wait()
+    try:
+        yield Guarded(router, tokens, file, tmp / "logs" / "guarded.log")
+    finally:
+        router.stop()
+
+
+S = f"/v1/state/shop/views_1m/views/{KEY}"
+# (who, method, path) -> expected status; a 200 on a state path is checked against truth
+MATRIX = [
+    *[(w, "GET", S, 401) for w in ("nobody", "forged")],
+    *[(w, "GET", S, 200) for w in ("shop", "views", "admin")],
+    *[(w, "GET", S, 403) for w in ("other", "other_op")],
+    ("views", "GET", f"/v1/series/shop/views_1m/views/{KEY}", 200),
+    ("other", "GET", f"/v1/series/shop/views_1m/views/{KEY}", 403),
+    ("nobody", "GET", f"/v1/series/shop/views_1m/views/{KEY}", 401),
+    ("shop", "POST", "/v1/state/shop/views_1m/views:batchGet", 200),
+    ("other_op", "POST", "/v1/state/shop/views_1m/views:batchGet", 403),
+    ("nobody", "POST", "/v1/state/shop/views_1m/views:batchGet", 401),
+    ("views", "GET", "/v1/jobs/shop", 200),
+    ("other", "GET", "/v1/jobs/shop", 403),
+    ("other_op", "GET", "/v1/jobs/shop", 200),  # sees the job, lists only its operator
+    ("admin", "GET", "/v1/cluster", 200),
+    ("shop", "GET", "/v1/cluster", 403),
+    ("nobody", "GET", "/v1/cluster", 401),
+    ("nobody", "GET", "/v1/jobs", 401),
+    ("nobody", "GET", "/metrics", 401),  # QSTATE_METRICS_PUBLIC=false
+    ("other", "GET", "/metrics", 200),
+    ("nobody", "GET", "/healthz", 200),
+    ("nobody", "GET", "/openapi.json", 200),
+    ("nobody", "GET", "/ui/", 200),
+]
+
+
+@pytest.mark.parametrize(("who", "method", "path", "expected"), MATRIX,
+                         ids=[f"{w}-{m}-{p.split('/')[2] if p.count('/') > 1 else p}-{e}"
+                              for w, m, p, e in MATRIX])
+def test_the_auth_matrix_over_http(guarded: Guarded, who: str, method: str, path: str,
+                                   expected: int) -> None:
+    body = {"keys": [KEY, KEYS[5]]} if method == "POST" else None
+    r = httpx.request(method, guarded.router.url + path, json=body,
+                      headers=guarded.headers(who), timeout=10)
+    assert r.status_code == expected, r.text
+    if expected == 401:
+        assert r.headers["www-authenticate"] == "Bearer"
+        assert r.json()["error"] == "Unauthenticated"
+    elif expected == 403:
+        assert r.json()["error"] == "Forbidden"
+        assert f"token '{who}'" in r.json()["message"]  # named by name, never the token
+    elif path == S:
+        assert r.json()["windows"][-1]["value"] == views(KEY, LAST)
+    elif method == "POST":
+        assert [a["windows"][-1]["value"] for a in r.json()["results"]] == \
+            [views(KEY, LAST), views(KEYS[5], LAST)]
+    elif path.startswith("/v1/jobs/"):
+        ops = [o["name"] for o in r.json()["operators"]]
+        assert ops == ([] if who == "other_op" else ["views_1m"])
+
+
+def test_the_job_list_shows_only_what_a_token_may_read(guarded: Guarded) -> None:
+    def jobs(who: str) -> list[str]:
+        r = httpx.get(guarded.router.url + "/v1/jobs", headers=guarded.headers(who),
+                      timeout=10)
+        assert r.status_code == 200, r.text
+        return [j["name"] for j in r.json()["jobs"]]
+
+    assert jobs("shop") == ["shop"] and jobs("admin") == ["shop"]
+    assert jobs("other") == []
+
+
+@pytest.mark.parametrize(("who", "code"), [
+    ("nobody", grpc.StatusCode.UNAUTHENTICATED), ("forged", grpc.StatusCode.UNAUTHENTICATED),
+    ("other", grpc.StatusCode.PERMISSION_DENIED), ("views", grpc.StatusCode.OK)])
+def test_the_auth_matrix_over_grpc(guarded: Guarded, who: str, code: grpc.StatusCode) -> None:
+    md = tuple(guarded.headers(who).items())
+    with grpc.insecure_channel(guarded.router.grpc_address) as ch:
+        stub = qpb_grpc.QueryableStateStub(ch)
+        req = qpb.GetRequest(job="shop", operator="views_1m", state="views", key=KEY)
+        if code == grpc.StatusCode.OK:
+            assert stub.Get(req, metadata=md, timeout=10).windows[-1].int_value == \
+                views(KEY, LAST)
+            listed = stub.ListJobs(qpb.ListJobsRequest(), metadata=md, timeout=10)
+            assert [(j.name, [o.name for o in j.operators]) for j in listed.jobs] == \
+                [("shop", ["views_1m"])]
+            return
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Get(req, metadata=md, timeout=10)
+        assert err.value.code() == code
+        if who == "other":
+            assert "token 'other'" in (err.value.details() or "")
+
+
+def test_tokens_are_stored_hashed_and_never_logged_or_counted(guarded: Guarded) -> None:
+    # run after the matrices in this module (pytest keeps file order): every token was sent
+    for who in guarded.tokens:
+        httpx.get(guarded.router.url + S, headers=guarded.headers(who), timeout=10)
+    stored = guarded.tokens_file.read_text()
+    assert guarded.tokens_file.stat().st_mode & 0o077 == 0
+    assert {e["name"] for e in json.loads(stored)["tokens"]} == set(SCOPES)
+    metrics = httpx.get(guarded.router.url + "/metrics", headers=guarded.headers("admin"),
+                        timeout=10).text
+    log = guarded.log.read_text()
+    for token in guarded.tokens.values():
+        assert token not in stored and token not in metrics and token not in log
+    refused = Scrape([s for f in text_string_to_metric_families(metrics) for s in f.samples])
+    assert refused.value("qstate_router_refused_total", reason="unauthenticated") >= 5
+    assert refused.value("qstate_router_refused_total", reason="forbidden") >= 5
+
+
+def test_a_malformed_tokens_file_stops_the_router_naming_it(shop: Shop, tmp_path: Path) -> None:
+    bad = tmp_path / "tokens.json"
+    bad.write_text('{"tokens": [{"name": "x", "sha256": "not-hex", "scopes": ["shop"]}]}')
+    out = subprocess.run(qstate_command("router", "--http-port", str(free_port()),
+                                        "--grpc-port", str(free_port()), "--storage",
+                                        shop.storage.uri),
+                         capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "QSTATE_TOKENS_FILE": str(bad)})
+    assert out.returncode == 2, out
+    assert str(bad) in out.stderr and "Traceback" not in out.stderr
+
+
+def test_get_exit_codes(guarded: Guarded) -> None:
+    def get(*args: str, token: str | None = None) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if k != "QSTATE_TOKEN"}
+        if token:
+            env["QSTATE_TOKEN"] = token
+        return subprocess.run(qstate_command("get", "shop", "views_1m", "views", *args),
+                              capture_output=True, text=True, timeout=60, env=env)
+
+    url = guarded.router.url
+    ok = get(KEY, "--url", url, token=guarded.tokens["views"])
+    assert ok.returncode == 0 and json.loads(ok.stdout)["windows"][-1]["value"] == \
+        views(KEY, LAST)
+    assert get("no-such-key", "--url", url, token=guarded.tokens["views"]).returncode == 1
+    assert get(KEY, "--url", url).returncode == 5
+    assert get(KEY, "--url", url, token=guarded.tokens["other"]).returncode == 5
+    closed = get(KEY, "--url", f"http://127.0.0.1:{free_port()}")
+    assert closed.returncode == 4
+    assert closed.stderr.count("\n") == 1 and "cannot be reached" in closed.stderr
