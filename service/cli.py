@@ -185,7 +185,8 @@ def get(
             5 if isinstance(exc, Unauthenticated | Forbidden) else 3
         raise typer.Exit(code) from None
     except httpx.TransportError as exc:
-        typer.echo(f"error: the router at {url} cannot be reached: {exc}", err=True)
+        why = " ".join(str(exc).split()) or type(exc).__name__  # one line; a timeout has no text
+        typer.echo(f"error: the router at {url} cannot be reached: {why}", err=True)
         raise typer.Exit(4) from None
     typer.echo(v.model_dump_json(indent=2))
 

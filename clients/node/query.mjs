@@ -4,19 +4,23 @@
 //   node query.mjs get      JOB OPERATOR STATE KEY    [--from MS --to MS] [--addr HOST:PORT]
 //   node query.mjs multiget JOB OPERATOR STATE KEY... [--from MS --to MS] [--addr HOST:PORT]
 //
-// Address: --addr, else $QSTATE_GRPC, else 127.0.0.1:50051.
+// Address: --addr, else $QSTATE_GRPC, else 127.0.0.1:50051. TLS: --ca FILE (else
+// $QSTATE_TLS_CA), the CA bundle that signed the router's certificate; plain text without it.
+// Token: --token (else $QSTATE_TOKEN), sent as "authorization: Bearer ..." metadata.
 // int64 fields (batch, watermark_ms, start_ms, end_ms, int_value) are printed as decimal
 // strings, so counts beyond 2^53 stay exact; double values are JSON numbers.
-// Exit codes: 0 ok, 2 NOT_FOUND, 3 UNAVAILABLE, 4 INVALID_ARGUMENT, 1 any other gRPC error,
-// 64 bad usage. Errors go to stderr as "CODE_NAME: message".
+// Exit codes: 0 ok, 2 NOT_FOUND, 3 UNAVAILABLE, 4 INVALID_ARGUMENT, 5 UNAUTHENTICATED or
+// PERMISSION_DENIED, 1 any other gRPC error, 64 bad usage. Errors go to stderr as "CODE_NAME: message".
+import { readFileSync } from "node:fs";
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
 import grpc from "@grpc/grpc-js";
 import protoLoader from "@grpc/proto-loader";
 
 const PROTO = fileURLToPath(new URL("../../proto/qstate.proto", import.meta.url));
-const EXIT = { NOT_FOUND: 2, UNAVAILABLE: 3, INVALID_ARGUMENT: 4 };
-const USAGE = "usage: query.mjs get JOB OPERATOR STATE KEY [--from MS --to MS] [--addr HOST:PORT]\n" +
+const EXIT = { NOT_FOUND: 2, UNAVAILABLE: 3, INVALID_ARGUMENT: 4, UNAUTHENTICATED: 5,
+  PERMISSION_DENIED: 5 };
+const USAGE = "usage: query.mjs get JOB OPERATOR STATE KEY [--from MS --to MS] [--addr HOST:PORT] [--ca FILE] [--token T]\n" +
   "       query.mjs multiget JOB OPERATOR STATE KEY... [--from MS --to MS] [--addr HOST:PORT]";
 
 function usage(msg) {
@@ -28,7 +32,8 @@ let args;
 try {
   args = parseArgs({
     allowPositionals: true,
-    options: { from: { type: "string" }, to: { type: "string" }, addr: { type: "string" } },
+    options: { from: { type: "string" }, to: { type: "string" }, addr: { type: "string" },
+               ca: { type: "string" }, token: { type: "string" } },
   });
 } catch (e) {
   usage(e.message);
@@ -47,14 +52,19 @@ const pkg = grpc.loadPackageDefinition(protoLoader.loadSync(PROTO, {
   keepCase: true, longs: String, enums: String, defaults: true,
 }));
 const addr = opts.addr ?? process.env.QSTATE_GRPC ?? "127.0.0.1:50051";
-const client = new pkg.qstate.v1.QueryableState(addr, grpc.credentials.createInsecure());
+const ca = opts.ca ?? process.env.QSTATE_TLS_CA;
+const token = opts.token ?? process.env.QSTATE_TOKEN;
+const creds = ca ? grpc.credentials.createSsl(readFileSync(ca)) : grpc.credentials.createInsecure();
+const client = new pkg.qstate.v1.QueryableState(addr, creds);
+const metadata = new grpc.Metadata();
+if (token) metadata.set("authorization", `Bearer ${token}`);
 
 const range = opts.from === undefined ? {} : { from_ms: opts.from, to_ms: opts.to };
 const [method, request] = cmd === "get"
   ? ["Get", { job, operator, state, key: keys[0], ...range }]
   : ["MultiGet", { job, operator, state, keys, ...range }];
 
-client[method](request, { deadline: Date.now() + 10_000 }, (err, response) => {
+client[method](request, metadata, { deadline: Date.now() + 10_000 }, (err, response) => {
   client.close();
   if (err) {
     const name = grpc.status[err.code] ?? String(err.code);

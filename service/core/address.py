@@ -2,7 +2,7 @@
 
 A piece of state is addressed ``/{job}/{operator}/{state}/{key}``. Names are
 ``[A-Za-z0-9_.-]{1,64}`` not starting with a dot or a dash (they name folders on storage:
-``..`` must never be one); a key is any UTF-8 string of at most 1 KiB. A key lives in
+``..`` must never be one); a key is any non-empty UTF-8 string of at most 1 KiB. A key lives in
 partition ``pmod(xxhash64(utf8(key), seed=42), P)`` of its operator: exactly Spark SQL's
 ``pmod(xxhash64(key), P)`` for a string column, so the job computes it in the JVM and
 everyone else here.
@@ -44,7 +44,13 @@ def check_name(kind: str, value: str) -> str:
 
 
 def check_key(key: str) -> str:
-    size = len(key.encode("utf-8"))
+    if not key:
+        raise InvalidAddress(f"empty key: a key is 1 to {MAX_KEY_BYTES} bytes of UTF-8")
+    try:
+        size = len(key.encode("utf-8"))
+    except UnicodeEncodeError:  # a lone surrogate, e.g. "\ud800" in a JSON body
+        raise InvalidAddress("key is not valid Unicode (a lone UTF-16 surrogate): send it as "
+                             "UTF-8") from None
     if size > MAX_KEY_BYTES:
         raise InvalidAddress(f"key is {size} bytes of UTF-8; at most {MAX_KEY_BYTES} are allowed")
     return key

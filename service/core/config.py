@@ -149,15 +149,16 @@ class Settings(BaseSettings):
         "tools verify shard servers, `qstate get` and the clients verify the router. Set it "
         "wherever servers use tls_cert.")
     cluster_token: str = Field(
-        "", description="Shared secret of the internal shard API: a shard server answers "
-        "Commit, MultiGet and Describe only to callers that send it (gRPC metadata "
+        "", repr=False, description="Shared secret of the internal shard API: a shard "
+        "server answers Commit, MultiGet and Describe only to callers that send it (gRPC metadata "
         "`authorization: Bearer ...`), and every job, router and tool sends it. Empty: the "
         "shard API is open, which only a loopback address allows. `qstate run` makes one per "
         "demo.")
     tokens_file: str = Field(
         "", description="Router: JSON file of client tokens, stored hashed and each scoped "
-        "to jobs (and operators); `qstate token add` writes it. Empty: no token is asked, "
-        "which only a loopback address allows.")
+        "to jobs (and operators); `qstate token add` writes it. Re-read within a second of "
+        "a change: removing a line revokes a token without a restart. Empty: no token is "
+        "asked, which only a loopback address allows.")
     metrics_public: bool = Field(
         True, description="Router: /metrics answers without a token (false: any valid token).")
     allow_insecure: bool = Field(
@@ -165,8 +166,8 @@ class Settings(BaseSettings):
         "without TLS, tokens or a cluster token (e.g. behind a service mesh that encrypts and "
         "authenticates). Off: such a server refuses to start and says what is missing.")
     token: str = Field(
-        "", description="Client token `qstate get` and the Python client send (never "
-        "logged).")
+        "", repr=False, description="Client token `qstate get` and the Node client send "
+        "(never logged); the Python client takes ``token=``.")
 
     # ---- limits -----------------------------------------------------------------------
     max_body_bytes: int = Field(

@@ -58,22 +58,41 @@ def write_delta(storage: Storage, pid: PartitionId, batch: int, table: pa.Table,
     storage.write_bytes(paths.delta(pid, batch, fragment), sink.getvalue().to_pybytes())
 
 
-def read_deltas(storage: Storage, pid: PartitionId, batch: int,
-                fragments: Iterable[int]) -> pa.Table:
-    """Batch ``batch``'s delta for ``pid``: its fragments, one table."""
-    tables = [read_delta(storage, pid, batch, f) for f in sorted(fragments)]
+def read_deltas(storage: Storage, pid: PartitionId, batch: int, fragments: Iterable[int],
+                spec: OperatorSpec | None = None) -> pa.Table:
+    """Batch ``batch``'s delta for ``pid``: its fragments, one table (each checked against
+    ``spec``'s delta schema when given)."""
+    tables = [read_delta(storage, pid, batch, f, spec) for f in sorted(fragments)]
     return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
 
 
-def read_delta(storage: Storage, pid: PartitionId, batch: int, fragment: int = 0) -> pa.Table:
+def read_delta(storage: Storage, pid: PartitionId, batch: int, fragment: int = 0,
+               spec: OperatorSpec | None = None) -> pa.Table:
     """One fragment of the delta of ``batch`` for ``pid``; DeltaMismatch naming the file if
-    it is missing or cannot be decoded."""
+    it is missing, cannot be decoded, or (given ``spec``) lacks a column of its schema.
+
+    A file is validated in full once read: storage is outside this process, and a corrupt
+    buffer that Arrow opened without complaint would otherwise be read as garbage (or out of
+    bounds) when the rows are applied."""
     path = paths.delta(pid, batch, fragment)
     try:
         with storage.open_file(path) as f:
-            return ipc.open_file(f).read_all()
+            table = ipc.open_file(f).read_all()
+        table.validate(full=True)
     except FileNotFoundError:
         raise DeltaMismatch(f"delta file {path} of batch {batch} is missing from storage"
                             ) from None
-    except (pa.ArrowInvalid, OSError) as exc:
+    except (pa.ArrowException, OSError, ValueError) as exc:
         raise DeltaMismatch(f"delta file {path} of batch {batch} is unreadable: {exc}") from None
+    if spec is not None:
+        want = delta_schema(spec)
+        wrong = [f"{f.name} ({f.type})" for f in want
+                 if table.schema.get_field_index(f.name) < 0
+                 or table.schema.field(f.name).type != f.type]
+        if wrong:
+            raise DeltaMismatch(f"delta file {path} of batch {batch} does not fit operator "
+                                f"{spec.job}/{spec.operator}: missing or mistyped columns "
+                                f"{', '.join(wrong)}")
+        if table.column("key").null_count:
+            raise DeltaMismatch(f"delta file {path} of batch {batch} has rows without a key")
+    return table

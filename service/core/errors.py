@@ -18,6 +18,7 @@ __all__ = [
     "BadRecord",
     "BrokerError",
     "CommitFailed",
+    "CorruptState",
     "DeltaMismatch",
     "Fenced",
     "Forbidden",
@@ -145,6 +146,11 @@ class DeltaMismatch(QStateError):
     grpc_code = grpc.StatusCode.DATA_LOSS
 
 
+class CorruptState(DeltaMismatch):
+    """Bytes of a partition's store (a RocksDB key or value) that do not parse as its layout
+    says: the partition must be restored from its snapshot and deltas."""
+
+
 class CommitFailed(QStateError):
     """A batch could not be committed on every owning shard within the commit bound."""
 
@@ -239,4 +245,4 @@ _BY_NAME: dict[str, type[QStateError]] = {
     c.__name__: c for c in (QStateError, InvalidRequest, InvalidAddress, NotFound,
                             UnknownOperator, Unavailable, StaleEpoch, NotOwner, DeltaMismatch,
                             CommitFailed, Fenced, StartFailed, BrokerError, BadRecord,
-                            TooLarge, Unauthenticated, Forbidden, Overloaded)}
+                            TooLarge, Unauthenticated, Forbidden, Overloaded, CorruptState)}

@@ -16,9 +16,11 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
 import os
 import re
 import secrets
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +29,10 @@ from pydantic import BaseModel, Field, ValidationError
 from service.core.address import NAME_PATTERN
 from service.core.errors import Forbidden, InvalidRequest, StartFailed, Unauthenticated
 
-__all__ = ["ALL", "Principal", "TokenBook", "TokenEntry", "add_token", "hash_token"]
+__all__ = ["ALL", "Principal", "TokenBook", "TokenEntry", "WatchedTokens", "add_token",
+           "hash_token"]
+
+log = logging.getLogger(__name__)
 
 ALL = "*"
 _SCOPE = rf"^(\*|{NAME_PATTERN.strip('^$')}(/{NAME_PATTERN.strip('^$')})?)$"
@@ -89,9 +94,9 @@ class TokenBook:
     def __init__(self, entries: list[TokenEntry]) -> None:
         self._by_hash = {e.sha256: Principal(e.name, frozenset(e.scopes)) for e in entries}
 
-    @classmethod
-    def load(cls, path: str | Path) -> TokenBook:
-        """Read the tokens file; a missing or malformed file fails naming it."""
+    @staticmethod
+    def read(path: str | Path) -> TokenFile:
+        """The tokens file; a missing or malformed one fails naming it."""
         try:
             f = TokenFile.model_validate_json(Path(path).read_bytes())
             for e in f.tokens:
@@ -101,7 +106,14 @@ class TokenBook:
             raise StartFailed(f"tokens file {path}: {exc.strerror}") from None
         except (ValidationError, InvalidRequest) as exc:
             raise StartFailed(f"tokens file {path} is not valid: {exc}") from None
-        return cls(f.tokens)
+        names = [e.name for e in f.tokens]
+        if len(names) != len(set(names)):
+            raise StartFailed(f"tokens file {path} names a token twice")
+        return f
+
+    @classmethod
+    def load(cls, path: str | Path) -> TokenBook:
+        return cls(cls.read(path).tokens)
 
     def authenticate(self, token: str | None) -> Principal:
         if not token:
@@ -119,15 +131,49 @@ def add_token(path: Path, name: str, scopes: list[str]) -> str:
     """A new token for ``name`` with ``scopes``: its hash appended to ``path`` (created
     0600), the token returned, to be shown once."""
     entry = TokenEntry(name=name, sha256="0" * 64, scopes=[check_scope(s) for s in scopes])
-    current = TokenFile.model_validate_json(path.read_bytes()) if path.exists() else TokenFile()
+    current = TokenBook.read(path) if path.exists() else TokenFile()
     if any(e.name == name for e in current.tokens):
         raise InvalidRequest(f"a token named {name!r} exists in {path}")
     token = "qs_" + secrets.token_urlsafe(32)
     current.tokens.append(entry.model_copy(update={"sha256": hash_token(token)}))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.unlink(missing_ok=True)  # a leftover would keep its own mode
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         json.dump(current.model_dump(), f, indent=2)
     os.replace(tmp, path)
     return token
+
+
+class WatchedTokens:
+    """The book of a tokens file, re-read when the file changes (checked at most once a
+    ``every_s``): a token removed from the file is refused within a second, no restart. A
+    file that becomes invalid keeps the last good book, loudly."""
+
+    def __init__(self, path: str | Path, every_s: float = 1.0) -> None:
+        self.path = Path(path)
+        self.every_s = every_s
+        self._book = TokenBook.load(self.path)  # invalid at start: the router does not start
+        self._seen = self._stamp()
+        self._checked = time.monotonic()
+
+    def _stamp(self) -> tuple[int, int]:
+        st = self.path.stat()
+        return st.st_mtime_ns, st.st_size
+
+    def book(self) -> TokenBook:
+        now = time.monotonic()
+        if now - self._checked >= self.every_s:
+            self._checked = now
+            try:
+                stamp = self._stamp()
+                if stamp != self._seen:
+                    self._book, self._seen = TokenBook.load(self.path), stamp
+                    log.warning("tokens file %s re-read", self.path)
+            except (OSError, StartFailed) as exc:
+                log.error("tokens file %s: keeping the tokens read before: %s", self.path, exc)
+        return self._book
+
+    def authenticate(self, token: str | None) -> Principal:
+        return self.book().authenticate(token)

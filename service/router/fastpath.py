@@ -13,7 +13,7 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from service.core.errors import QStateError
-from service.router.http import JSON, error_response, time_range
+from service.router.http import JSON, error_response, parse_limit, time_range
 from service.router.metrics import HTTP_LATENCY, HTTP_REQUESTS
 from service.router.query import QueryService, absent
 
@@ -39,7 +39,8 @@ def with_fast_get(app: Any, query: QueryService) -> Any:
             params = dict(parse_qsl(scope["query_string"].decode("latin-1"))) \
                 if scope["query_string"] else {}
             a = await query.get(job, operator, state, key,
-                                time_range(params.get("from"), params.get("to")))
+                                time_range(params.get("from"), params.get("to")),
+                                parse_limit(params.get("limit"), query.max_windows))
             if not a.found:
                 raise absent(a)
             status, body = 200, a.model_dump_json().encode()

@@ -23,6 +23,8 @@ __all__ = ["QueryableStateService"]
 def _value(a: StateAnswer) -> pb.StateValue:
     out = pb.StateValue(job=a.job, operator=a.operator, state=a.state, key=a.key, found=a.found,
                         batch=a.batch, watermark_ms=a.watermark)
+    if a.next_from is not None:
+        out.next_from_ms = a.next_from
     for w in a.windows:
         pw = out.windows.add()
         if w.start is not None:
@@ -40,6 +42,10 @@ def _range(req: pb.GetRequest | pb.MultiGetRequest) -> tuple[int, int] | None:
     if not has_from and not has_to:
         return None
     return (req.from_ms if has_from else -FAR, req.to_ms if has_to else FAR)
+
+
+def _limit(req: pb.GetRequest | pb.MultiGetRequest) -> int | None:
+    return req.limit if req.HasField("limit") else None
 
 
 async def _fail(context: grpc.aio.ServicerContext, method: str, exc: QStateError) -> None:
@@ -63,7 +69,7 @@ class QueryableStateService(pb_grpc.QueryableStateServicer):
         try:
             self.auth.check(context, request.job, request.operator)
             a = await self.query.get(request.job, request.operator, request.state, request.key,
-                                     _range(request))
+                                     _range(request), _limit(request))
             if not a.found:
                 raise absent(a)
         except QStateError as exc:
@@ -78,7 +84,8 @@ class QueryableStateService(pb_grpc.QueryableStateServicer):
         try:
             self.auth.check(context, request.job, request.operator)
             answers = await self.query.multi_get(request.job, request.operator, request.state,
-                                                 list(request.keys), _range(request))
+                                                 list(request.keys), _range(request),
+                                                 _limit(request))
         except QStateError as exc:
             await _fail(context, "MultiGet", exc)
         RPCS.labels("MultiGet", "OK").inc()
@@ -100,8 +107,9 @@ class QueryableStateService(pb_grpc.QueryableStateServicer):
     async def DescribeJob(self, request: pb.DescribeJobRequest,
                           context: grpc.aio.ServicerContext) -> pb.JobInfo:
         try:
-            self.auth.check(context, request.job)
             who = self.auth.principal(context)
+            if who is not None:
+                who.check(request.job)
             ops = await self.query.describe_job(request.job)
         except QStateError as exc:
             await _fail(context, "DescribeJob", exc)

@@ -47,50 +47,77 @@ from service.router.metrics import (
     count_unavailable,
     http_method,
 )
-from service.router.query import OperatorStatus, QueryService, absent
+from service.router.query import OperatorStatus, QueryService, absent, check_limit
 from service.router.ui import mount_ui
 
-__all__ = ["create_app", "error_response", "json_response", "time_range"]
+__all__ = ["TIME_PATTERN", "create_app", "error_response", "json_response", "parse_limit",
+           "time_range"]
 
 JSON = "application/json"
+NEXT_FROM = "Next-From"  # the series' cursor (a JSON array has no room for one)
 FAR = 1 << 62  # an open end of a time range
 
 
+KeyItem = Annotated[str, Field(min_length=1, max_length=MAX_KEY_BYTES)]
+
+
 class BatchGetIn(BaseModel):
-    keys: list[str] = Field(max_length=DEFAULTS.max_batch_keys,
-                            description=f"At most {DEFAULTS.max_batch_keys} keys")
+    keys: list[KeyItem] = Field(max_length=DEFAULTS.max_batch_keys,
+                                description=f"At most {DEFAULTS.max_batch_keys} keys "
+                                f"(QSTATE_MAX_BATCH_KEYS), each 1 to {MAX_KEY_BYTES} bytes of "
+                                "UTF-8")
     model_config = {"extra": "forbid",
                     "json_schema_extra": {"examples": [{"keys": ["tw-1", "tw-2", "tw-404"]}]}}
 
 
-# Grafana's relative times: now, now-1h, now-30m, now+5m. A "+" left unencoded in a query
-# string arrives as a space, so a space counts as "+".
-_RELATIVE = re.compile(r"now(?:([-+ ])(\d+)(ms|s|m|h|d|w))?")
+# A time in a query: epoch milliseconds (Grafana's ${__from}), Grafana's relative times (now,
+# now-1h, now+5m; a "+" left unencoded in a query string arrives as a space, so a space
+# counts as "+"), or an ISO-8601 date or time (naive: UTC). One expression both checks the
+# parameter and is the pattern the OpenAPI document states.
+_ISO = (r"[0-9]{4}-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12][0-9]|3[01])"
+        r"(?:T(?:[01][0-9]|2[0-3]):[0-5][0-9](?::[0-5][0-9](?:\.[0-9]{1,6})?)?"
+        r"(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])?)?")
+_TIME = re.compile(r"(?P<epoch>-?[0-9]{1,19})"
+                   r"|now(?:(?P<sign>[-+ ])(?P<n>[0-9]{1,12})(?P<unit>ms|s|m|h|d|w))?"
+                   rf"|(?P<iso>{_ISO})")
+TIME_PATTERN = "^(?:" + re.sub(r"\?P<\w+>", "?:", _TIME.pattern) + ")$"
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
 
 
 def parse_time(name: str, value: str | None, now_ms: int | None = None) -> int | None:
-    """Epoch milliseconds (Grafana's ``${__from}``), ISO-8601 (a naive time is UTC), or
-    relative to now (``now-1h``)."""
+    """Epoch milliseconds, ISO-8601 (a naive time is UTC), or relative to now (``now-1h``)."""
+    if value is None:
+        return None
+    m = _TIME.fullmatch(value.strip())
+    try:
+        if m is None:
+            raise ValueError(value)
+        if m["epoch"] is not None:
+            return int(m["epoch"])
+        if m["iso"] is None:
+            now = int(time.time() * 1000) if now_ms is None else now_ms
+            if m["sign"] is None:
+                return now
+            return now + (-1 if m["sign"] == "-" else 1) * int(m["n"]) * _UNIT_MS[m["unit"]]
+        dt = datetime.fromisoformat(m["iso"].replace("Z", "+00:00"))
+        if dt.tzinfo is None:
+            dt = dt.replace(tzinfo=UTC)
+        return int(dt.timestamp() * 1000)
+    except (ValueError, OverflowError):  # also a date that does not exist: 2026-02-30
+        raise InvalidRequest(f"'{name}' must be epoch milliseconds (at most 19 digits), "
+                             f"ISO-8601 (e.g. 2026-01-01T10:00:00Z) or relative to now "
+                             f"(now-1h; units ms s m h d w), not {value[:80]!r}") from None
+
+
+def parse_limit(value: str | None, most: int) -> int | None:
+    """The ``limit`` query parameter: a whole number of windows, 1..``most``."""
     if value is None:
         return None
     v = value.strip()
-    if v.lstrip("-").isdigit():
-        return int(v)
-    rel = _RELATIVE.fullmatch(v)
-    if rel:
-        now = int(time.time() * 1000) if now_ms is None else now_ms
-        sign, n, unit = rel.groups()
-        return now if sign is None else now + (-1 if sign == "-" else 1) * int(n) * _UNIT_MS[unit]
-    try:
-        dt = datetime.fromisoformat(v.replace("Z", "+00:00"))
-    except ValueError:
-        raise InvalidRequest(f"'{name}' must be epoch milliseconds, ISO-8601 "
-                             f"(e.g. 2026-01-01T10:00:00Z) or relative to now (now-1h; units "
-                             f"ms s m h d w), not {value!r}") from None
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=UTC)
-    return int(dt.timestamp() * 1000)
+    if not (v.isdigit() and len(v) <= 9):
+        raise InvalidRequest(f"'limit' must be a whole number of windows from 1 to {most}, "
+                             f"not {value[:80]!r}")
+    return check_limit(int(v), most)
 
 
 def time_range(from_: str | None, to: str | None) -> tuple[int, int] | None:
@@ -135,15 +162,20 @@ def _operator(s: OperatorStatus) -> OperatorInfo:
         retention_ms=sp.retention_ms, last_batch=s.last_batch, watermark=s.watermark_ms)
 
 
-Name = Annotated[str, Path(pattern=NAME_PATTERN, description="[A-Za-z0-9_.-]{1,64}")]
+Name = Annotated[str, Path(pattern=NAME_PATTERN, description="1 to 64 characters of "
+                           "A-Z a-z 0-9 _ . -, not starting with . or -")]
 Key = Annotated[str, Path(min_length=1, max_length=MAX_KEY_BYTES,
-                          description=f"The grouping key as UTF-8, at most {MAX_KEY_BYTES} "
-                          "bytes (URL-encoded)")]
-From = Annotated[str | None, Query(alias="from", description="Epoch ms, ISO-8601 or relative "
-                                   "to now (now-1h; units ms s m h d w)",
-                                   examples=["2026-01-01T10:00:00Z"])]
-To = Annotated[str | None, Query(description="Epoch ms, ISO-8601 or relative to now "
-                                 "(exclusive)", examples=["now"])]
+                          description=f"The grouping key: 1 to {MAX_KEY_BYTES} bytes of UTF-8 "
+                          "(URL-encoded; a non-ASCII character counts 2-4 bytes)")]
+_TIME_DOC = ("epoch milliseconds (at most 19 digits), an ISO-8601 date or time (naive: UTC), "
+             "or relative to now: now, now-1h, now+5m (units ms s m h d w)")
+From = Annotated[str | None, Query(alias="from", description=f"Windows starting at or after: "
+                                   f"{_TIME_DOC}. With neither from nor to: the latest window",
+                                   examples=["2026-01-01T10:00:00Z"],
+                                   json_schema_extra={"pattern": TIME_PATTERN})]
+To = Annotated[str | None, Query(description=f"Windows starting before (exclusive): "
+                                 f"{_TIME_DOC}; must be after from", examples=["now"],
+                                 json_schema_extra={"pattern": TIME_PATTERN})]
 
 
 def _may_read(request: Request, job: str, operator: str | None = None) -> bool:
@@ -153,11 +185,30 @@ def _may_read(request: Request, job: str, operator: str | None = None) -> bool:
     return principal is None or principal.allows(job, operator)
 
 
+def _not_null(param: dict[str, Any]) -> None:
+    """An optional query parameter is absent or a value, never null (a query string has no
+    null): its schema says so, and a generator does not send the text "null"."""
+    schema = param.get("schema", {})
+    kinds = schema.get("anyOf")
+    if param.get("in") == "query" and kinds and {"type": "null"} in kinds:
+        rest = [k for k in kinds if k != {"type": "null"}]
+        if len(rest) == 1:
+            del schema["anyOf"]
+            schema.update(rest[0])
+
+
 def create_app(query: QueryService, ready: Callable[[], bool] = lambda: True) -> FastAPI:
     app = FastAPI(title="qstate", version="1",
                   description="Live per-key window aggregates of Spark Structured Streaming "
                               "jobs, served from RocksDB shards.")
     errors = error_responses()
+    most = query.max_windows
+    # this router's max_windows, so the document states the bound it enforces (a default,
+    # not an Annotated alias: annotations here are strings resolved in the module's globals)
+    limit_param = Query(
+        None, ge=1, le=most, description=f"Most windows per key in a range answer (default "
+        f"and most: {most}, QSTATE_MAX_WINDOWS). An answer cut short carries next_from: ask "
+        "again with from=next_from for the next page")
 
     @app.middleware("http")
     async def measure(request: Request, call_next):  # type: ignore[no-untyped-def]
@@ -187,6 +238,8 @@ def create_app(query: QueryService, ready: Callable[[], bool] = lambda: True) ->
                         check_key(e["input"])
                     else:
                         check_name(str(loc[1]), e["input"])
+                if loc == ("query", "limit"):  # the fast path's words for a bad limit
+                    parse_limit(str(e.get("input")), most)
         except QStateError as named:
             return _error(named)
         problems = "; ".join(
@@ -210,29 +263,38 @@ def create_app(query: QueryService, ready: Callable[[], bool] = lambda: True) ->
     @app.get("/v1/state/{job}/{operator}/{state}/{key:path}", response_model=StateAnswer,
              responses=errors, summary="The latest window of a key, or its windows in a range")
     async def get_state(job: Name, operator: Name, state: Name, key: Key, from_: From = None,
-                        to: To = None) -> Any:
-        a = await query.get(job, operator, state, key, time_range(from_, to))
+                        to: To = None, limit: int | None = limit_param) -> Any:
+        a = await query.get(job, operator, state, key, time_range(from_, to), limit)
         if not a.found:
             raise absent(a)
         return json_response(a)
 
     @app.post("/v1/state/{job}/{operator}/{state}:batchGet", response_model=BatchAnswer,
-              responses=errors, summary="Many keys of one state; misses are marked")
+              responses=error_responses(body=True),
+              summary="Many keys of one state; misses are marked")
     async def batch_get(job: Name, operator: Name, state: Name,
                         body: Annotated[BatchGetIn, Body()], from_: From = None,
-                        to: To = None) -> Any:
-        answers = await query.multi_get(job, operator, state, body.keys, time_range(from_, to))
+                        to: To = None, limit: int | None = limit_param) -> Any:
+        answers = await query.multi_get(job, operator, state, body.keys, time_range(from_, to),
+                                        limit)
         return json_response(BatchAnswer.model_construct(results=answers))
 
     @app.get("/v1/series/{job}/{operator}/{state}/{key:path}", response_model=Series,
-             responses=errors, summary="A key's windows as points [{time, value}], for "
-             "dashboards; [] when the key has no data")
+             responses={**errors, 200: {"headers": {NEXT_FROM: {
+                 "description": "Set when the range held more than limit windows: the start "
+                                "of the next one; ask again with from=<it> for the rest",
+                 "schema": {"type": "integer"}}}}},
+             summary="A key's windows as points [{time, value}], for dashboards; [] when the "
+                     "key has no data")
     async def get_series(job: Name, operator: Name, state: Name, key: Key, from_: From = None,
-                         to: To = None) -> Any:
-        a = await query.get(job, operator, state, key, time_range(from_, to))
-        return json_response(Series([
+                         to: To = None, limit: int | None = limit_param) -> Any:
+        a = await query.get(job, operator, state, key, time_range(from_, to), limit)
+        out = json_response(Series([
             Point.model_construct(time=a.watermark if w.start is None else w.start,
                                   value=w.value) for w in a.windows]))
+        if a.next_from is not None:
+            out.headers[NEXT_FROM] = str(a.next_from)
+        return out
 
     @app.get("/v1/jobs", response_model=JobList, responses=errors,
              summary="Jobs whose state is queryable (with tokens: those the token may read)")
@@ -266,6 +328,8 @@ def create_app(query: QueryService, ready: Callable[[], bool] = lambda: True) ->
             for ops in doc["paths"].values():
                 for op in ops.values():
                     op.get("responses", {}).pop("422", None)
+                    for param in op.get("parameters", ()):
+                        _not_null(param)
             for name in ("HTTPValidationError", "ValidationError"):
                 doc.get("components", {}).get("schemas", {}).pop(name, None)
             app.openapi_schema = doc

@@ -18,7 +18,7 @@ from service.core import security
 from service.core.address import PartitionId
 from service.core.config import Settings
 from service.core.storage import Storage
-from service.core.tokens import TokenBook
+from service.core.tokens import WatchedTokens
 from service.router.auth import GrpcAuth, with_auth
 from service.router.coalesce import ShardCaller
 from service.router.fastpath import with_fast_get
@@ -72,7 +72,7 @@ async def serve(o: RouterOptions, scratch: Path | None = None) -> None:
     cfg = o.settings
     host = o.host
     security.check_exposure(host, cfg, "the router", tokens=True)
-    book = TokenBook.load(cfg.tokens_file) if cfg.tokens_file else None
+    book = WatchedTokens(cfg.tokens_file) if cfg.tokens_file else None
     routing = RoutingTable(Storage(o.storage_uri), cfg.routing_refresh_s,
                            cfg.routing_min_interval_s)
     await routing.start()
@@ -80,7 +80,7 @@ async def serve(o: RouterOptions, scratch: Path | None = None) -> None:
                          max_queue=cfg.max_shard_queue, retry_after_s=cfg.retry_after_s)
     local = LocalReader(scratch or Path(tempfile.mkdtemp(prefix="qstate-router-")))
     reads = PartitionReads(routing, caller, cfg.retry_after_s, local if o.local_reads else None)
-    query = QueryService(routing, reads, cfg.max_batch_keys)
+    query = QueryService(routing, reads, cfg.max_batch_keys, cfg.max_windows)
     watch = asyncio.create_task(_watch_local_shards(routing, caller, local,
                                                     cfg.local_ready_poll_s)) \
         if o.local_reads else None

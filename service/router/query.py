@@ -15,7 +15,7 @@ from service.core.operator import OperatorSpec
 from service.router.reads import Hit, PartitionReads
 from service.router.routing import RoutingTable
 
-__all__ = ["OperatorStatus", "QueryService", "check_range"]
+__all__ = ["OperatorStatus", "QueryService", "check_limit", "check_range"]
 
 
 @dataclass
@@ -39,6 +39,16 @@ def check_range(rng: tuple[int, int] | None) -> None:
         raise InvalidRequest(f"empty time range: 'to' ({rng[1]}) must be after 'from' ({rng[0]})")
 
 
+def check_limit(limit: int | None, most: int) -> int:
+    """The windows a range answer may hold: ``limit`` (None: ``most``), 1..``most``."""
+    if limit is None:
+        return most
+    if not 1 <= limit <= most:
+        raise InvalidRequest(f"'limit' is {limit}: ask for 1 to {most} windows per key "
+                             "(QSTATE_MAX_WINDOWS), and page on with 'next_from'")
+    return limit
+
+
 def absent(a: StateAnswer) -> NotFound:
     """The 404 of a key with no data: it names the batch it is absent as of."""
     return NotFound(f"key {a.key[:200]!r} has no data in {a.job}/{a.operator}/{a.state} as of "
@@ -47,39 +57,55 @@ def absent(a: StateAnswer) -> NotFound:
 
 class QueryService:
     def __init__(self, routing: RoutingTable, reads: PartitionReads,
-                 max_batch_keys: int = DEFAULTS.max_batch_keys) -> None:
+                 max_batch_keys: int = DEFAULTS.max_batch_keys,
+                 max_windows: int = DEFAULTS.max_windows) -> None:
         self.routing = routing
         self.reads = reads
         self.max_batch_keys = max_batch_keys
+        self.max_windows = max_windows
 
     @staticmethod
     def _answer(spec: OperatorSpec, state: str, key: str, h: Hit) -> StateAnswer:
         return StateAnswer.model_construct(
             job=spec.job, operator=spec.operator, state=state, key=key, found=h.found,
-            batch=h.batch, watermark=h.watermark_ms, windows=h.windows)
+            batch=h.batch, watermark=h.watermark_ms, windows=h.windows, next_from=h.next_from)
 
     async def get(self, job: str, operator: str, state: str, key: str,
-                  rng: tuple[int, int] | None = None) -> StateAnswer:
+                  rng: tuple[int, int] | None = None, limit: int | None = None) -> StateAnswer:
+        """``limit``: most windows of a range answer (None: ``max_windows``); one cut short
+        says where the next page starts (``next_from``)."""
         _validate(job, operator, state, [key])
         check_range(rng)
+        most = check_limit(limit, self.max_windows)
         spec = await self.routing.spec(job, operator, state)
         pid = PartitionId(job, operator, partition_of(key, spec.partitions))
-        return self._answer(spec, state, key, await self.reads.read(spec, pid, state, key, rng))
+        return self._answer(spec, state, key,
+                            await self.reads.read(spec, pid, state, key, rng, most))
 
     async def multi_get(self, job: str, operator: str, state: str, keys: list[str],
-                        rng: tuple[int, int] | None = None) -> list[StateAnswer]:
+                        rng: tuple[int, int] | None = None, limit: int | None = None
+                        ) -> list[StateAnswer]:
         if len(keys) > self.max_batch_keys:
             raise InvalidRequest(f"{len(keys)} keys: at most {self.max_batch_keys} per request")
         _validate(job, operator, state, keys)
         check_range(rng)
+        most = check_limit(limit, self.max_windows)
         spec = await self.routing.spec(job, operator, state)
         pids = [PartitionId(job, operator, partition_of(k, spec.partitions)) for k in keys]
-        hits = [self.reads.read_local(spec, pid, state, k, rng)
+        hits = [self.reads.read_local(spec, pid, state, k, rng, most)
                 for pid, k in zip(pids, keys, strict=True)]
         missing = [i for i, h in enumerate(hits) if h is None]
         if missing:
-            remote = await asyncio.gather(*(self.reads.read_remote(pids[i], state, keys[i], rng)
-                                            for i in missing))
+            reads = [asyncio.ensure_future(self.reads.read_remote(pids[i], state, keys[i], rng,
+                                                                  most)) for i in missing]
+            try:
+                remote = await asyncio.gather(*reads)
+            except BaseException:
+                # one key failed (a 503, a full shard queue): the answer is that error, and
+                # the other keys' lookups are called off rather than left to run unread
+                for r in reads:
+                    r.cancel()
+                raise
             for i, h in zip(missing, remote, strict=True):
                 hits[i] = h
         return [self._answer(spec, state, k, h) for k, h in zip(keys, hits, strict=True)

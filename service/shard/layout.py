@@ -13,14 +13,17 @@ t1 and t2" is a seek and a short scan; the time index turns retention into one r
 from __future__ import annotations
 
 import struct
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["DATA", "INDEX", "META", "NO_WINDOW", "data_key", "data_key_of_index", "data_keys",
-           "dec_time", "enc_time", "index_key", "index_keys", "key_prefix", "pane_of",
-           "start_of", "tag_of"]
+from service.core.errors import CorruptState
+
+__all__ = ["DATA", "INDEX", "META", "NO_WINDOW", "DataKey", "data_key", "data_key_of_index",
+           "data_keys", "dec_time", "enc_time", "index_key", "index_keys", "key_prefix",
+           "pane_of", "parse_data_key", "start_of", "tag_of"]
 
 DATA = b"d"
 INDEX = b"e"
@@ -49,6 +52,34 @@ def data_key(key: str, start: int, tag: int | None = None) -> bytes:
     """A window's (or a pane's, with its tag) data key."""
     dk = key_prefix(key) + enc_time(start)
     return dk if tag is None else dk + enc_time(tag)
+
+
+class DataKey(NamedTuple):
+    key: str
+    start: int  # the window's start, or a pane's
+    tag: int | None  # a pane's tag; None for a window
+
+
+def parse_data_key(raw: bytes) -> DataKey:
+    """A data key taken apart, checked: CorruptState saying what is wrong with bytes that
+    are not one (the read path trusts its own keys and uses ``start_of`` and friends)."""
+    def bad(why: str) -> CorruptState:
+        return CorruptState(f"not a data key of the partition layout ({why}): {raw[:40]!r}")
+
+    if raw[:1] != DATA:
+        raise bad(f"it starts with {raw[:1]!r}, not {DATA!r}")
+    if len(raw) < 3:
+        raise bad(f"{len(raw)} bytes, too short for the key's length")
+    (size,) = _U16.unpack_from(raw, 1)
+    rest = len(raw) - 3 - size
+    if rest not in (8, 16):
+        raise bad(f"a {size}-byte key leaves {rest} bytes, not 8 (start) or 16 (pane, tag)")
+    try:
+        key = raw[3:3 + size].decode("utf-8")
+    except UnicodeDecodeError:
+        raise bad("the key is not UTF-8") from None
+    times = raw[3 + size:]
+    return DataKey(key, dec_time(times[:8]), dec_time(times[8:]) if rest == 16 else None)
 
 
 def _fixed(values: np.ndarray, width: int) -> pa.Array:

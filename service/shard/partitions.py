@@ -155,7 +155,7 @@ class Partitions:
         caught_up = self.recovery.catch_up(pid, held, batch - 1)
         table = None
         if pc.fragments:
-            table = deltas.read_deltas(self.storage, pid, batch, pc.fragments)
+            table = deltas.read_deltas(self.storage, pid, batch, pc.fragments, spec)
             if table.num_rows != pc.rows:
                 raise DeltaMismatch(f"delta for {pid} batch {batch} has {table.num_rows} rows, "
                                     f"committer announced {pc.rows}")

@@ -80,7 +80,7 @@ class Recovery:
         for b in needed:
             m = read_manifest(self.storage, pid.job, pid.operator, b)
             fragments = m.deltas.get(pid.partition)
-            table = deltas.read_deltas(self.storage, pid, b, fragments) if fragments else None
+            table = deltas.read_deltas(self.storage, pid, b, fragments, spec) if fragments else None
             store.apply(b, m.watermark_ms, epoch, table, retention)
         metrics.CAUGHT_UP.labels(pid.job, pid.operator).inc(len(needed))
         return len(needed)

@@ -20,7 +20,8 @@ from proto import qstate_pb2 as qpb
 from proto import qstate_pb2_grpc as qpb_grpc
 from service.embedded.ports import free_port
 from service.embedded.procs import RouterProcess, qstate_command
-from tests.helpers import Scrape
+from tests.clients.test_node_client import run_node
+from tests.helpers import Scrape, wait_until
 from tests.shop import BATCHES, KEYS, Shop, views
 
 pytestmark = pytest.mark.security
@@ -29,7 +30,7 @@ LAST = BATCHES - 1
 KEY = KEYS[4]
 # who -> scopes; "nobody" and "forged" hold no valid token
 SCOPES = {"shop": ["shop"], "views": ["shop/views_1m"], "other": ["ads"],
-          "other_op": ["shop/clicks_1m"], "admin": ["*"]}
+          "other_op": ["shop/clicks_1m"], "admin": ["*"], "leaving": ["shop"]}
 
 
 @dataclass
@@ -135,7 +136,8 @@ def test_the_job_list_shows_only_what_a_token_may_read(guarded: Guarded) -> None
 
 @pytest.mark.parametrize(("who", "code"), [
     ("nobody", grpc.StatusCode.UNAUTHENTICATED), ("forged", grpc.StatusCode.UNAUTHENTICATED),
-    ("other", grpc.StatusCode.PERMISSION_DENIED), ("views", grpc.StatusCode.OK)])
+    ("other", grpc.StatusCode.PERMISSION_DENIED), ("views", grpc.StatusCode.OK),
+    ("admin", grpc.StatusCode.OK)])
 def test_the_auth_matrix_over_grpc(guarded: Guarded, who: str, code: grpc.StatusCode) -> None:
     md = tuple(guarded.headers(who).items())
     with grpc.insecure_channel(guarded.router.grpc_address) as ch:
@@ -202,3 +204,48 @@ def test_get_exit_codes(guarded: Guarded) -> None:
     closed = get(KEY, "--url", f"http://127.0.0.1:{free_port()}")
     assert closed.returncode == 4
     assert closed.stderr.count("\n") == 1 and "cannot be reached" in closed.stderr
+
+
+def test_the_node_client_sends_a_token(node: str, guarded: Guarded) -> None:
+    args = ("get", "shop", "views_1m", "views", KEY)
+    ok = run_node(node, guarded.router.grpc_address, *args, "--token", guarded.tokens["views"])
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["windows"][-1]["int_value"] == str(views(KEY, LAST))
+    for token in ((), ("--token", guarded.tokens["other"])):
+        refused = run_node(node, guarded.router.grpc_address, *args, *token)
+        assert refused.returncode == 5, refused.stderr
+
+
+def test_grpc_lists_and_describes_only_what_a_token_may_read(guarded: Guarded) -> None:
+    with grpc.insecure_channel(guarded.router.grpc_address) as ch:
+        stub = qpb_grpc.QueryableStateStub(ch)
+
+        def md(who: str) -> tuple[tuple[str, str], ...]:
+            return tuple(guarded.headers(who).items())
+
+        assert list(stub.ListJobs(qpb.ListJobsRequest(), metadata=md("other"),
+                                  timeout=10).jobs) == []
+        op_only = stub.DescribeJob(qpb.DescribeJobRequest(job="shop"), metadata=md("other_op"),
+                                   timeout=10)
+        assert list(op_only.operators) == []  # its operator is not views_1m
+        full = stub.DescribeJob(qpb.DescribeJobRequest(job="shop"), metadata=md("views"),
+                                timeout=10)
+        assert [o.name for o in full.operators] == ["views_1m"]
+
+
+def test_secrets_stay_out_of_settings_reprs() -> None:
+    from service.core.config import Settings
+
+    s = Settings(token="qs_secret-client", cluster_token="secret-cluster")
+    assert "secret" not in repr(s) and "secret" not in str(s)
+
+
+def test_a_token_removed_from_the_file_is_refused_without_a_restart(guarded: Guarded) -> None:
+    url = guarded.router.url + S
+    assert httpx.get(url, headers=guarded.headers("leaving"), timeout=10).status_code == 200
+    doc = json.loads(guarded.tokens_file.read_text())
+    doc["tokens"] = [e for e in doc["tokens"] if e["name"] != "leaving"]
+    guarded.tokens_file.write_text(json.dumps(doc))
+    wait_until(lambda: httpx.get(url, headers=guarded.headers("leaving"),
+                                 timeout=10).status_code == 401, 10, "the token revoked")
+    assert httpx.get(url, headers=guarded.headers("shop"), timeout=10).status_code == 200

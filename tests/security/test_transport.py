@@ -4,6 +4,7 @@ token, and outsiders who hold neither."""
 
 from __future__ import annotations
 
+import json
 import os
 import ssl
 import subprocess
@@ -32,6 +33,7 @@ from service.core.security import check_exposure, is_loopback
 from service.core.shard_client import ShardClients
 from service.core.storage import Storage
 from service.embedded.procs import RouterProcess, ShardProcess, qstate_command
+from tests.clients.test_node_client import run_node
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.security
@@ -306,3 +308,12 @@ def test_exposure_rules() -> None:
         tokens=True,
     )
     check_exposure("10.1.2.3", Settings(allow_insecure=True), "the router", tokens=True)
+
+
+def test_the_node_client_over_tls(node: str, vault: Vault) -> None:
+    args = ("get", "vault", "hits_1m", "hits", KEYS[2])
+    ok = run_node(node, vault.router.grpc_address, *args, "--ca", vault.ca)
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["windows"][-1]["int_value"] == str(hits(KEYS[2], 1))
+    plain = run_node(node, vault.router.grpc_address, *args)  # no CA: plain text, refused
+    assert plain.returncode == 3 and plain.stderr.startswith("UNAVAILABLE"), plain.stderr

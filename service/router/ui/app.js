@@ -225,6 +225,11 @@ function tickAge() {
 
 async function refreshCluster() {
   const r = await api("cluster");
+  if (r.status === 403) { // a token scoped to some jobs: the rest of the page still works
+    $("cluster-summary").textContent = "the cluster view needs a token with scope *";
+    $("shards").replaceChildren();
+    return;
+  }
   if (!r.ok) throw new Error(`cluster: ${r.body.message || r.status}`);
   const c = r.body;
   const groups = c.shards.map((sh) => ({ title: `${sh.id} · ${sh.address}`, up: sh.up,
