@@ -167,6 +167,8 @@ def parse_value(value: bytes | None, fields: Mapping[str, str], keys: Sequence[s
             if type(v) is int and kind == "long":
                 raise BadRecord(f"field '{name}': {v} is out of range for a long",
                                 "out_of_range") from None
+            if v is None and name in keys:  # a key that is null is a bad key, not a gap
+                raise BadRecord(f"field '{name}': a null key", "bad_key") from None
             kind_word = "missing_field" if v is None else "wrong_type"
             raise BadRecord(f"field '{name}': expected {kind}, got {_json_type(v)}",
                             kind_word) from None

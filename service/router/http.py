@@ -332,6 +332,14 @@ def create_app(query: QueryService, ready: Callable[[], bool] = lambda: True) ->
                         _not_null(param)
             for name in ("HTTPValidationError", "ValidationError"):
                 doc.get("components", {}).get("schemas", {}).pop(name, None)
+            # tokens are asked for only by a router given a tokens file; the document
+            # serves both kinds, so a bearer token is offered, and none is also allowed
+            doc.setdefault("components", {})["securitySchemes"] = {"bearer": {
+                "type": "http", "scheme": "bearer",
+                "description": "A client token (`qstate token add`), required when the "
+                               "router has a tokens file (QSTATE_TOKENS_FILE): 401 without "
+                               "or with an unknown one, 403 outside its scopes"}}
+            doc["security"] = [{"bearer": []}, {}]
             app.openapi_schema = doc
         return app.openapi_schema
 

@@ -85,6 +85,8 @@ def test_invalid_json_and_size_limit() -> None:
     assert parse_value(good, FIELDS, max_value_bytes=len(good))
     assert reason(b'{"user": "", "time": 1, "amount": 1, "ok": true}', keys=("user",)) == \
         "field 'user': an empty key"
+    assert reason(b'{"user": null, "time": 1, "amount": 1, "ok": true}', keys=("user",)) == \
+        "field 'user': a null key"
     long_key = orjson.dumps({"user": "é" * 513, "time": 1, "amount": 1, "ok": True})
     assert reason(long_key, keys=("user",)) == "field 'user': a key of 1026 bytes, more than 1024"
     assert reason(good, max_value_bytes=len(good) - 1) == (
@@ -216,6 +218,10 @@ def test_parse_events_stream_with_dead_letters(spark, broker, topic, tmp_path) -
         "array": (b"[1]", "value is a JSON array, not an object", "not_object"),
         "empty-key": (b'{"user": "", "time": 1, "amount": 1.0, "ok": true}',
                       "field 'user': an empty key", "bad_key"),
+        "null-key": (b'{"user": null, "time": 1, "amount": 1.0, "ok": true}',
+                     "field 'user': a null key", "bad_key"),
+        "long-key": (orjson.dumps({"user": "k" * 1025, "time": 1, "amount": 1.0, "ok": True}),
+                     "field 'user': a key of 1025 bytes, more than 1024", "bad_key"),
         "huge": (huge, f"value is {len(huge)} bytes, larger than the 1048576 limit",
                  "too_large"),
     }

@@ -153,16 +153,19 @@ def test_error_bodies_the_router_serves_fit_error_body(exc: Exception) -> None:
     assert ErrorBody.model_validate(body).model_dump(exclude_unset=True) == body
 
 
-def test_error_responses_document_400_404_503() -> None:
+def test_error_responses_document_every_refusal() -> None:
     r = error_responses()
-    assert set(r) == {400, 404, 503}
+    assert set(r) == {400, 401, 403, 404, 429, 503}
+    assert set(error_responses(body=True)) == set(r) | {413}
+    for status in error_responses(body=True):
+        assert r.get(status, error_responses(body=True)[status])["model"] is ErrorBody
     for status in r:
-        assert r[status]["model"] is ErrorBody
         assert r[status]["description"]
-    assert "headers" not in r[400] and "headers" not in r[404]
-    retry = r[503]["headers"]["Retry-After"]
-    assert retry["schema"] == {"type": "integer"}
-    assert retry["description"]
+    assert {s for s in r if "headers" in r[s]} == {429, 503}
+    for status in (429, 503):
+        retry = r[status]["headers"]["Retry-After"]
+        assert retry["schema"] == {"type": "integer"}
+        assert retry["description"]
 
 
 def test_error_responses_in_an_openapi_document() -> None:

@@ -31,7 +31,7 @@ class FakeRouting:
 
 class FakeReads:
     async def read(self, spec: OperatorSpec, pid: PartitionId, state: str, key: str,
-                   rng: tuple[int, int] | None) -> Hit:
+                   rng: tuple[int, int] | None, limit: int = 10_000) -> Hit:
         if key == "down":
             raise Unavailable(f"partition {pid} is being restored", 2.0,
                               partition=pid.partition)
