@@ -301,7 +301,9 @@ def state_inspect(
 ) -> None:
     """Per operator and partition: owner, state, last batch, watermark, snapshot, deltas.
 
-    Exit code 1 when a partition is down, restoring or unassigned.
+    Exit code 1 when a partition is down, restoring or unassigned, or its shard refused
+    this tool (no or the wrong cluster token: QSTATE_CLUSTER_TOKEN or _FILE); 2 when the
+    cluster token file cannot be read.
     """
     from dataclasses import asdict
 
@@ -309,10 +311,14 @@ def state_inspect(
     from rich.console import Console
     from rich.table import Table
 
+    from service.core.errors import StartFailed
     from service.core.storage import Storage
     from service.inspect import inspect
 
-    rows, summary = inspect(Storage(storage), job)
+    try:
+        rows, summary = inspect(Storage(storage), job)
+    except StartFailed as exc:  # e.g. an unreadable cluster token file
+        raise _refused_start(exc) from None
     if json_out:
         for r in rows:
             typer.echo(orjson.dumps(asdict(r)).decode())
@@ -334,6 +340,10 @@ def state_inspect(
         console.print(table)
     if not rows:
         typer.echo("no queryable operators in storage", err=True)
+    if any(r.state == "refused" for r in rows):
+        typer.echo("a shard refused this tool: set QSTATE_CLUSTER_TOKEN (or "
+                   "QSTATE_CLUSTER_TOKEN_FILE; `make run` keeps its token in "
+                   "<home>/cluster-token)", err=True)
     raise typer.Exit(1 if any(r.state != "ready" for r in rows) else 0)
 
 

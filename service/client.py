@@ -14,6 +14,7 @@ certs`` makes one); ``token`` is sent as ``Authorization: Bearer``.
 from __future__ import annotations
 
 import asyncio
+import logging
 import ssl
 import time
 from datetime import datetime
@@ -24,8 +25,11 @@ import httpx
 
 from service.core.answer import BatchAnswer, JobInfo, JobList, StateAnswer
 from service.core.errors import QStateError, from_http
+from service.core.security import clean_token, is_loopback
 
 __all__ = ["AsyncClient", "Client", "QStateError", "StateAnswer", "TimeArg"]
+
+log = logging.getLogger(__name__)
 
 TimeArg = int | str | datetime | None
 
@@ -50,11 +54,15 @@ def _key_path(job: str, operator: str, state: str, key: str) -> str:
     return f"{_state_path(job, operator, state)}/{quote(key, safe='')}"
 
 
-def _connection(ca: str | None, token: str | None) -> dict[str, Any]:
+def _connection(url: str, ca: str | None, token: str | None) -> dict[str, Any]:
     """httpx client arguments: trust ``ca`` (else the system's CAs), send ``token``."""
     kw: dict[str, Any] = {}
+    host = httpx.URL(url).host
+    if token and httpx.URL(url).scheme == "http" and not is_loopback(host):
+        log.warning("the client token goes to %s in plain text: use https", host)
     if ca:
         kw["verify"] = ssl.create_default_context(cafile=ca)
+    token = clean_token(token or "", "the client token (QSTATE_TOKEN, --token)")
     if token:
         kw["headers"] = {"authorization": f"Bearer {token}"}
     return kw
@@ -85,7 +93,7 @@ class _Base:
 
     def _retry(self, r: httpx.Response, attempt: int) -> float | None:
         """Seconds to wait before asking again, or None: this is the answer."""
-        if r.status_code != 503 or attempt == self.retries:
+        if r.status_code not in (429, 503) or attempt == self.retries:
             _raise(r)
             return None
         return _delay(r, attempt, self.backoff_s)
@@ -96,7 +104,7 @@ class Client(_Base):
                  retries: int = 3, backoff_s: float = 0.2, *, ca: str | None = None,
                  token: str | None = None) -> None:
         super().__init__(retries, backoff_s)
-        self._http = httpx.Client(base_url=url, timeout=timeout, **_connection(ca, token))
+        self._http = httpx.Client(base_url=url, timeout=timeout, **_connection(url, ca, token))
 
     def __enter__(self) -> Client:
         return self
@@ -146,7 +154,7 @@ class AsyncClient(_Base):
                  retries: int = 3, backoff_s: float = 0.2, *, ca: str | None = None,
                  token: str | None = None) -> None:
         super().__init__(retries, backoff_s)
-        self._http = httpx.AsyncClient(base_url=url, timeout=timeout, **_connection(ca, token))
+        self._http = httpx.AsyncClient(base_url=url, timeout=timeout, **_connection(url, ca, token))
 
     async def __aenter__(self) -> AsyncClient:
         return self

@@ -26,7 +26,7 @@ class PartitionRow:
     operator: str
     partition: int
     owner: str  # server id, or "-" when unassigned
-    state: str  # ready | restoring | down | unassigned
+    state: str  # ready | restoring | down | unassigned | refused (no cluster token)
     last_batch: int | None
     watermark_ms: int | None
     snapshot_batch: int | None
@@ -38,6 +38,7 @@ def inspect(storage: Storage, job: str | None = None) -> tuple[list[PartitionRow
     rows: list[PartitionRow] = []
     summary: dict[str, dict] = {}
     described: dict[str, dict] = {}
+    refused: set[str] = set()
     try:
         for spec in list_specs(storage):
             if job and spec.job != job:
@@ -57,10 +58,13 @@ def inspect(storage: Storage, job: str | None = None) -> tuple[list[PartitionRow
                             d = clients.describe(addr, timeout=1.0)
                             described[addr] = {(x.job, x.operator, x.partition): x
                                                for x in d.partitions}
-                        except grpc.RpcError:
+                        except grpc.RpcError as exc:
                             described[addr] = {}
+                            if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+                                refused.add(addr)
                     info = described[addr].get((spec.job, spec.operator, p))
-                state = partition_state(addr, info)
+                # alive, but this tool lacks the cluster token: not "down"
+                state = "refused" if addr in refused else partition_state(addr, info)
                 pid = PartitionId(spec.job, spec.operator, p)
                 snaps = snapshot_batches(storage, pid)
                 rows.append(PartitionRow(

@@ -53,7 +53,11 @@ const pkg = grpc.loadPackageDefinition(protoLoader.loadSync(PROTO, {
 }));
 const addr = opts.addr ?? process.env.QSTATE_GRPC ?? "127.0.0.1:50051";
 const ca = opts.ca ?? process.env.QSTATE_TLS_CA;
-const token = opts.token ?? process.env.QSTATE_TOKEN;
+// trimmed: a secret read from a file ends in a line break; never echoed back
+const token = (opts.token ?? process.env.QSTATE_TOKEN ?? "").trim();
+if (token && !/^[\x21-\x7e]+$/.test(token)) {
+  usage("the token holds a space, a control or a non-ASCII character (the token is not shown)");
+}
 const creds = ca ? grpc.credentials.createSsl(readFileSync(ca)) : grpc.credentials.createInsecure();
 const client = new pkg.qstate.v1.QueryableState(addr, creds);
 const metadata = new grpc.Metadata();

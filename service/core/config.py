@@ -148,12 +148,21 @@ class Settings(BaseSettings):
         "", description="PEM CA bundle that callers verify servers with: routers, jobs and "
         "tools verify shard servers, `qstate get` and the clients verify the router. Set it "
         "wherever servers use tls_cert.")
+    tls_server_name: str = Field(
+        "", description="Name that callers check a shard server's certificate against, "
+        "instead of the address they dial: shards register addresses (pod IPs) no shared "
+        "certificate names; make the certificate for this name (`qstate certs --host NAME`). "
+        "Empty: the address dialled.")
     cluster_token: str = Field(
         "", repr=False, description="Shared secret of the internal shard API: a shard "
         "server answers Commit, MultiGet and Describe only to callers that send it (gRPC metadata "
         "`authorization: Bearer ...`), and every job, router and tool sends it. Empty: the "
         "shard API is open, which only a loopback address allows. `qstate run` makes one per "
         "demo.")
+    cluster_token_file: str = Field(
+        "", description="File holding the cluster token (e.g. a mounted secret), read when "
+        "cluster_token is empty. `qstate run` writes its demo's token to "
+        "<home>/cluster-token (mode 0600) for tools run beside it.")
     tokens_file: str = Field(
         "", description="Router: JSON file of client tokens, stored hashed and each scoped "
         "to jobs (and operators); `qstate token add` writes it. Re-read within a second of "
@@ -174,7 +183,8 @@ class Settings(BaseSettings):
         1 << 20, ge=1024, description="Router: largest request body accepted (413 beyond).")
     max_concurrent_requests: int = Field(
         5000, ge=1, description="Router: requests (HTTP and gRPC each) served at once; "
-        "beyond it 429 (gRPC RESOURCE_EXHAUSTED) with Retry-After.")
+        "beyond it HTTP answers 429 with Retry-After, gRPC RESOURCE_EXHAUSTED (grpc's own "
+        "limit: no retry hint, not counted in qstate_router_refused_total).")
     max_shard_queue: int = Field(
         20_000, ge=1, description="Router: keys waiting for one shard beyond the calls in "
         "flight; beyond it 429 with Retry-After.")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import logging
+import re
 import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -22,14 +23,40 @@ from typing import Any
 import grpc
 
 from service.core.config import Settings
-from service.core.errors import StartFailed
+from service.core.errors import InvalidRequest, StartFailed
 
 __all__ = ["AUTH_HEADER", "aio_channel", "bearer", "channel", "check_exposure",
-           "cluster_interceptors", "is_loopback", "server_port"]
+           "clean_token", "cluster_interceptors", "cluster_token", "is_loopback", "server_port"]
 
 log = logging.getLogger(__name__)
 
 AUTH_HEADER = "authorization"  # gRPC metadata keys are lower case
+
+
+_TOKEN_CHARS = re.compile(r"[\x21-\x7e]+")  # what an HTTP header or gRPC metadata can carry
+
+
+def clean_token(token: str, what: str) -> str:
+    """``token`` without surrounding white space (a secret read from a file ends in a line
+    break); fails, without quoting it, when it holds a character no header can carry."""
+    token = token.strip()
+    if token and not _TOKEN_CHARS.fullmatch(token):
+        raise InvalidRequest(f"{what} holds a space, a control or a non-ASCII character, which "
+                             "no header can carry (the token itself is not shown)")
+    return token
+
+
+def cluster_token(cfg: Settings) -> str:
+    """The cluster token: ``cluster_token``, else the content of ``cluster_token_file`` (a
+    mounted secret, or the one ``qstate run`` writes), else empty."""
+    if cfg.cluster_token or not cfg.cluster_token_file:
+        return clean_token(cfg.cluster_token, "QSTATE_CLUSTER_TOKEN")
+    try:
+        text = Path(cfg.cluster_token_file).read_text()
+    except OSError as exc:
+        raise StartFailed(f"cluster token file {cfg.cluster_token_file}: {exc.strerror}"
+                          ) from None
+    return clean_token(text, f"cluster token file {cfg.cluster_token_file}")
 
 
 def bearer(header: str | None) -> str | None:
@@ -64,8 +91,8 @@ def check_exposure(host: str, cfg: Settings, role: str, *, tokens: bool = False)
     missing = []
     if not (cfg.tls_cert and cfg.tls_key):
         missing.append("TLS (QSTATE_TLS_CERT and QSTATE_TLS_KEY; `qstate certs` makes them)")
-    if not cfg.cluster_token:
-        missing.append("the cluster token (QSTATE_CLUSTER_TOKEN)")
+    if not cluster_token(cfg):
+        missing.append("the cluster token (QSTATE_CLUSTER_TOKEN or QSTATE_CLUSTER_TOKEN_FILE)")
     if tokens and not cfg.tokens_file:
         missing.append("client tokens (QSTATE_TOKENS_FILE; `qstate token add` makes them)")
     if not missing:
@@ -128,15 +155,24 @@ class _AioMetadata(grpc.aio.UnaryUnaryClientInterceptor):
 
 
 def _token_pairs(cfg: Settings) -> tuple[tuple[str, str], ...]:
-    return ((AUTH_HEADER, f"Bearer {cfg.cluster_token}"),) if cfg.cluster_token else ()
+    token = cluster_token(cfg)
+    return ((AUTH_HEADER, f"Bearer {token}"),) if token else ()
+
+
+def _named(options: list[tuple[str, Any]], cfg: Settings) -> list[tuple[str, Any]]:
+    """Shards register an address (a pod IP) that no shared certificate names: with
+    ``tls_server_name`` set, that name is what the certificate is checked against."""
+    if not cfg.tls_server_name:
+        return options
+    return [*options, ("grpc.ssl_target_name_override", cfg.tls_server_name)]
 
 
 def channel(address: str, cfg: Settings, options: list[tuple[str, Any]]) -> grpc.Channel:
     """A blocking channel to a shard server: TLS when ``tls_ca`` is set, the cluster token
     on every call when set."""
     creds = _channel_credentials(cfg)
-    ch = grpc.secure_channel(address, creds, options=options) if creds is not None else \
-        grpc.insecure_channel(address, options=options)
+    ch = grpc.secure_channel(address, creds, options=_named(options, cfg)) \
+        if creds is not None else grpc.insecure_channel(address, options=options)
     pairs = _token_pairs(cfg)
     return grpc.intercept_channel(ch, _Metadata(pairs)) if pairs else ch
 
@@ -148,7 +184,7 @@ def aio_channel(address: str, cfg: Settings, options: list[tuple[str, Any]]
     pairs = _token_pairs(cfg)
     interceptors = [_AioMetadata(pairs)] if pairs else None
     if creds is not None:
-        return grpc.aio.secure_channel(address, creds, options=options,
+        return grpc.aio.secure_channel(address, creds, options=_named(options, cfg),
                                        interceptors=interceptors)
     return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
 
@@ -181,4 +217,5 @@ class _ClusterTokenCheck(grpc.aio.ServerInterceptor):
 
 def cluster_interceptors(cfg: Settings) -> list[grpc.aio.ServerInterceptor]:
     """The shard server's interceptors: the cluster token check when one is set."""
-    return [_ClusterTokenCheck(cfg.cluster_token)] if cfg.cluster_token else []
+    token = cluster_token(cfg)
+    return [_ClusterTokenCheck(token)] if token else []

@@ -149,7 +149,8 @@ def add_token(path: Path, name: str, scopes: list[str]) -> str:
 class WatchedTokens:
     """The book of a tokens file, re-read when the file changes (checked at most once a
     ``every_s``): a token removed from the file is refused within a second, no restart. A
-    file that becomes invalid keeps the last good book, loudly."""
+    file deleted revokes every token; a file that becomes invalid keeps the last good book,
+    said once per change of the file."""
 
     def __init__(self, path: str | Path, every_s: float = 1.0) -> None:
         self.path = Path(path)
@@ -158,21 +159,31 @@ class WatchedTokens:
         self._seen = self._stamp()
         self._checked = time.monotonic()
 
-    def _stamp(self) -> tuple[int, int]:
-        st = self.path.stat()
+    def _stamp(self) -> tuple[int, int] | None:
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            return None
         return st.st_mtime_ns, st.st_size
 
     def book(self) -> TokenBook:
         now = time.monotonic()
-        if now - self._checked >= self.every_s:
-            self._checked = now
-            try:
-                stamp = self._stamp()
-                if stamp != self._seen:
-                    self._book, self._seen = TokenBook.load(self.path), stamp
-                    log.warning("tokens file %s re-read", self.path)
-            except (OSError, StartFailed) as exc:
-                log.error("tokens file %s: keeping the tokens read before: %s", self.path, exc)
+        if now - self._checked < self.every_s:
+            return self._book
+        self._checked = now
+        try:
+            stamp = self._stamp()
+            if stamp == self._seen:
+                return self._book
+            self._seen = stamp
+            if stamp is None:
+                self._book = TokenBook([])
+                log.warning("tokens file %s is gone: every token is refused", self.path)
+            else:
+                self._book = TokenBook.load(self.path)
+                log.warning("tokens file %s re-read", self.path)
+        except (OSError, StartFailed) as exc:
+            log.error("tokens file %s: keeping the tokens read before: %s", self.path, exc)
         return self._book
 
     def authenticate(self, token: str | None) -> Principal:

@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-__all__ = ["CertFiles", "make_certs"]
+__all__ = ["CertFiles", "make_certs", "write_file"]
 
 LOCAL_NAMES = ("127.0.0.1", "::1", "localhost")
 
@@ -50,9 +50,11 @@ def _san(hosts: list[str]) -> x509.SubjectAlternativeName:
     return x509.SubjectAlternativeName(entries)
 
 
-def _write(path: Path, data: bytes, secret: bool) -> None:
-    # a key is created 0600 from the start: never readable by others, not even for a moment
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if secret else 0o644)
+def write_file(path: Path, data: bytes, secret: bool) -> None:
+    """``data`` to a file made anew: a secret one is 0600 from the start (never readable by
+    others, not even for a moment), and an older file's looser mode is not kept."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600 if secret else 0o644)
     with os.fdopen(fd, "wb") as f:
         f.write(data)
 
@@ -91,8 +93,8 @@ def make_certs(out: Path, hosts: list[str], days: int = 365) -> CertFiles:
                            critical=False)
             .sign(ca_key, hashes.SHA256()))
     files = CertFiles(out / "ca.pem", out / "server.pem", out / "server-key.pem")
-    _write(files.ca, ca.public_bytes(serialization.Encoding.PEM), secret=False)
-    _write(out / "ca-key.pem", _key_pem(ca_key), secret=True)
-    _write(files.cert, cert.public_bytes(serialization.Encoding.PEM), secret=False)
-    _write(files.key, _key_pem(key), secret=True)
+    write_file(files.ca, ca.public_bytes(serialization.Encoding.PEM), secret=False)
+    write_file(out / "ca-key.pem", _key_pem(ca_key), secret=True)
+    write_file(files.cert, cert.public_bytes(serialization.Encoding.PEM), secret=False)
+    write_file(files.key, _key_pem(key), secret=True)
     return files

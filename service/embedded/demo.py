@@ -24,6 +24,7 @@ from rich.text import Text
 from service.core.assignment import list_servers
 from service.core.storage import Storage
 from service.embedded import guide
+from service.embedded.certs import write_file
 from service.embedded.kafka import KafkaBroker
 from service.embedded.ports import free_port, wait_for_port
 from service.embedded.procs import Child, RouterProcess, ShardProcess, qstate_command
@@ -76,10 +77,13 @@ class Demo:
                                     log_path=logs / "broker.log").start()
         else:
             wait_for_port(host, int(port), 10)
-        # The shard API is closed even in the demo: a token of its own, known only to the
-        # processes it starts (through their environment, never printed), unless one is set.
-        env = {**os.environ, "QSTATE_CLUSTER_TOKEN": os.environ.get("QSTATE_CLUSTER_TOKEN")
-               or secrets.token_urlsafe(32)}
+        # The shard API is closed even in the demo: a token of its own (unless one is set),
+        # given to the processes it starts through their environment, never printed, and
+        # kept in a file only its user may read, for tools run beside it (state inspect).
+        token = os.environ.get("QSTATE_CLUSTER_TOKEN") or secrets.token_urlsafe(32)
+        cfg.home.mkdir(parents=True, exist_ok=True)
+        write_file(cfg.home / "cluster-token", token.encode(), secret=True)
+        env = {**os.environ, "QSTATE_CLUSTER_TOKEN": token}
         shards: list[ShardProcess] = []
         for i in range(2):
             s = ShardProcess.make(f"shard-{i}", cfg.home / "shards", cfg.storage, logs,
@@ -180,7 +184,7 @@ class Demo:
                     console.print(f"[yellow]{warning}[/yellow]")
                 if key and not shown:
                     shown = True
-                    console.print(guide.queries(url, cfg.grpc_port, key), style="green",
+                    console.print(guide.queries(url, cfg.grpc_port, key, cfg.home), style="green",
                                   markup=False, highlight=False)
                 if cfg.duration_s and time.monotonic() - started > cfg.duration_s:
                     return 0

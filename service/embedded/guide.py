@@ -46,7 +46,7 @@ def endpoints(targets: list[Target], targets_file: Path) -> str:
     return "\n".join(lines)
 
 
-def queries(url: str, grpc_port: int, key: str) -> str:
+def queries(url: str, grpc_port: int, key: str, home: Path = Path(".qstate")) -> str:
     return "\n".join([
         "live counts are queryable:",
         f"  curl -s {url}/v1/state/tweets/per_tweet_1h/impressions/{key}",
@@ -56,4 +56,6 @@ def queries(url: str, grpc_port: int, key: str) -> str:
         f"  node clients/node/query.mjs get tweets per_tweet_1h impressions {key}"
         f"   # gRPC on 127.0.0.1:{grpc_port}",
         f"  UI: {url}/ui   API docs: {url}/docs   router metrics: {url}/metrics",
+        f"  QSTATE_CLUSTER_TOKEN_FILE={_shown(home / 'cluster-token')} .venv/bin/qstate state "
+        "inspect   # partitions (the shard API asks for the demo's cluster token)",
     ])

@@ -12,6 +12,7 @@ leave in time.
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from dataclasses import dataclass, field
 
 import grpc
@@ -51,6 +52,10 @@ class ShardCaller:
         self._stubs: dict[str, pb_grpc.ShardStub] = {}
         self._channels: list[grpc.aio.Channel] = []
         self._groups: dict[Group, _Pending] = {}
+        # keys waiting (not yet sent) per shard address, over all its groups: a time range
+        # relative to now is a group of its own at every request, so a per-group bound
+        # would bound nothing
+        self._waiting: Counter[str] = Counter()
 
     def stub(self, address: str) -> pb_grpc.ShardStub:
         stub = self._stubs.get(address)
@@ -69,16 +74,17 @@ class ShardCaller:
         """A future of the key's ``KeyResult``; fails with ``grpc.aio.AioRpcError``."""
         group: Group = (address, pid.job, pid.operator, state, *(rng or (0, 0)), rng is not None,
                         limit if rng is not None else 0)
+        if self._waiting[address] >= self.max_queue:  # before a group is made for it
+            raise Overloaded(f"{self._waiting[address]} keys already wait for shard {address} "
+                             f"(QSTATE_MAX_SHARD_QUEUE); retry after {self.retry_after_s:g} s",
+                             retry_after_s=self.retry_after_s)
         p = self._groups.get(group)
         if p is None:
             p = self._groups[group] = _Pending()
-        if len(p.keys) >= self.max_queue:
-            raise Overloaded(f"{len(p.keys)} keys already wait for shard {address} "
-                             f"(QSTATE_MAX_SHARD_QUEUE); retry after {self.retry_after_s:g} s",
-                             retry_after_s=self.retry_after_s)
         fut = asyncio.get_running_loop().create_future()
         p.keys.append(key)
         p.futures.append(fut)
+        self._waiting[address] += 1
         if not p.scheduled and p.inflight < self.max_inflight:
             p.scheduled = True
             # after the current loop iteration: lookups of requests parsed together join
@@ -92,6 +98,7 @@ class ShardCaller:
             # lookups nobody waits for any more (their request failed or went away, e.g. a
             # batchGet refused part-way): not sent to the shard at all
             live = [(k, f) for k, f in zip(p.keys, p.futures, strict=True) if not f.done()]
+            self._leave(group[0], len(p.keys) - len(live))
             p.keys, p.futures = [k for k, _ in live], [f for _, f in live]
             if not p.keys and not p.inflight:
                 self._groups.pop(group, None)
@@ -99,8 +106,14 @@ class ShardCaller:
         while p.keys and p.inflight < self.max_inflight:
             keys, futures = p.keys[:MAX_BATCH], p.futures[:MAX_BATCH]
             del p.keys[:MAX_BATCH], p.futures[:MAX_BATCH]
+            self._leave(group[0], len(keys))
             p.inflight += 1
             asyncio.get_running_loop().create_task(self._call(group, p, keys, futures))
+
+    def _leave(self, address: str, n: int) -> None:
+        self._waiting[address] -= n
+        if self._waiting[address] <= 0:
+            del self._waiting[address]
 
     async def _call(self, group: Group, p: _Pending, keys: list[pb.KeyQuery],
                     futures: list[asyncio.Future]) -> None:

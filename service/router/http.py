@@ -114,7 +114,7 @@ def parse_limit(value: str | None, most: int) -> int | None:
     if value is None:
         return None
     v = value.strip()
-    if not (v.isdigit() and len(v) <= 9):
+    if not (v.isascii() and v.isdigit() and len(v) <= 9):  # "²".isdigit() too
         raise InvalidRequest(f"'limit' must be a whole number of windows from 1 to {most}, "
                              f"not {value[:80]!r}")
     return check_limit(int(v), most)

@@ -95,8 +95,10 @@ async def serve(o: RouterOptions, scratch: Path | None = None) -> None:
     await grpc_server.start()
 
     app = with_fast_get(create_app(query, ready=lambda: bool(routing.specs)), query)
-    app = with_limits(with_auth(app, book, cfg.metrics_public), cfg.max_body_bytes,
-                      cfg.max_concurrent_requests, cfg.retry_after_s)
+    # auth outermost: a request without a valid token is refused before it may hold one of
+    # the limited slots (a client could otherwise fill them with bodies it never sends)
+    app = with_auth(with_limits(app, cfg.max_body_bytes, cfg.max_concurrent_requests,
+                                cfg.retry_after_s), book, cfg.metrics_public)
     config = uvicorn.Config(app, host=host, port=o.http_port, log_level="warning",
                             access_log=False, http="httptools", lifespan="off",
                             timeout_graceful_shutdown=2,

@@ -317,3 +317,54 @@ def test_the_node_client_over_tls(node: str, vault: Vault) -> None:
     assert json.loads(ok.stdout)["windows"][-1]["int_value"] == str(hits(KEYS[2], 1))
     plain = run_node(node, vault.router.grpc_address, *args)  # no CA: plain text, refused
     assert plain.returncode == 3 and plain.stderr.startswith("UNAVAILABLE"), plain.stderr
+
+
+def test_a_shard_dialled_by_an_address_its_certificate_does_not_name(
+        vault: Vault, tmp_path: Path) -> None:
+    """Shards register addresses (pod IPs) that no shared certificate names: dialled there,
+    TLS fails, unless ``tls_server_name`` names what the certificate does."""
+    env = {**vault.env, "QSTATE_SHARD_HOST": "127.0.0.2"}  # loopback, but not in the cert
+    shard = ShardProcess.make("vault-ip", tmp_path / "data", vault.storage.uri,
+                              tmp_path / "logs", env=env)
+    shard.host = "127.0.0.2"
+    shard.start_and_wait()
+    try:
+        plain = ShardClients(vault.cfg)
+        named = ShardClients(vault.cfg.model_copy(update={"tls_server_name": "localhost"}))
+        try:
+            with pytest.raises(grpc.RpcError) as err:
+                plain.describe(shard.address, timeout=5)
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert named.describe(shard.address, timeout=5).server_id == "vault-ip"
+        finally:
+            plain.close()
+            named.close()
+    finally:
+        shard.stop()
+
+
+def test_state_inspect_says_refused_without_the_token_and_reads_it_from_a_file(
+        vault: Vault, tmp_path: Path) -> None:
+    def inspect(**env: str) -> subprocess.CompletedProcess[str]:
+        clean = {k: v for k, v in vault.env.items() if k != "QSTATE_CLUSTER_TOKEN"}
+        return subprocess.run(
+            qstate_command("state", "inspect", SPEC.job, "--storage", vault.storage.uri,
+                           "--json"), capture_output=True, text=True, timeout=60,
+            env={**clean, **env})
+
+    import orjson
+
+    out = inspect()
+    assert out.returncode == 1
+    assert {orjson.loads(line)["state"] for line in out.stdout.splitlines()} == {"refused"}
+    assert "QSTATE_CLUSTER_TOKEN" in out.stderr and TOKEN not in out.stderr
+
+    file = tmp_path / "cluster-token"
+    file.write_text(TOKEN + "\n")  # as a mounted secret often is: with a line break
+    out = inspect(QSTATE_CLUSTER_TOKEN_FILE=str(file))
+    assert out.returncode == 0, out.stderr
+    rows = [orjson.loads(line) for line in out.stdout.splitlines()]
+    assert {(r["state"], r["last_batch"]) for r in rows} == {("ready", 1)} and len(rows) == P
+
+    out = inspect(QSTATE_CLUSTER_TOKEN_FILE=str(tmp_path / "missing"))
+    assert out.returncode == 2 and "cluster token file" in out.stderr

@@ -61,4 +61,6 @@ def test_queries_name_curl_lines_the_ui_docs_and_metrics() -> None:
     for page in ("/ui", "/docs", "/metrics"):
         assert f"http://127.0.0.1:8000{page}" in text
     assert "127.0.0.1:50051" in text
+    assert "QSTATE_CLUSTER_TOKEN_FILE=.qstate/cluster-token .venv/bin/qstate state inspect" \
+        in text
     assert os.path.exists(ROOT / "clients" / "node" / "query.mjs")

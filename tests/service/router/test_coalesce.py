@@ -86,3 +86,38 @@ def test_a_failed_call_fails_every_lookup_in_it() -> None:
         assert caller._groups == {}  # nothing left pending
 
     asyncio.run(go())
+
+
+def test_the_queue_bound_is_per_shard_over_every_range_and_frees_as_keys_leave() -> None:
+    """Each request with a range relative to now is a group of its own; the bound counts
+    every key waiting for the shard, whatever its group, and a key that left (sent, or its
+    request gone) frees its place."""
+    from service.core.errors import Overloaded
+
+    async def go() -> None:
+        stub = FakeStub()
+        caller = ShardCaller(timeout_s=5, max_inflight=1, max_queue=3)
+        caller._stubs["s:1"] = stub  # type: ignore[assignment]
+
+        def ranged(key: str, lo: int) -> asyncio.Future:
+            return caller.lookup("s:1", PID, "n", pb.KeyQuery(key=key, partition=0),
+                                 (lo, lo + 60_000))
+
+        # one call in flight per group; behind each, keys wait
+        first = [ranged("a", 0), ranged("b", 1)]
+        await asyncio.sleep(0.01)
+        assert len(stub.calls) == 2
+        waiting = [ranged("c", 0), ranged("d", 1), ranged("e", 2)]  # e: a third group, sent
+        await asyncio.sleep(0.01)
+        assert len(stub.calls) == 3
+        waiting.append(ranged("f", 2))  # 3 wait now (c, d, f), each in a different group
+        with pytest.raises(Overloaded, match="3 keys already wait for shard s:1"):
+            ranged("g", 3)
+        waiting[0].cancel()  # c's request went away
+        stub.release.set()
+        results = await asyncio.gather(*first, *waiting[1:])
+        assert [r.key for r in results] == ["a", "b", "d", "e", "f"]
+        assert not caller._waiting and not caller._groups  # everything accounted for
+        assert (await ranged("h", 4)).key == "h"
+
+    asyncio.run(go())

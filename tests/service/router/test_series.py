@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 
 from service.core.errors import InvalidRequest
-from service.router.http import FAR, parse_time, time_range
+from service.router.http import FAR, parse_limit, parse_time, time_range
 from tests.shop import BATCHES, BIG, KEYS, WINDOW, Shop, avg_ms, views, window
 
 NOW = 1_767_225_600_000
@@ -45,6 +45,18 @@ def test_times_beyond_any_window_are_open_ends_not_overflows(text: str) -> None:
 def test_times_longer_than_the_documented_pattern_are_a_clear_400(text: str) -> None:
     with pytest.raises(InvalidRequest, match="at most 19 digits"):
         time_range(text, None)
+
+
+@pytest.mark.parametrize("text", ["²", "٣", "1.5", "-1", "9" * 10, ""])
+def test_a_limit_that_is_not_a_whole_number_is_a_clear_400(text: str) -> None:
+    with pytest.raises(InvalidRequest, match="'limit' must be a whole number of windows"):
+        parse_limit(text, 10_000)
+
+
+@pytest.mark.parametrize("text", ["0", "10001"])
+def test_a_limit_out_of_bounds_is_a_clear_400(text: str) -> None:
+    with pytest.raises(InvalidRequest, match="ask for 1 to 10000 windows"):
+        parse_limit(text, 10_000)
 
 
 def schema_of(doc: dict, template: str, status: int) -> dict:
