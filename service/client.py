@@ -57,9 +57,9 @@ def _key_path(job: str, operator: str, state: str, key: str) -> str:
 def _connection(url: str, ca: str | None, token: str | None) -> dict[str, Any]:
     """httpx client arguments: trust ``ca`` (else the system's CAs), send ``token``."""
     kw: dict[str, Any] = {}
-    host = httpx.URL(url).host
-    if token and httpx.URL(url).scheme == "http" and not is_loopback(host):
-        log.warning("the client token goes to %s in plain text: use https", host)
+    parsed = httpx.URL(url)
+    if token and parsed.scheme == "http" and not is_loopback(parsed.host):
+        log.warning("the client token goes to %s in plain text: use https", parsed.host)
     if ca:
         kw["verify"] = ssl.create_default_context(cafile=ca)
     token = clean_token(token or "", "the client token (QSTATE_TOKEN, --token)")

@@ -28,6 +28,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from service.core.address import NAME_PATTERN
 from service.core.errors import Forbidden, InvalidRequest, StartFailed, Unauthenticated
+from service.core.files import write_file
 
 __all__ = ["ALL", "Principal", "TokenBook", "TokenEntry", "WatchedTokens", "add_token",
            "hash_token"]
@@ -137,11 +138,9 @@ def add_token(path: Path, name: str, scopes: list[str]) -> str:
     token = "qs_" + secrets.token_urlsafe(32)
     current.tokens.append(entry.model_copy(update={"sha256": hash_token(token)}))
     path.parent.mkdir(parents=True, exist_ok=True)
+    # written aside and renamed over: a router watching the file never reads half of it
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.unlink(missing_ok=True)  # a leftover would keep its own mode
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(current.model_dump(), f, indent=2)
+    write_file(tmp, json.dumps(current.model_dump(), indent=2).encode(), secret=True)
     os.replace(tmp, path)
     return token
 

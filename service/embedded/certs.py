@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +18,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-__all__ = ["CertFiles", "make_certs", "write_file"]
+from service.core.files import write_file
+
+__all__ = ["CertFiles", "make_certs"]
 
 LOCAL_NAMES = ("127.0.0.1", "::1", "localhost")
 
@@ -48,15 +49,6 @@ def _san(hosts: list[str]) -> x509.SubjectAlternativeName:
         except ValueError:
             entries.append(x509.DNSName(h))
     return x509.SubjectAlternativeName(entries)
-
-
-def write_file(path: Path, data: bytes, secret: bool) -> None:
-    """``data`` to a file made anew: a secret one is 0600 from the start (never readable by
-    others, not even for a moment), and an older file's looser mode is not kept."""
-    path.unlink(missing_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600 if secret else 0o644)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
 
 
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:

@@ -22,9 +22,9 @@ from rich.live import Live
 from rich.text import Text
 
 from service.core.assignment import list_servers
+from service.core.files import write_file
 from service.core.storage import Storage
 from service.embedded import guide
-from service.embedded.certs import write_file
 from service.embedded.kafka import KafkaBroker
 from service.embedded.ports import free_port, wait_for_port
 from service.embedded.procs import Child, RouterProcess, ShardProcess, qstate_command

@@ -19,7 +19,7 @@ import grpc
 from service.core.errors import QStateError
 from service.core.security import AUTH_HEADER, bearer
 from service.core.tokens import Principal, WatchedTokens
-from service.router.http import error_response
+from service.router.http import send_error
 
 __all__ = ["GrpcAuth", "target_of", "with_auth"]
 
@@ -72,11 +72,7 @@ def with_auth(app: Any, book: WatchedTokens | None, metrics_public: bool = True)
         try:
             principal = _authorize(book, scope)
         except QStateError as exc:
-            status, body, hdrs = error_response(exc)
-            await send({"type": "http.response.start", "status": status,
-                        "headers": [(k.encode(), v.encode()) for k, v in hdrs.items()]})
-            await send({"type": "http.response.body", "body": body})
-            return None
+            return await send_error(send, exc)
         scope.setdefault("state", {})["principal"] = principal
         return await app(scope, receive, send)
 

@@ -9,12 +9,12 @@ import grpc
 from proto import qstate_pb2 as pb
 from proto import qstate_pb2_grpc as pb_grpc
 from service.core.answer import StateAnswer
-from service.core.errors import Overloaded, QStateError, Unavailable, grpc_trailers
+from service.core.errors import QStateError, grpc_trailers
 from service.router.auth import GrpcAuth
 from service.router.http import FAR
 from service.router.metrics import GRPC_LATENCY as RPC_LATENCY
 from service.router.metrics import GRPC_REQUESTS as RPCS
-from service.router.metrics import count_refused, count_unavailable
+from service.router.metrics import count_error
 from service.router.query import QueryService, absent
 
 __all__ = ["QueryableStateService"]
@@ -50,11 +50,10 @@ def _limit(req: pb.GetRequest | pb.MultiGetRequest) -> int | None:
 
 async def _fail(context: grpc.aio.ServicerContext, method: str, exc: QStateError) -> None:
     RPCS.labels(method, exc.grpc_code.name).inc()
-    count_unavailable(exc)
-    count_refused(exc)
+    count_error(exc)
     trailers = grpc_trailers(exc)
-    if isinstance(exc, Unavailable | Overloaded):
-        trailers += (("retry-after-ms", str(int(exc.retry_after_s * 1000))),)
+    if "retry_after_s" in exc.detail:  # as error_response decides Retry-After: 503, 429
+        trailers += (("retry-after-ms", str(int(float(exc.detail["retry_after_s"]) * 1000))),)
     await context.abort(exc.grpc_code, exc.message, trailers)
 
 

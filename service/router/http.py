@@ -43,15 +43,14 @@ from service.router.cluster import cluster
 from service.router.metrics import (
     HTTP_LATENCY,
     HTTP_REQUESTS,
-    count_refused,
-    count_unavailable,
+    count_error,
     http_method,
 )
 from service.router.query import OperatorStatus, QueryService, absent, check_limit
 from service.router.ui import mount_ui
 
 __all__ = ["TIME_PATTERN", "create_app", "error_response", "json_response", "parse_limit",
-           "time_range"]
+           "send_error", "time_range"]
 
 JSON = "application/json"
 NEXT_FROM = "Next-From"  # the series' cursor (a JSON array has no room for one)
@@ -136,15 +135,22 @@ def retry_after(exc: QStateError) -> int:
 
 def error_response(exc: QStateError) -> tuple[int, bytes, dict[str, str]]:
     """Status, body and headers of an error answer: the one place they are decided (and
-    503s counted by reason)."""
+    counted)."""
     headers = {"content-type": JSON}
     if "retry_after_s" in exc.detail:  # 503 unavailable, 429 overloaded
         headers["retry-after"] = str(retry_after(exc))
     if exc.http_status == 401:
         headers["www-authenticate"] = "Bearer"
-    count_unavailable(exc)
-    count_refused(exc)
+    count_error(exc)
     return exc.http_status, orjson.dumps(exc.body()), headers
+
+
+async def send_error(send: Any, exc: QStateError) -> None:
+    """``exc``'s error answer straight over raw ASGI (the wrappers in front of the app)."""
+    status, body, headers = error_response(exc)
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(k.encode(), v.encode()) for k, v in headers.items()]})
+    await send({"type": "http.response.body", "body": body})
 
 
 def json_response(model: BaseModel) -> Response:

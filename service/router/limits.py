@@ -13,19 +13,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from service.core.errors import Overloaded, QStateError, TooLarge
-from service.router.http import error_response
+from service.core.errors import Overloaded, TooLarge
+from service.router.http import send_error
 
 __all__ = ["with_limits"]
 
 _EXEMPT = frozenset({"/healthz", "/readyz", "/metrics"})
 
 
-async def _answer(send: Any, exc: QStateError) -> None:
-    status, body, hdrs = error_response(exc)
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(k.encode(), v.encode()) for k, v in hdrs.items()]})
-    await send({"type": "http.response.body", "body": body})
+def _too_large(max_body_bytes: int) -> TooLarge:
+    return TooLarge(f"request body over {max_body_bytes} bytes (QSTATE_MAX_BODY_BYTES); send "
+                    "fewer keys per request", limit_bytes=max_body_bytes)
 
 
 def with_limits(app: Any, max_body_bytes: int, max_concurrent: int,
@@ -37,16 +35,13 @@ def with_limits(app: Any, max_body_bytes: int, max_concurrent: int,
         if scope["type"] != "http" or scope["path"] in _EXEMPT:
             return await app(scope, receive, send)
         if inflight >= max_concurrent:
-            return await _answer(send, Overloaded(
+            return await send_error(send, Overloaded(
                 f"this router serves {max_concurrent} requests at once "
                 f"(QSTATE_MAX_CONCURRENT_REQUESTS); retry after {retry_after_s:g} s",
                 retry_after_s=retry_after_s))
-        too_large = TooLarge(f"request body over {max_body_bytes} bytes "
-                             "(QSTATE_MAX_BODY_BYTES); send fewer keys per request",
-                             limit_bytes=max_body_bytes)
         declared = next((v for k, v in scope["headers"] if k == b"content-length"), None)
         if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
-            return await _answer(send, too_large)
+            return await send_error(send, _too_large(max_body_bytes))
         inflight += 1
         try:
             if scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE") and declared is None:
@@ -59,7 +54,7 @@ def with_limits(app: Any, max_body_bytes: int, max_concurrent: int,
                 chunk = msg.get("body", b"")
                 size += len(chunk)
                 if size > max_body_bytes:
-                    return await _answer(send, too_large)
+                    return await send_error(send, _too_large(max_body_bytes))
                 chunks.append(chunk)
                 more = msg.get("more_body", False)
             replayed = False

@@ -15,8 +15,7 @@ from service.core.errors import (
 )
 
 __all__ = ["GRPC_LATENCY", "GRPC_REQUESTS", "HTTP_LATENCY", "HTTP_REQUESTS", "LOCAL_READS",
-           "METHODS", "REFUSED", "REMOTE_READS", "SHARD_READS", "UNAVAILABLE", "count_refused",
-           "count_unavailable",
+           "METHODS", "REFUSED", "REMOTE_READS", "SHARD_READS", "UNAVAILABLE", "count_error",
            "http_method"]
 
 _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
@@ -54,10 +53,6 @@ def http_method(method: str) -> str:
     return method if method in METHODS else "other"
 
 
-def count_unavailable(exc: QStateError) -> None:
-    """Count ``exc`` if it is a 503 (``Unavailable.reason`` says why)."""
-    if isinstance(exc, Unavailable):
-        UNAVAILABLE.labels(exc.reason).inc()
 
 
 _REFUSALS: tuple[tuple[type[QStateError], str], ...] = (
@@ -65,8 +60,12 @@ _REFUSALS: tuple[tuple[type[QStateError], str], ...] = (
     (Overloaded, "overloaded"))
 
 
-def count_refused(exc: QStateError) -> None:
-    """Count ``exc`` if it refused a request before any lookup (401, 403, 413, 429)."""
+def count_error(exc: QStateError) -> None:
+    """Count an error answer (HTTP or gRPC): a 503 by ``Unavailable.reason``, a refusal
+    before any lookup (401, 403, 413, 429) by its kind."""
+    if isinstance(exc, Unavailable):
+        UNAVAILABLE.labels(exc.reason).inc()
+        return
     for cls, reason in _REFUSALS:
         if isinstance(exc, cls):
             REFUSED.labels(reason).inc()

@@ -218,6 +218,8 @@ def test_an_outsider_is_refused_every_shard_call_and_its_commit_changes_nothing(
     # the current epoch: the only thing an outsider's Commit lacks is the token
     epoch = load_assignment(vault.storage, SPEC.job).epoch
     pid = partition_of(key, P)
+    lookup = pb.LookupRequest(job=SPEC.job, operator=SPEC.operator, state="hits",
+                              keys=[pb.KeyQuery(key=key, partition=pid)])
     try:
         calls = {
             "Commit": lambda: stub.Commit(
@@ -231,15 +233,7 @@ def test_an_outsider_is_refused_every_shard_call_and_its_commit_changes_nothing(
                 ),
                 timeout=10,
             ),
-            "MultiGet": lambda: stub.MultiGet(
-                pb.LookupRequest(
-                    job=SPEC.job,
-                    operator=SPEC.operator,
-                    state="hits",
-                    keys=[pb.KeyQuery(key=key, partition=pid)],
-                ),
-                timeout=10,
-            ),
+            "MultiGet": lambda: stub.MultiGet(lookup, timeout=10),
             "Describe": lambda: stub.Describe(pb.DescribeRequest(), timeout=10),
         }
         for name, call in calls.items():
@@ -253,15 +247,7 @@ def test_an_outsider_is_refused_every_shard_call_and_its_commit_changes_nothing(
     # nothing changed: the insider still reads batch 1's value
     insiders = ShardClients(vault.cfg)
     try:
-        got = insiders.stub(vault.shard.address).MultiGet(
-            pb.LookupRequest(
-                job=SPEC.job,
-                operator=SPEC.operator,
-                state="hits",
-                keys=[pb.KeyQuery(key=key, partition=pid)],
-            ),
-            timeout=10,
-        )
+        got = insiders.stub(vault.shard.address).MultiGet(lookup, timeout=10)
         d = insiders.describe(vault.shard.address)
     finally:
         insiders.close()
