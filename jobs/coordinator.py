@@ -79,6 +79,7 @@ class Coordinator:
     _addresses: dict[str, str] = field(default_factory=dict)
     _lock: threading.RLock = field(default_factory=threading.RLock)
     _started: bool = False
+    fenced: bool = False  # another coordinator of the job wrote a newer epoch
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
@@ -115,8 +116,19 @@ class Coordinator:
                 log.warning("%s: no live shard server", self.job)
                 return
             updated = reassign(self.assignment, self.operators, live, bump)
+            while updated is not self.assignment and not save_assignment(self.storage, updated):
+                # another coordinator wrote that epoch first (storage creates each epoch once)
+                newer = load_assignment(self.storage, self.job)
+                if not bump:  # a newer coordinator runs: this one stands down
+                    self.fenced = True
+                    self._stop.set()
+                    log.error("%s: epoch %d was written by another coordinator; this one is "
+                              "fenced and stops", self.job, newer.epoch)
+                    return
+                # starting: take over from whoever wrote it, one epoch past theirs
+                self.assignment = newer
+                updated = reassign(newer, self.operators, live, bump)
             if updated is not self.assignment:
-                save_assignment(self.storage, updated)
                 log.warning("%s: assignment epoch %d over %s", self.job, updated.epoch,
                             sorted(live))
                 self.assignment = updated
@@ -166,6 +178,9 @@ class Coordinator:
                 written: dict[int, Fragments]) -> CommitOutcome:
         """Commit a recorded batch on every owner. Returns once each partition acknowledged;
         re-plans as partitions move; raises if fenced or out of time."""
+        if self.fenced:
+            raise Fenced(f"fenced: another coordinator of {self.job} took over (it wrote "
+                         f"epoch {load_assignment(self.storage, self.job).epoch})")
         t0 = time.perf_counter()
         deadline = t0 + self.commit_timeout_s
         outcome = CommitOutcome()

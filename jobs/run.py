@@ -61,10 +61,12 @@ def checkpoint_name(builder: str) -> str:
 
 def run_jobs(builders: list[str], ctx: JobContext, metrics_port: int = 0,
              master: str = "local[2]", shuffle_partitions: int = 4, live: bool = True,
-             spark_conf: dict[str, str] | None = None, metrics_host: str = "127.0.0.1") -> None:
+             spark_conf: dict[str, str] | None = None, metrics_host: str = "127.0.0.1",
+             driver_host: str = "127.0.0.1") -> None:
     """Run every job of ``builders`` (``module:function`` or an example's name); each gets
     ``ctx`` with its own checkpoint folder under ``ctx.checkpoint``. /metrics is served on
-    ``metrics_host:metrics_port`` (0: any free port), printed at start."""
+    ``metrics_host:metrics_port`` (0: any free port), printed at start; the Spark driver
+    binds and advertises ``driver_host`` (its host's address when executors run elsewhere)."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     bound = metrics.serve(metrics_port, metrics_host)
     console.print(f"job metrics: http://{metrics_host}:{bound}/metrics")
@@ -72,7 +74,8 @@ def run_jobs(builders: list[str], ctx: JobContext, metrics_port: int = 0,
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     names = [checkpoint_name(b) for b in builders]
-    spark = spark_session("qstate-" + "-".join(names), master, shuffle_partitions, spark_conf)
+    spark = spark_session("qstate-" + "-".join(names), master, shuffle_partitions, spark_conf,
+                          driver_host)
     running = [start_job(spark, b, replace(ctx, checkpoint=ctx.checkpoint / n))
                for b, n in zip(builders, names, strict=True)]
     console.print(f"[green]running[/green] {', '.join(j.name for j in running)} "

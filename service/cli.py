@@ -98,6 +98,7 @@ def job(
     max_rows_per_trigger: Annotated[int, option(
         "max_rows_per_trigger", "--max-rows-per-trigger")] = S.max_rows_per_trigger,
     master: Annotated[str, option("spark_master", "--master")] = S.spark_master,
+    driver_host: Annotated[str, option("driver_host", "--driver-host")] = S.driver_host,
     metrics_port: Annotated[int, option("job_metrics_port", "--metrics-port")
                             ] = S.job_metrics_port,
     live: Annotated[bool, typer.Option(help="Show a live status line.")] = True,
@@ -124,7 +125,7 @@ def job(
                      shards=shards.split(",") if shards else None,
                      options=_pairs(options, "--option"))
     run_jobs(names, ctx, metrics_port, master, live=live, spark_conf=_pairs(conf, "--conf"),
-             metrics_host=S.metrics_host)
+             metrics_host=S.metrics_host, driver_host=driver_host)
 
 
 @app.command()

@@ -2,9 +2,15 @@
 
 Shard servers register themselves in checkpoint storage; each job's coordinator (in its
 driver) assigns the partitions of the job's operators to live servers and writes the
-assignment to checkpoint storage (``paths.assignment``), where routers and shard servers
-read it without the driver. Every change bumps the job's epoch: a writer or reader with an
-older epoch is refused.
+assignment to checkpoint storage, where routers and shard servers read it without the
+driver. Every change bumps the job's epoch: a writer or reader with an older epoch is
+refused.
+
+Each epoch is its own object (``paths.assignment(job, epoch)``), created only if absent
+(``Storage.create``), and the newest one is in force: of two coordinators that both try
+to write epoch E+1 one wins and the other learns it is fenced; no write-then-rename (a copy
+and a delete on object stores) ever replaces an assignment in place. The last few epochs
+are kept, so a reader that listed a moment ago still finds what it listed.
 """
 
 from __future__ import annotations
@@ -21,9 +27,9 @@ from service.core.address import PartitionId
 from service.core.errors import Unavailable
 from service.core.storage import Storage
 
-__all__ = ["Assignment", "ServerInfo", "balance", "default_server_id", "list_servers",
-           "load_assignment", "now_ms", "reassign", "register_server", "save_assignment",
-           "unregister_server"]
+__all__ = ["EPOCHS_KEPT", "Assignment", "ServerInfo", "balance", "default_server_id",
+           "list_servers", "load_assignment", "now_ms", "reassign", "register_server",
+           "save_assignment", "unregister_server"]
 
 
 @dataclass(frozen=True)
@@ -84,15 +90,41 @@ def list_servers(storage: Storage) -> list[ServerInfo]:
     return out
 
 
+EPOCHS_KEPT = 8  # older epochs' objects are deleted once a newer one is written
+
+
+def _epochs(storage: Storage, job: str) -> list[int]:
+    names = storage.list_names(paths.assignments_dir(job))
+    return sorted(e for n in names if n.endswith(paths.JSON)
+                  and (e := paths.batch_of(n)) is not None)
+
+
 def load_assignment(storage: Storage, job: str) -> Assignment:
-    path = paths.assignment(job)
-    if not storage.exists(path):
-        return Assignment(job)
-    return Assignment(**orjson.loads(storage.read_bytes(path)))
+    """The assignment in force: the newest epoch's (``Assignment(job)``, epoch 0, if none)."""
+    for _ in range(3):  # an epoch deleted between listing and reading: list again
+        epochs = _epochs(storage, job)
+        if not epochs:
+            break
+        try:
+            return Assignment(**orjson.loads(
+                storage.read_bytes(paths.assignment(job, epochs[-1]))))
+        except FileNotFoundError:
+            continue
+    legacy = paths.legacy_assignment(job)
+    if storage.exists(legacy):  # written by qstate 0.1: in force until the next epoch
+        return Assignment(**orjson.loads(storage.read_bytes(legacy)))
+    return Assignment(job)
 
 
-def save_assignment(storage: Storage, a: Assignment) -> None:
-    storage.write_bytes(paths.assignment(a.job), orjson.dumps(asdict(a)))
+def save_assignment(storage: Storage, a: Assignment) -> bool:
+    """Write ``a`` as its epoch's object if no one has written that epoch yet. False: another
+    writer did first (this one is behind and must not act on ``a``)."""
+    if not storage.create(paths.assignment(a.job, a.epoch), orjson.dumps(asdict(a))):
+        return False
+    for e in _epochs(storage, a.job):
+        if e <= a.epoch - EPOCHS_KEPT:
+            storage.delete(paths.assignment(a.job, e))
+    return True
 
 
 def balance(old: list[str], partitions: int, live: list[str]) -> list[str]:

@@ -59,6 +59,10 @@ class Settings(BaseSettings):
     spark_master: str = Field(
         "local[2,4]", description="Spark master of `qstate job`; local[N,M] retries a failed "
         "task up to M times.")
+    driver_host: str = Field(
+        "127.0.0.1", description="Address the Spark driver of `qstate job` binds and "
+        "advertises to executors: 127.0.0.1 for a local master, the driver host's address "
+        "when executors run on other hosts (a standalone or Kubernetes master).")
     trigger_interval: str = Field("1 second", description="Micro-batch trigger interval.")
     max_rows_per_trigger: int = Field(
         100_000, ge=0, description="Cap on the records a micro-batch reads "

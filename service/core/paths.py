@@ -3,7 +3,9 @@
 One room for it (DESIGN §3-4). Paths are relative to the storage root::
 
     cluster/servers/{server_id}.json                   shard servers registered
-    cluster/assignments/{job}.json                     partition owners and the job's epoch
+    cluster/assignments/{job}/{E}.json                 partition owners at the job's epoch E
+                                                       (each epoch its own object, created
+                                                       only if absent; the newest is in force)
     jobs/{job}/{op}/operator.json                      the operator's spec
     jobs/{job}/{op}/batches/{N}.json                   batch manifests (what batch N wrote)
     jobs/{job}/{op}/deltas/{p}/{N}-{f}.arrow           fragment f of batch N's delta for
@@ -13,8 +15,8 @@ One room for it (DESIGN §3-4). Paths are relative to the storage root::
     jobs/{job}/{op}/snapshots/{p}/{N}/{file}           its small mutable RocksDB files
     jobs/{job}/{op}/snapshots/{p}/sst/{sha1}.sst       SST files, content-addressed, shared
 
-``{N}`` is a batch id zero-padded to 20 digits, ``{p}`` and ``{f}`` numbers padded to 5, so
-names sort as numbers do.
+``{N}`` is a batch id and ``{E}`` an epoch, both zero-padded to 20 digits, ``{p}`` and ``{f}``
+numbers padded to 5, so names sort as numbers do.
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ from collections.abc import Iterable
 from service.core.address import PartitionId
 
 __all__ = [
-    "ARROW", "JSON", "assignment", "batch_name", "batch_of", "batches", "delta", "deltas_dir",
-    "jobs_dir", "manifest", "manifests_dir", "operator_dir", "server", "servers_dir",
-    "snapshot", "snapshot_member", "snapshots_dir", "spec", "sst_member",
+    "ARROW", "JSON", "assignment", "assignments_dir", "batch_name", "batch_of", "batches",
+    "delta", "deltas_dir", "jobs_dir", "legacy_assignment", "manifest", "manifests_dir",
+    "operator_dir", "server", "servers_dir", "snapshot", "snapshot_member", "snapshots_dir",
+    "spec", "sst_member",
 ]
 
 JSON = ".json"
@@ -64,7 +67,16 @@ def jobs_dir() -> str:
     return "jobs"
 
 
-def assignment(job: str) -> str:
+def assignments_dir(job: str) -> str:
+    return f"cluster/assignments/{job}"
+
+
+def assignment(job: str, epoch: int) -> str:
+    return f"{assignments_dir(job)}/{batch_name(epoch)}{JSON}"
+
+
+def legacy_assignment(job: str) -> str:
+    """Where qstate 0.1 kept a job's one assignment file (read when no epoch object exists)."""
     return f"cluster/assignments/{job}{JSON}"
 
 

@@ -3,6 +3,8 @@
 Paths given to ``Storage`` are relative to its root (``service.core.paths`` builds them).
 Writes are atomic for readers: write to a temporary name in the same directory, then move,
 so a reader never sees half a file and a re-run of a batch simply replaces its files.
+``create`` writes only if nothing is there yet, for objects two writers may race for (a
+job's next assignment epoch).
 """
 
 from __future__ import annotations
@@ -49,6 +51,37 @@ class Storage:
             with contextlib.suppress(OSError):
                 self.fs.delete_file(tmp)
             raise
+
+    def create(self, path: str, data: bytes) -> bool:
+        """Write ``path`` only if it does not exist; False (nothing written) if it did.
+
+        On a local or mounted filesystem this is atomic: the whole file is written under a
+        temporary name and hard-linked to ``path``, which fails when ``path`` exists, so of
+        two racing writers exactly one wins. pyarrow's object-store filesystems offer no
+        conditional PUT: there it checks, then writes, which narrows the race but does not
+        close it (one coordinator per job is still the rule)."""
+        if not isinstance(self.fs, pafs.LocalFileSystem):
+            if self.exists(path):
+                return False
+            self.write_bytes(path, data)
+            return True
+        full = self.full(path)
+        parent = full.rsplit("/", 1)[0]
+        self.fs.create_dir(parent, recursive=True)
+        tmp = f"{parent}/.tmp-{uuid.uuid4().hex}"
+        try:
+            with open(tmp, "wb") as out:
+                out.write(data)
+                out.flush()
+                os.fsync(out.fileno())
+            try:
+                os.link(tmp, full)
+            except FileExistsError:
+                return False
+            return True
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
 
     def read_bytes(self, path: str) -> bytes:
         with self.fs.open_input_stream(self.full(path)) as f:

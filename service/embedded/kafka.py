@@ -64,6 +64,9 @@ class KafkaBroker:
     jars: str = ""
     proc: subprocess.Popen | None = field(default=None, repr=False)
     controller_port: int = 0
+    # a command prefix the broker runs under, e.g. ``ip netns exec HOST`` to put it on an
+    # emulated host (then give ``host`` and ``port``: no free port is probed for there)
+    launcher: list[str] = field(default_factory=list)
 
     @property
     def bootstrap(self) -> str:
@@ -171,7 +174,7 @@ class KafkaBroker:
         return config
 
     def _java(self, classpath: str) -> list[str]:
-        return [java(), f"-Xmx{self.heap}", f"-Xms{self.heap}", "-XX:+UseG1GC",
+        return [*self.launcher, java(), f"-Xmx{self.heap}", f"-Xms{self.heap}", "-XX:+UseG1GC",
                 "-XX:MaxGCPauseMillis=20", "-Djava.awt.headless=true",
                 f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.properties'}",
                 "-cp", classpath]

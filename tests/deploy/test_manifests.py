@@ -23,12 +23,21 @@ def docs() -> list[dict]:
     return out
 
 
-def containers(doc: dict) -> list[dict]:
+WORKLOADS = ("Deployment", "StatefulSet", "DaemonSet", "Job")
+
+
+def pod_template(doc: dict) -> dict | None:
+    """The pod (metadata and spec) a document runs: a Pod itself or a workload's template."""
     if doc.get("kind") == "Pod":
-        return doc["spec"]["containers"]
-    if doc.get("kind") in ("Deployment", "StatefulSet", "DaemonSet"):
-        return doc["spec"]["template"]["spec"]["containers"]
-    return []
+        return doc
+    if doc.get("kind") in WORKLOADS:
+        return doc["spec"]["template"]
+    return None
+
+
+def containers(doc: dict) -> list[dict]:
+    pod = pod_template(doc)
+    return pod["spec"]["containers"] if pod else []
 
 
 def qstate_commands() -> list[list[str]]:
@@ -59,16 +68,21 @@ def test_k8s_probes_and_services_point_at_declared_ports() -> None:
     for d in all_docs:
         for c in containers(d):
             names = {p["name"] for p in c.get("ports", [])}
-            for probe in ("readinessProbe", "livenessProbe"):
+            for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
                 if probe in c:
                     assert c[probe]["httpGet"]["port"] in names
                     assert c[probe]["httpGet"]["path"] in ("/readyz", "/healthz")
-    deployments = {d["metadata"]["name"]: d for d in all_docs if d.get("kind") == "Deployment"}
+    workloads = [d for d in all_docs if d.get("kind") in WORKLOADS]
+    for w in workloads:  # a workload's selector picks its own pods
+        if "selector" in w["spec"]:
+            labels = w["spec"]["template"]["metadata"]["labels"]
+            assert w["spec"]["selector"]["matchLabels"].items() <= labels.items()
     for svc in (d for d in all_docs if d.get("kind") == "Service"):
-        [dep] = [x for x in deployments.values()
-                 if x["spec"]["selector"]["matchLabels"].items() <= svc["spec"]["selector"].items()]
-        names = {p["name"] for c in containers(dep) for p in c["ports"]}
-        assert {p["targetPort"] for p in svc["spec"]["ports"]} <= names
+        # the one workload (Deployment, DaemonSet, StatefulSet, Job) whose pods it selects
+        [w] = [x for x in workloads if svc["spec"]["selector"].items()
+               <= x["spec"]["template"]["metadata"]["labels"].items()]
+        names = {p["name"] for c in containers(w) for p in c["ports"]}
+        assert {p["targetPort"] for p in svc["spec"]["ports"]} <= names, svc["metadata"]["name"]
 
 
 def test_configmap_keys_are_real_settings() -> None:
@@ -82,6 +96,22 @@ def test_configmap_keys_are_real_settings() -> None:
 def test_dockerfile_copies_what_exists() -> None:
     root = DEPLOY.parent
     for line in (DEPLOY / "Dockerfile").read_text().splitlines():
-        if line.startswith("COPY "):
-            for src in line.split()[1:-1]:
+        if line.startswith("COPY ") and "--from=" not in line:  # --from: an earlier stage
+            for src in [w for w in line.split()[1:-1] if not w.startswith("--")]:
                 assert (root / src).exists(), src
+
+
+def test_compose_shards_advertise_their_service_name() -> None:
+    """Other containers reach a shard at the address it registers: its --advertise, whose
+    host must be the shard's Compose service name (Compose's DNS), on the port it binds."""
+    compose = yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())
+    shards = {name: s["command"] for name, s in compose["services"].items()
+              if s.get("command", [None])[0] == "shard"}
+    assert len(shards) >= 2
+    for name, cmd in shards.items():
+        opts = dict(zip(cmd[1::2], cmd[2::2], strict=True))
+        host, port = opts["--advertise"].rsplit(":", 1)
+        assert host == name
+        assert port == opts["--port"]
+        assert opts["--host"] == "0.0.0.0"  # reachable from the other containers
+        assert opts["--id"] == name

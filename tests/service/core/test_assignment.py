@@ -210,10 +210,59 @@ def test_save_and_load(tmp_path: Path) -> None:
     s = Storage(str(tmp_path))
     assert load_assignment(s, "j") == Assignment("j")  # none yet: epoch 0, no owners
     a = reassign(Assignment("j", 4), {"op": 5, "op2": 1}, {"s0": "h:1", "s1": "h:2"})
-    save_assignment(s, a)
-    assert s.exists(paths.assignment("j"))
+    assert save_assignment(s, a)
+    assert s.exists(paths.assignment("j", a.epoch))
     assert load_assignment(s, "j") == a
     assert load_assignment(s, "other") == Assignment("other")
+
+
+def test_an_epoch_is_written_once_and_the_newest_is_in_force(tmp_path: Path) -> None:
+    s = Storage(str(tmp_path))
+    mine = Assignment("j", 3, {"s0": "h:1"}, {"op": ["s0"]})
+    theirs = Assignment("j", 3, {"s1": "h:2"}, {"op": ["s1"]})
+    assert save_assignment(s, mine)
+    assert not save_assignment(s, theirs)  # epoch 3 is taken: nothing replaced
+    assert load_assignment(s, "j") == mine
+    newer = Assignment("j", 4, {"s1": "h:2"}, {"op": ["s1"]})
+    assert save_assignment(s, newer)
+    assert load_assignment(s, "j") == newer
+
+
+def test_racing_writers_of_one_epoch_one_wins(tmp_path: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    s = Storage(str(tmp_path))
+    rivals = [Assignment("j", 1, {f"s{i}": f"h:{i}"}, {"op": [f"s{i}"]}) for i in range(16)]
+    with ThreadPoolExecutor(8) as pool:
+        won = list(pool.map(lambda a: save_assignment(s, a), rivals))
+    assert won.count(True) == 1
+    assert load_assignment(s, "j") == rivals[won.index(True)]
+    assert s.list_names(paths.assignments_dir("j")) == [paths.assignment("j", 1).rsplit(
+        "/", 1)[1]]  # no temporary left behind
+
+
+def test_old_epochs_are_collected(tmp_path: Path) -> None:
+    from service.core.assignment import EPOCHS_KEPT
+
+    s = Storage(str(tmp_path))
+    for e in range(1, EPOCHS_KEPT + 6):
+        assert save_assignment(s, Assignment("j", e))
+    names = s.list_names(paths.assignments_dir("j"))
+    assert [paths.batch_of(n) for n in names] == list(range(6, EPOCHS_KEPT + 6))
+
+
+def test_an_assignment_of_qstate_0_1_is_read_until_the_next_epoch(tmp_path: Path) -> None:
+    from dataclasses import asdict
+
+    import orjson
+
+    s = Storage(str(tmp_path))
+    old = Assignment("j", 7, {"s0": "h:1"}, {"op": ["s0"]})
+    s.write_bytes(paths.legacy_assignment("j"), orjson.dumps(asdict(old)))
+    assert load_assignment(s, "j") == old
+    new = reassign(old, {"op": 1}, {"s1": "h:2"})
+    assert save_assignment(s, new)
+    assert load_assignment(s, "j") == new and new.epoch == 8
 
 
 def test_servers_register_list_unregister(tmp_path: Path) -> None:

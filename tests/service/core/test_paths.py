@@ -76,7 +76,8 @@ def test_layout_matches_the_documented_tree() -> None:
     n = 42
     padded = "0" * 18 + "42"
     assert paths.server("s-1") == "cluster/servers/s-1.json"
-    assert paths.assignment("ads") == "cluster/assignments/ads.json"
+    assert paths.assignment("ads", n) == f"cluster/assignments/ads/{padded}.json"
+    assert paths.legacy_assignment("ads") == "cluster/assignments/ads.json"
     assert paths.spec("ads", "per_campaign") == "jobs/ads/per_campaign/operator.json"
     assert paths.manifest("ads", "per_campaign", n) == (
         f"jobs/ads/per_campaign/batches/{padded}.json")
@@ -103,7 +104,8 @@ def test_files_live_in_their_directories(pid: PartitionId, n: int) -> None:
               paths.snapshots_dir(pid)):
         assert d.startswith(f"{op_dir}/")
     # the assignment lives apart from operator folders: no operator name can collide with it
-    assert not paths.assignment(pid.job).startswith(f"{paths.jobs_dir()}/")
+    assert not paths.assignment(pid.job, n).startswith(f"{paths.jobs_dir()}/")
+    assert parent(paths.assignment(pid.job, n)) == paths.assignments_dir(pid.job)
     # the names the catalog lists read back as the batch they were written for
     assert paths.batches([paths.delta(pid, n, 2).rsplit("/", 1)[1]], paths.ARROW) == [n]
     assert paths.batches([paths.snapshot(pid, n).rsplit("/", 1)[1]], paths.JSON) == [n]
