@@ -5,6 +5,11 @@ registered shard servers (a lease: a server that has not answered for ``lease_s`
 moves a dead server's partitions to live ones, gives a (re)joining server its share back,
 and writes every assignment to checkpoint storage with a new epoch. Starting a coordinator
 bumps the epoch too, so a stale driver that still runs is refused by every shard.
+
+Each epoch is created once (``save_assignment``) and signed by its writer. A coordinator
+that finds a newer epoch stands down (``fenced``), except a driver's that finds a standby's
+(jobs/standby.py moves partitions while the driver is down): it goes on from that one. The
+driver's coordinator beats a lease in storage (``beat``) that keeps the standby waiting.
 """
 
 from __future__ import annotations
@@ -12,17 +17,22 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 
 import grpc
+import orjson
 
 from jobs.metrics import ASSIGNMENT_EPOCH, REASSIGNMENTS
 from proto import shard_pb2 as pb
+from service.core import paths
 from service.core.address import PartitionId
 from service.core.assignment import (
+    DRIVER,
     Assignment,
     list_servers,
     load_assignment,
+    now_ms,
     reassign,
     save_assignment,
 )
@@ -80,6 +90,11 @@ class Coordinator:
     _lock: threading.RLock = field(default_factory=threading.RLock)
     _started: bool = False
     fenced: bool = False  # another coordinator of the job wrote a newer epoch
+    # what it signs the epochs it writes with: a driver's coordinator also beats a lease in
+    # storage (``beat``) that keeps a standby (`qstate coordinator`, jobs/standby.py) waiting
+    writer: str = field(default_factory=lambda: f"{DRIVER}{uuid.uuid4().hex[:12]}")
+    _beats: int = 0
+    _beat_at: float = float("-inf")
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
@@ -115,19 +130,17 @@ class Coordinator:
             if not live:
                 log.warning("%s: no live shard server", self.job)
                 return
-            updated = reassign(self.assignment, self.operators, live, bump)
+            updated = reassign(self.assignment, self.operators, live, bump, self.writer)
             while updated is not self.assignment and not save_assignment(self.storage, updated):
                 # another coordinator wrote that epoch first (storage creates each epoch once)
                 newer = load_assignment(self.storage, self.job)
-                if not bump:  # a newer coordinator runs: this one stands down
-                    self.fenced = True
-                    self._stop.set()
-                    log.error("%s: epoch %d was written by another coordinator; this one is "
-                              "fenced and stops", self.job, newer.epoch)
+                if not bump and not self.adopts(newer):  # a newer one runs: stand down
+                    self._fence(newer)
                     return
-                # starting: take over from whoever wrote it, one epoch past theirs
+                # starting (take over from whoever wrote it), or a standby's epoch: go on
+                # from theirs
                 self.assignment = newer
-                updated = reassign(newer, self.operators, live, bump)
+                updated = reassign(newer, self.operators, live, bump, self.writer)
             if updated is not self.assignment:
                 log.warning("%s: assignment epoch %d over %s", self.job, updated.epoch,
                             sorted(live))
@@ -144,16 +157,62 @@ class Coordinator:
                 self.probe()
             self._rebalance(bump=not self._started)
             if not self._started:
+                self.beat()
                 self._started = True
                 threading.Thread(target=self._monitor, name=f"coordinator-{self.job}",
                                  daemon=True).start()
             return self.assignment
 
+    def adopts(self, newer: Assignment) -> bool:
+        """Whether this coordinator goes on from ``newer``, an epoch someone else wrote,
+        rather than stand down: a driver's does from a standby's (it moved partitions while
+        the driver's beats did not reach it); anything else means a newer driver runs."""
+        return self.writer.startswith(DRIVER) and newer.by_standby()
+
+    def beat(self) -> None:
+        """A driver's coordinator: rewrite the job's lease every third of ``lease_s``. A
+        standby acts only once the lease has not changed for ``lease_s`` by its own clock."""
+        if not self.writer.startswith(DRIVER) or \
+                time.monotonic() - self._beat_at < self.lease_s / 3:
+            return
+        self._beats += 1
+        self.storage.write_bytes(paths.driver_lease(self.job), orjson.dumps(
+            {"writer": self.writer, "beat": self._beats, "at_ms": now_ms()}))
+        self._beat_at = time.monotonic()
+
+    def _fence(self, newer: Assignment) -> None:
+        self.fenced = True
+        self._stop.set()
+        log.error("%s: epoch %d was written by %s; this coordinator is fenced and stops",
+                  self.job, newer.epoch, newer.writer or "another coordinator")
+
+    def follow(self) -> None:
+        """An epoch someone else wrote since ours: go on from it (``adopts``) or stand down."""
+        newer = load_assignment(self.storage, self.job)
+        with self._lock:
+            if newer.epoch <= self.assignment.epoch:
+                return
+            if not self.adopts(newer):
+                self._fence(newer)
+                return
+            log.warning("%s: going on from epoch %d of %s", self.job, newer.epoch, newer.writer)
+            self.assignment = newer
+            ASSIGNMENT_EPOCH.labels(self.job).set(newer.epoch)
+
+    def round(self) -> None:
+        """One heartbeat round: follow a newer epoch, probe the servers, move partitions if
+        one died or rejoined."""
+        self.follow()
+        if self.fenced:
+            return
+        self.probe()
+        self._rebalance(moves=True)
+
     def _monitor(self) -> None:
         while not self._stop.wait(self.heartbeat_s):
             try:
-                self.probe()
-                self._rebalance(moves=True)
+                self.round()
+                self.beat()
             except Exception as exc:  # storage hiccup: try again next beat
                 log.warning("%s: coordinator round failed: %s", self.job, exc)
 
@@ -216,10 +275,11 @@ class Coordinator:
                     reply = fut.result()
                 except grpc.RpcError as exc:
                     err = from_grpc(exc)
-                    if isinstance(err, StaleEpoch) and \
-                            load_assignment(self.storage, self.job).epoch > self.assignment.epoch:
-                        raise Fenced(f"fenced: another coordinator of {self.job} took over "
-                                     f"({err.message})") from exc
+                    if isinstance(err, StaleEpoch):
+                        self.follow()  # a standby's epoch: the next round commits under it
+                        if self.fenced:
+                            raise Fenced(f"fenced: another coordinator of {self.job} took "
+                                         f"over ({err.message})") from exc
                     if err is not None and not isinstance(err, NotOwner | StaleEpoch |
                                                           Unavailable):
                         raise CommitFailed(f"shard {addr} refused batch {batch}: "

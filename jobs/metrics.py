@@ -51,6 +51,10 @@ JOB_UP = Gauge("qstate_job_up", "1 while the job's queries run, 0 once one has f
                "(the other jobs of the process keep running)", ["job"])
 ASSIGNMENT_EPOCH = Gauge("qstate_job_assignment_epoch",
                          "Epoch of the job's partition assignment", ["job"])
+STANDBY_ACTIVE = Gauge("qstate_job_standby_active",
+                       "1 while a standby coordinator (`qstate coordinator`) coordinates the "
+                       "job because its driver's lease stopped changing, 0 while it stands by",
+                       ["job"])
 REASSIGNMENTS = Counter("qstate_job_reassignments_total",
                         "Times partitions moved after start-up because a shard server was "
                         "declared dead or (re)joined", ["job"])

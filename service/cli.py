@@ -129,6 +129,38 @@ def job(
 
 
 @app.command()
+def coordinator(
+    jobs: Annotated[list[str], typer.Argument(help="Jobs to stand by for, by name.")],
+    storage: Annotated[str, option("storage", "--storage")] = S.storage_uri,
+    metrics_port: Annotated[int, option("coordinator_metrics_port", "--metrics-port")
+                            ] = S.coordinator_metrics_port,
+) -> None:
+    """Stand by for jobs' drivers: while a job's driver is down (its lease in storage
+    unchanged for QSTATE_LEASE_S), move a dead shard server's partitions to live ones, so
+    that serving does not wait for the job. Never commits; steps aside when the driver beats
+    again.
+
+    Exit codes: 0 stopped by SIGTERM/Ctrl-C.
+    """
+    import logging
+    import signal
+    import threading
+
+    from jobs import metrics
+    from jobs.standby import stand_by
+    from service.core.storage import Storage
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    bound = metrics.serve(metrics_port, S.metrics_host)
+    typer.echo(f"coordinator metrics: http://{S.metrics_host}:{bound}/metrics")
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    typer.echo(f"standing by for {', '.join(jobs)} (lease {S.lease_s:g}s)")
+    stand_by(Storage(storage), jobs, S, stop)
+
+
+@app.command()
 def router(
     host: Annotated[str, option("router_host", "--host")] = S.router_host,
     http_port: Annotated[int, option("http_port", "--http-port")] = S.http_port,

@@ -27,9 +27,13 @@ from service.core.address import PartitionId
 from service.core.errors import Unavailable
 from service.core.storage import Storage
 
-__all__ = ["EPOCHS_KEPT", "Assignment", "ServerInfo", "balance", "default_server_id",
-           "list_servers", "load_assignment", "now_ms", "reassign", "register_server",
-           "save_assignment", "unregister_server"]
+__all__ = ["DRIVER", "EPOCHS_KEPT", "STANDBY", "Assignment", "ServerInfo", "balance",
+           "default_server_id", "list_servers", "load_assignment", "now_ms", "reassign",
+           "register_server", "save_assignment", "unregister_server"]
+
+
+DRIVER = "driver:"
+STANDBY = "standby:"
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,12 @@ class Assignment:
     epoch: int = 0
     servers: dict[str, str] = field(default_factory=dict)  # id -> address
     owners: dict[str, list[str]] = field(default_factory=dict)  # operator -> id per partition
+    # who wrote it: "driver:<id>" (the job's coordinator) or "standby:<id>" (`qstate
+    # coordinator`, which moves partitions while the job is down); "" before qstate 0.2
+    writer: str = ""
+
+    def by_standby(self) -> bool:
+        return self.writer.startswith(STANDBY)
 
     def owner_id(self, operator: str, partition: int) -> str | None:
         ids = self.owners.get(operator)
@@ -155,7 +165,7 @@ def balance(old: list[str], partitions: int, live: list[str]) -> list[str]:
 
 
 def reassign(a: Assignment, operators: dict[str, int], live: dict[str, str],
-             bump: bool = False) -> Assignment:
+             bump: bool = False, writer: str = "") -> Assignment:
     """The assignment of ``operators`` (name -> partitions) over ``live`` (id -> address).
 
     Returns ``a`` itself when nothing changed and no ``bump`` is asked for, else a new
@@ -168,7 +178,7 @@ def reassign(a: Assignment, operators: dict[str, int], live: dict[str, str],
     servers = {sid: live[sid] for ids in owners.values() for sid in ids}
     if not bump and owners == a.owners and servers == a.servers:
         return a
-    return Assignment(a.job, a.epoch + 1, servers, owners)
+    return Assignment(a.job, a.epoch + 1, servers, owners, writer)
 
 
 def now_ms() -> int:

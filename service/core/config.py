@@ -84,6 +84,9 @@ class Settings(BaseSettings):
     heartbeat_timeout_s: float = Field(
         5.0, gt=0, description="Coordinator: deadline of one heartbeat call (a late answer "
         "is a missed beat, not a death).")
+    coordinator_metrics_port: int = Field(
+        9467, ge=0, description="HTTP /metrics port of `qstate coordinator`, the standby that "
+        "moves partitions while a job's driver is down; 0: any free port (printed at start).")
     manifest_gc_every: int = Field(
         20, ge=1, description="Coordinator: batches between collections of old manifests.")
 

@@ -6,6 +6,8 @@ One room for it (DESIGN §3-4). Paths are relative to the storage root::
     cluster/assignments/{job}/{E}.json                 partition owners at the job's epoch E
                                                        (each epoch its own object, created
                                                        only if absent; the newest is in force)
+    cluster/drivers/{job}.json                         the job's driver beating: while it
+                                                       changes, a standby coordinator waits
     jobs/{job}/{op}/operator.json                      the operator's spec
     jobs/{job}/{op}/batches/{N}.json                   batch manifests (what batch N wrote)
     jobs/{job}/{op}/deltas/{p}/{N}-{f}.arrow           fragment f of batch N's delta for
@@ -27,9 +29,9 @@ from service.core.address import PartitionId
 
 __all__ = [
     "ARROW", "JSON", "assignment", "assignments_dir", "batch_name", "batch_of", "batches",
-    "delta", "deltas_dir", "jobs_dir", "legacy_assignment", "manifest", "manifests_dir",
-    "operator_dir", "server", "servers_dir", "snapshot", "snapshot_member", "snapshots_dir",
-    "spec", "sst_member",
+    "delta", "deltas_dir", "driver_lease", "jobs_dir", "legacy_assignment", "manifest",
+    "manifests_dir", "operator_dir", "server", "servers_dir", "snapshot", "snapshot_member",
+    "snapshots_dir", "spec", "sst_member",
 ]
 
 JSON = ".json"
@@ -73,6 +75,10 @@ def assignments_dir(job: str) -> str:
 
 def assignment(job: str, epoch: int) -> str:
     return f"{assignments_dir(job)}/{batch_name(epoch)}{JSON}"
+
+
+def driver_lease(job: str) -> str:
+    return f"cluster/drivers/{job}{JSON}"
 
 
 def legacy_assignment(job: str) -> str:

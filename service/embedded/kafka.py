@@ -27,7 +27,7 @@ from service.core.errors import BrokerError
 from service.core.jvm import java
 from service.embedded.ports import free_port
 
-__all__ = ["KafkaBroker", "broker_classpath"]
+__all__ = ["KafkaBroker", "broker_classpath", "cluster_id"]
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +42,16 @@ rootLogger.appenderRef.out.ref = out
 logger.server.name = kafka.server.KafkaRaftServer
 logger.server.level = info
 """
+
+
+def cluster_id() -> str:
+    """A random KRaft cluster id: a UUID in URL-safe base64, as Kafka makes them, and like
+    Kafka never one that starts with "-" (1 in 64 would: the format tool then reads it as an
+    option and refuses to start, a rare flaky failure of every broker start-up)."""
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not cid.startswith("-"):
+            return cid
 
 
 def broker_classpath(jars: str) -> str:
@@ -180,7 +190,7 @@ class KafkaBroker:
                 "-cp", classpath]
 
     def _format(self, classpath: str, config: Path) -> None:
-        cluster = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        cluster = cluster_id()
         r = subprocess.run([*self._java(classpath), "kafka.tools.StorageTool", "format",
                             "-t", cluster, "-c", str(config)],
                            capture_output=True, text=True, timeout=120)

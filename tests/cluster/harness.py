@@ -6,7 +6,8 @@ Topology (each a host with its own address on one bridge; the test runs on the b
     worker-1 Spark worker (its executors) + shard server shard-1, local data on its disk
     worker-2 Spark worker (its executors) + shard server shard-2, local data on its disk
     driver   `qstate job tweets --master spark://master:7077 --driver-host <its address>`
-    router   `qstate router --host <its address> --no-local-reads`
+    router   `qstate router --host <its address> --no-local-reads`, and `qstate coordinator
+             tweets` (the standby: moves partitions while the driver is down)
     kafka    the Apache Kafka broker
 
 Checkpoint storage (deltas, snapshots, the assignment, Spark's checkpoints) is one folder
@@ -59,6 +60,7 @@ class Cluster(Deployment):
     hosts: dict[str, Host] = field(default_factory=dict)
     workers: list[Child] = field(default_factory=list)
     master: Child | None = None
+    standby: Child | None = None
     token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
 
     # ---- set-up ------------------------------------------------------------------
@@ -109,6 +111,8 @@ class Cluster(Deployment):
             self.start_worker(i)
         self.shards = [self.start_shard(i) for i in range(1, WORKERS + 1)]
         self.start_router()
+        # beside the router: moves a dead shard's partitions while the driver is down
+        self.standby = self.child("standby", "router", qstate_command("coordinator", JOB)).start()
         self.start_job()
 
     def start_master(self) -> None:

@@ -12,6 +12,10 @@ In order, on one cluster under ~2K tweet events/s (out of order, 1% late):
 3. A whole worker host is killed (kill -9 of its Spark worker, executors and shard server):
    Spark runs its tasks on the other worker, the shard's partitions are restored on the
    other shard; exact afterwards; the host restarted rejoins.
+4. Serving outlives the job: with the job stopped, a worker host is killed; the standby
+   coordinator (`qstate coordinator`, on the router's host) moves its partitions and every
+   key answers, exact, without the driver. The job started again goes on from the standby's
+   epoch, and is exact after more load.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ import time
 
 import pytest
 
+from service.core.assignment import load_assignment
+from service.core.storage import Storage
 from tests.chaos.harness import JOB, Deployment, P, compare, scenario
 from tests.cluster.harness import WORKERS, Cluster
 from tests.helpers import metric, wait_until
@@ -101,3 +107,33 @@ def test_a_worker_host_killed_reschedules_and_restores_elsewhere(cluster) -> Non
 
     scenario(cluster, "worker-2 host killed", inject, recovered)
     assert seen["killed"] >= 3  # the worker JVM, its executor, the shard server (+ Python)
+
+
+def test_with_the_job_down_the_standby_moves_a_dead_hosts_partitions(cluster) -> None:
+    c, gen = cluster
+    gen.pause()
+    assert gen.error is None, gen.error
+    c.drain()
+    assert c.job is not None
+    c.job.stop(60)  # the job is down (SIGTERM: it stops its query and Spark)
+    epoch = c.epoch()
+    c.kill_host("worker-2")
+    t = time.monotonic()
+    wait_until(lambda: set(c.owners()) == {"shard-1"}, 120,
+               "the standby moved worker-2's partitions with the job down")
+    assert load_assignment(Storage(c.storage), JOB).by_standby() and c.epoch() > epoch
+    tta = c.time_to_answer(t)
+    res = compare(c, gen.log)
+    print(f"cluster job down, worker-2 host killed: {res}, answering again after {tta:.2f}s")
+    assert (res["lost"], res["doubled"]) == (0, 0) and res["windows"] > 1000, res
+    # the host and the job back, more load: the driver goes on from the standby's epoch
+    c.restart_worker_host(2)
+    c.start_job()
+    gen.running.set()
+    wait_until(lambda: len(c.owners()) == WORKERS and not load_assignment(
+        Storage(c.storage), JOB).by_standby(), 180, "the driver back, worker-2 rejoined")
+    time.sleep(10)
+    gen.pause()
+    c.drain()
+    res = compare(c, gen.log)
+    assert (res["lost"], res["doubled"]) == (0, 0) and res["windows"] > 1000, res

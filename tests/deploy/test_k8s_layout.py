@@ -121,7 +121,7 @@ def test_qstate_containers_declare_the_ports_their_command_line_binds() -> None:
             if c.get("image", "").startswith("qstate:") and c["args"][0] != "job":
                 opts = options(c["args"])
                 assert {int(opts[f]) for f in flags if f in opts} == \
-                    {p["containerPort"] for p in c["ports"]}, d["metadata"]["name"]
+                    {p["containerPort"] for p in c.get("ports", [])}, d["metadata"]["name"]
 
 
 # ---- every pod: the image's user, no root, resources --------------------------------------

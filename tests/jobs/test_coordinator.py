@@ -54,3 +54,63 @@ def test_a_starting_coordinator_takes_over_past_an_epoch_written_meanwhile(
     assert not b.fenced and b.assignment.epoch == 2
     assert load_assignment(s, "j") == b.assignment
     assert set(b.assignment.servers) == {"s0", "s1"}
+
+
+def test_a_driver_goes_on_from_a_standby_epoch_and_a_standby_yields_to_a_driver(
+        tmp_path: Path) -> None:
+    s = Storage(str(tmp_path))
+    driver = coordinator(s, {"s0": "h:1", "s1": "h:2"})
+    driver._rebalance(bump=True)  # epoch 1
+    standby = coordinator(s, {"s0": "h:1"})  # s1 died while the driver's beats did not come
+    standby.writer = "standby:test"
+    standby._rebalance(moves=True)  # epoch 2, all on s0
+    assert load_assignment(s, "j").by_standby()
+    # the driver would write epoch 2 too (s2 joined): a standby's epoch is no fence for it
+    driver._last_ok["s2"], driver._addresses["s2"] = time.monotonic(), "h:4"
+    driver._rebalance(moves=True)
+    assert not driver.fenced and driver.assignment.epoch == 3
+    assert set(driver.assignment.servers) == {"s0", "s1", "s2"}
+    assert load_assignment(s, "j") == driver.assignment
+    assert driver.assignment.writer == driver.writer
+    # the standby's next move finds epoch 3 taken by a driver: it stands down
+    standby._last_ok["s1"], standby._addresses["s1"] = time.monotonic(), "h:3"
+    standby._rebalance(moves=True)
+    assert standby.fenced and load_assignment(s, "j") == driver.assignment
+
+
+def test_a_standby_acts_only_once_the_driver_lease_stops_changing(tmp_path: Path) -> None:
+    from jobs.standby import Standby
+    from service.core.config import Settings
+
+    s = Storage(str(tmp_path))
+    cfg = Settings.model_construct(lease_s=0.6, heartbeat_s=0.1, heartbeat_timeout_s=0.1)
+    driver = coordinator(s, {})
+    driver.lease_s = cfg.lease_s
+    driver.beat()
+    standby = Standby(s, "j", cfg)
+    assert not standby.driver_down()  # a lease it has not watched for lease_s yet
+    for _ in range(5):  # the driver beats every third of the lease: never down
+        time.sleep(cfg.lease_s / 3 + 0.01)
+        driver.beat()
+        assert not standby.driver_down()
+    time.sleep(cfg.lease_s + 0.05)  # the driver stops beating
+    assert standby.driver_down()
+    driver.beat()  # back
+    assert not standby.driver_down()
+
+
+def test_each_round_follows_a_newer_epoch_or_stands_down(tmp_path: Path) -> None:
+    s = Storage(str(tmp_path))
+    driver = coordinator(s, {"s0": "h:1"})
+    driver._rebalance(bump=True)  # epoch 1
+    standby = coordinator(s, {"s0": "h:1"})
+    standby.writer = "standby:test"
+    standby._rebalance(bump=True)  # epoch 2 by a standby
+    driver.follow()
+    assert not driver.fenced and driver.assignment == load_assignment(s, "j")
+    newer = coordinator(s, {"s0": "h:1"})  # a new driver
+    newer._rebalance(bump=True)  # epoch 3
+    driver.follow()
+    assert driver.fenced
+    with pytest.raises(Fenced):
+        driver.deliver(SPEC, 0, 0, {})
