@@ -52,6 +52,10 @@ KAFKA_PORT = 9092
 SPARK_HOME = str(Path(pyspark.__file__).parent)  # the pip package: bin/, jars/, no sbin/
 SPARK_CLASS = f"{SPARK_HOME}/bin/spark-class"
 SERVER_NAME = "qstate-shard"
+# A dead worker noticed in 10 s, not 60. Both sides must know it: the master drops a worker
+# silent this long, and a worker beats every timeout/4 by its own setting (60 s by default,
+# beating every 15 s, so a master told 10 s drops every worker again and again).
+WORKER_TIMEOUT = "-Dspark.worker.timeout=10"
 
 
 @dataclass
@@ -120,8 +124,8 @@ class Cluster(Deployment):
         self.master = self.child("master", "master", [
             SPARK_CLASS, "org.apache.spark.deploy.master.Master", "--host", host.address,
             "--port", str(MASTER_PORT), "--webui-port", str(MASTER_UI_PORT)],
-            # no REST submission server; a dead worker noticed in 10 s, not 60
-            SPARK_MASTER_OPTS="-Dspark.master.rest.enabled=false -Dspark.worker.timeout=10",
+            # no REST submission server
+            SPARK_MASTER_OPTS=f"-Dspark.master.rest.enabled=false {WORKER_TIMEOUT}",
             SPARK_LOG_DIR=str(self.root / "logs")).start()
         wait_for_port(host.address, MASTER_PORT, 60, self.master.proc)
 
@@ -132,7 +136,7 @@ class Cluster(Deployment):
             SPARK_CLASS, "org.apache.spark.deploy.worker.Worker", self.master_url,
             "--host", self.hosts[name].address, "--cores", "2", "--memory", "2g",
             "--work-dir", str(local / "spark-work"), "--webui-port", "0"],
-            SPARK_LOCAL_DIRS=str(local / "spark-local")).start()
+            SPARK_LOCAL_DIRS=str(local / "spark-local"), SPARK_WORKER_OPTS=WORKER_TIMEOUT).start()
         if len(self.workers) < i:
             self.workers.append(w)
         else:
@@ -207,6 +211,21 @@ class Cluster(Deployment):
         return {name for name in self.hosts if name.startswith("worker-")
                 and any((self.root / "hosts" / name / "spark-work").glob("app-*/*/stderr"))}
 
+    def dropped_workers(self) -> int:
+        """Times the master dropped a worker it heard nothing from (its log says)."""
+        log = self.root / "logs" / "master.log"
+        return log.read_text(errors="replace").count("because we got no heartbeat")
+
+    def tails(self, lines: int = 15) -> str:
+        """The last lines of the job's, the master's and the workers' logs (for a failure)."""
+        out = []
+        for name in ("job", "master", *(f"spark-worker-{i}" for i in range(1, WORKERS + 1))):
+            log = self.root / "logs" / f"{name}.log"
+            text = log.read_text(errors="replace") if log.exists() else ""
+            kept = [ln for ln in text.splitlines() if not ln.startswith(("\tat ", "    at "))]
+            out.append(f"--- logs/{name}.log\n" + "\n".join(kept[-lines:]))
+        return "\n".join(out)
+
     def job_metrics(self) -> str:
         """Where the driver serves /metrics."""
         return f"http://{self.hosts['driver'].address}:{JOB_METRICS_PORT}"
@@ -229,6 +248,6 @@ def wait_started(c: Cluster, timeout: float = 300) -> None:
             ops = []
         if len(ops) == 2 and all(o["watermark"] > BOUNDARY for o in ops):
             return
-        assert c.job is not None and c.job.alive(), "the job exited: see logs/job.log"
-        assert time.monotonic() < deadline, "the job did not start on the cluster"
+        assert c.job is not None and c.job.alive(), f"the job exited:\n{c.tails()}"
+        assert time.monotonic() < deadline, f"the job did not start on the cluster:\n{c.tails()}"
         time.sleep(1)

@@ -43,6 +43,7 @@ def test_the_job_runs_across_hosts_exact(cluster) -> None:
     # the topology is what it says: executors on both worker hosts, a shard on each (at its
     # host's address), the router reading them over the network
     assert c.executor_hosts() == {f"worker-{i}" for i in range(1, WORKERS + 1)}
+    assert c.dropped_workers() == 0  # no worker host was dropped while healthy
     shard_hosts = {c.hosts[f"worker-{i}"].address for i in range(1, WORKERS + 1)}
     assert {a.rsplit(":", 1)[0] for a in c.owners().values()} == shard_hosts
     res = compare(c, gen.log)
