@@ -116,6 +116,16 @@ class Coordinator:
             self._last_ok[d.server_id] = now
             self._addresses[d.server_id] = d.address
 
+    def presume_live(self) -> None:
+        """Count the servers of the current assignment live as of now: a coordinator taking
+        over a running job (a standby) gives each a full ``lease_s`` before it moves its
+        partitions, as the coordinator before it did; a busy server that misses the first
+        Describe is not a dead one."""
+        now = time.monotonic()
+        for sid, address in self.assignment.servers.items():
+            self._last_ok.setdefault(sid, now)
+            self._addresses.setdefault(sid, address)
+
     def live(self) -> dict[str, str]:
         now = time.monotonic()
         return {sid: self._addresses[sid] for sid, t in self._last_ok.items()

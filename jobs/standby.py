@@ -5,7 +5,8 @@ The driver's coordinator owns a job's assignment while it runs, and beats a leas
 checkpoint storage (``paths.driver_lease``, rewritten every third of ``lease_s``). The standby
 watches that lease with its own clock: once it has not changed for ``lease_s`` (the driver
 stopped, crashed, or cannot reach storage) the standby runs a coordinator of its own for the
-job (heartbeats to the shard servers, moves on death or rejoin) that never commits, and
+job (heartbeats to the shard servers, moves on death or rejoin; each server of the
+assignment has a full ``lease_s`` from then to answer) that never commits, and
 signs the epochs it writes ``standby:<id>``. When the lease changes again the driver is back:
 the standby stops at once, and the driver goes on from the standby's newest epoch (a
 driver's coordinator adopts a standby's epoch instead of counting itself fenced). Each epoch
@@ -77,6 +78,7 @@ class Standby:
                 self.storage, self.job, lease_s=self.cfg.lease_s,
                 heartbeat_s=self.cfg.heartbeat_s, heartbeat_timeout_s=self.cfg.heartbeat_timeout_s,
                 writer=self.writer)
+            self.active.presume_live()
         self.active.round()
 
     def stop(self) -> None:

@@ -6,7 +6,8 @@ Runs ``pytest tests/cluster -s`` (root: it builds hosts as network namespaces,
 ``loadtest.netns``) ``--repeats`` times, each on a fresh cluster: a Spark standalone master,
 two worker hosts each with a shard server, the driver, the router and the Kafka broker on
 hosts of their own (tests/cluster/harness.py). Scenarios: a worker host's link cut for
-10 s, a worker host killed whole. Appends the table to ``--out``.
+10 s, a worker host killed whole, and a worker host killed while the job is down (the
+standby, `qstate coordinator`, moves its partitions). Appends the table to ``--out``.
 """
 
 from __future__ import annotations

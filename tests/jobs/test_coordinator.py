@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
+import grpc
 import pytest
 
 from jobs.coordinator import Coordinator
@@ -114,3 +116,29 @@ def test_each_round_follows_a_newer_epoch_or_stands_down(tmp_path: Path) -> None
     assert driver.fenced
     with pytest.raises(Fenced):
         driver.deliver(SPEC, 0, 0, {})
+
+
+class OneDeaf:
+    """Shard clients where s0 answers Describe and s1 never does (busy, or dead)."""
+
+    def describe(self, address: str, timeout: float) -> SimpleNamespace:
+        if address != "h:1":
+            raise grpc.RpcError()
+        return SimpleNamespace(server_id="s0", address=address)
+
+
+def test_a_coordinator_taking_over_gives_each_server_a_lease_before_moving(
+        tmp_path: Path) -> None:
+    s = Storage(str(tmp_path))
+    driver = coordinator(s, {"s0": "h:1", "s1": "h:2"})
+    driver._rebalance(bump=True)  # epoch 1 over both; then the driver stops
+    taker = Coordinator(s, "j", lease_s=0.5, writer="standby:test")
+    taker.operators = {SPEC.operator: SPEC.partitions}
+    taker.clients = OneDeaf()  # type: ignore[assignment]
+    taker.presume_live()
+    taker.round()  # s1 missed its first Describe: not dead yet
+    assert load_assignment(s, "j") == driver.assignment
+    time.sleep(0.6)  # a lease without an answer: now it is
+    taker.round()
+    moved = load_assignment(s, "j")
+    assert moved.epoch == 2 and moved.servers == {"s0": "h:1"} and moved.by_standby()
