@@ -173,16 +173,21 @@ class Coordinator:
                                  daemon=True).start()
             return self.assignment
 
+    @property
+    def is_driver(self) -> bool:
+        """A driver's coordinator (it beats the lease), not a standby's."""
+        return self.writer.startswith(DRIVER)
+
     def adopts(self, newer: Assignment) -> bool:
         """Whether this coordinator goes on from ``newer``, an epoch someone else wrote,
         rather than stand down: a driver's does from a standby's (it moved partitions while
         the driver's beats did not reach it); anything else means a newer driver runs."""
-        return self.writer.startswith(DRIVER) and newer.by_standby()
+        return self.is_driver and newer.by_standby()
 
     def beat(self) -> None:
         """A driver's coordinator: rewrite the job's lease every third of ``lease_s``. A
         standby acts only once the lease has not changed for ``lease_s`` by its own clock."""
-        if not self.writer.startswith(DRIVER) or \
+        if not self.is_driver or \
                 time.monotonic() - self._beat_at < self.lease_s / 3:
             return
         self._beats += 1

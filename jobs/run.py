@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 import time
 from contextlib import nullcontext
@@ -13,9 +12,9 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
-from jobs import metrics
 from jobs.job import JobContext
 from jobs.metrics import JOB_UP
+from jobs.process import start_process
 from jobs.runner import RunningJob, start_job
 from jobs.spark import spark_session
 
@@ -67,12 +66,7 @@ def run_jobs(builders: list[str], ctx: JobContext, metrics_port: int = 0,
     ``ctx`` with its own checkpoint folder under ``ctx.checkpoint``. /metrics is served on
     ``metrics_host:metrics_port`` (0: any free port), printed at start; the Spark driver
     binds and advertises ``driver_host`` (its host's address when executors run elsewhere)."""
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
-    bound = metrics.serve(metrics_port, metrics_host)
-    console.print(f"job metrics: http://{metrics_host}:{bound}/metrics")
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = start_process("job", metrics_port, metrics_host, console.print)
     names = [checkpoint_name(b) for b in builders]
     spark = spark_session("qstate-" + "-".join(names), master, shuffle_partitions, spark_conf,
                           driver_host)

@@ -25,12 +25,13 @@ from dataclasses import dataclass, field
 
 from jobs.coordinator import Coordinator
 from jobs.metrics import STANDBY_ACTIVE
+from jobs.process import start_process
 from service.core import paths
 from service.core.assignment import STANDBY
 from service.core.config import Settings
 from service.core.storage import Storage
 
-__all__ = ["Standby", "stand_by"]
+__all__ = ["Standby", "run_standby", "stand_by"]
 
 log = logging.getLogger(__name__)
 
@@ -97,3 +98,11 @@ def stand_by(storage: Storage, jobs: list[str], cfg: Settings, stop: threading.E
                 log.warning("%s: standby round failed: %s", s.job, exc)
     for s in standbys:
         s.stop()
+
+
+def run_standby(storage_uri: str, jobs: list[str], cfg: Settings, metrics_port: int) -> None:
+    """`qstate coordinator`: stand by for ``jobs`` until Ctrl-C or SIGTERM, /metrics on
+    ``cfg.metrics_host:metrics_port``."""
+    stop = start_process("coordinator", metrics_port, cfg.metrics_host)
+    print(f"standing by for {', '.join(jobs)} (lease {cfg.lease_s:g}s)", flush=True)
+    stand_by(Storage(storage_uri), jobs, cfg, stop)

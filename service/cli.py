@@ -142,22 +142,9 @@ def coordinator(
 
     Exit codes: 0 stopped by SIGTERM/Ctrl-C.
     """
-    import logging
-    import signal
-    import threading
+    from jobs.standby import run_standby
 
-    from jobs import metrics
-    from jobs.standby import stand_by
-    from service.core.storage import Storage
-
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
-    bound = metrics.serve(metrics_port, S.metrics_host)
-    typer.echo(f"coordinator metrics: http://{S.metrics_host}:{bound}/metrics")
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    typer.echo(f"standing by for {', '.join(jobs)} (lease {S.lease_s:g}s)")
-    stand_by(Storage(storage), jobs, S, stop)
+    run_standby(storage, jobs, S, metrics_port)
 
 
 @app.command()

@@ -29,7 +29,7 @@ from confluent_kafka import Consumer, TopicPartition
 from jobs.runner import MERGED
 from loadtest.truth import load_events, window_counts
 from service.core.address import partition_of
-from service.core.assignment import load_assignment
+from service.core.assignment import Assignment, load_assignment
 from service.core.catalog import manifest_batches
 from service.core.config import DEFAULTS
 from service.core.shard_client import ShardClients
@@ -223,8 +223,12 @@ class Deployment:
         return metric(shard_metrics_url(self.storage, self.shards[i]), name, job=JOB,
                       operator=operator, **labels)
 
+    def assignment(self) -> Assignment:
+        """The job's assignment in force (the newest epoch in storage)."""
+        return load_assignment(Storage(self.storage), JOB)
+
     def epoch(self) -> int:
-        return load_assignment(Storage(self.storage), JOB).epoch
+        return self.assignment().epoch
 
     def committed_offsets(self) -> dict[int, int]:
         """Kafka offsets of the last batch the job's (merged) query committed."""

@@ -32,8 +32,6 @@ import httpx
 import pyspark
 
 from loadtest.netns import Host, Network
-from service.core.assignment import load_assignment
-from service.core.storage import Storage
 from service.embedded.kafka import KafkaBroker
 from service.embedded.ports import wait_for_port
 from service.embedded.procs import Child, RouterProcess, ShardProcess, qstate_command
@@ -204,7 +202,7 @@ class Cluster(Deployment):
     # ---- observation -------------------------------------------------------------
     def owners(self) -> dict[str, str]:
         """Shard id -> address, of the current assignment."""
-        return load_assignment(Storage(self.storage), JOB).servers
+        return self.assignment().servers
 
     def executor_hosts(self) -> set[str]:
         """Worker hosts that launched an executor of the job (their work folders)."""

@@ -25,8 +25,6 @@ import time
 
 import pytest
 
-from service.core.assignment import load_assignment
-from service.core.storage import Storage
 from tests.chaos.harness import JOB, Deployment, P, compare, scenario
 from tests.cluster.harness import WORKERS, Cluster
 from tests.helpers import metric, wait_until
@@ -122,7 +120,7 @@ def test_with_the_job_down_the_standby_moves_a_dead_hosts_partitions(cluster) ->
     t = time.monotonic()
     wait_until(lambda: set(c.owners()) == {"shard-1"}, 120,
                "the standby moved worker-2's partitions with the job down")
-    assert load_assignment(Storage(c.storage), JOB).by_standby() and c.epoch() > epoch
+    assert c.assignment().by_standby() and c.epoch() > epoch
     tta = c.time_to_answer(t)
     res = compare(c, gen.log)
     print(f"cluster job down, worker-2 host killed: {res}, answering again after {tta:.2f}s")
@@ -131,8 +129,8 @@ def test_with_the_job_down_the_standby_moves_a_dead_hosts_partitions(cluster) ->
     c.restart_worker_host(2)
     c.start_job()
     gen.running.set()
-    wait_until(lambda: len(c.owners()) == WORKERS and not load_assignment(
-        Storage(c.storage), JOB).by_standby(), 180, "the driver back, worker-2 rejoined")
+    wait_until(lambda: len(c.owners()) == WORKERS and not c.assignment().by_standby(), 180,
+               "the driver back, worker-2 rejoined")
     time.sleep(10)
     gen.pause()
     c.drain()
