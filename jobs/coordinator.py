@@ -2,8 +2,10 @@
 
 It is the source of truth for which server owns which partition (DESIGN §4): it probes the
 registered shard servers (a lease: a server that has not answered for ``lease_s`` is dead),
-moves a dead server's partitions to live ones, gives a (re)joining server its share back,
-and writes every assignment to checkpoint storage with a new epoch. Starting a coordinator
+moves a dead server's partitions to live ones (to a follower that serves them, when an
+operator keeps replicas), gives a (re)joining server its share and moves a draining one's
+away, make-before-break (``service.core.placement``), and writes every assignment to
+checkpoint storage with a new epoch. Starting a coordinator
 bumps the epoch too, so a stale driver that still runs is refused by every shard.
 
 Each epoch is created once (``save_assignment``) and signed by its writer. A coordinator
@@ -33,7 +35,6 @@ from service.core.assignment import (
     list_servers,
     load_assignment,
     now_ms,
-    reassign,
     save_assignment,
 )
 from service.core.catalog import snapshot_batches
@@ -52,7 +53,8 @@ from service.core.manifest import (
     delete_manifests_through,
     write_manifest,
 )
-from service.core.operator import OperatorSpec
+from service.core.operator import OperatorSpec, load_spec
+from service.core.placement import Cluster, Progress, place
 from service.core.shard_client import ShardClients
 from service.core.storage import Storage
 
@@ -85,8 +87,13 @@ class Coordinator:
     clients: ShardClients = field(default_factory=ShardClients)
     assignment: Assignment = field(init=False)
     operators: dict[str, int] = field(default_factory=dict)  # name -> partitions
+    replicas: dict[str, int] = field(default_factory=dict)  # name -> copies (the spec's)
     _last_ok: dict[str, float] = field(default_factory=dict)
     _addresses: dict[str, str] = field(default_factory=dict)
+    # from each server's last Describe: how far it has each partition of the job, and
+    # whether it is draining (stopping once its partitions moved)
+    _progress: dict[str, dict[tuple[str, int], Progress]] = field(default_factory=dict)
+    _draining: set[str] = field(default_factory=set)
     _lock: threading.RLock = field(default_factory=threading.RLock)
     _started: bool = False
     fenced: bool = False  # another coordinator of the job wrote a newer epoch
@@ -110,11 +117,19 @@ class Coordinator:
         for addr in candidates:
             try:
                 d = self.clients.describe(
-                    addr, timeout=min(self.heartbeat_timeout_s, self.lease_s / 2))
+                    addr, timeout=min(self.heartbeat_timeout_s, self.lease_s / 2),
+                    coordinator=self.writer)
             except grpc.RpcError:
                 continue
             self._last_ok[d.server_id] = now
             self._addresses[d.server_id] = d.address
+            self._progress[d.server_id] = {
+                (i.operator, i.partition): Progress(i.last_batch, not i.restoring)
+                for i in d.partitions if i.job == self.job}
+            if d.draining:
+                self._draining.add(d.server_id)
+            else:
+                self._draining.discard(d.server_id)
 
     def presume_live(self) -> None:
         """Count the servers of the current assignment live as of now: a coordinator taking
@@ -131,16 +146,26 @@ class Coordinator:
         return {sid: self._addresses[sid] for sid, t in self._last_ok.items()
                 if now - t < self.lease_s}
 
+    def cluster(self) -> Cluster:
+        """What placement needs: the live servers, which drain, how far each has got."""
+        live = self.live()
+        for op in self.assignment.owners.keys() - self.replicas.keys():
+            spec = load_spec(self.storage, self.job, op)  # a standby knows no specs yet
+            self.replicas[op] = spec.replicas if spec is not None else 1
+        return Cluster(live, self._draining & live.keys(),
+                       {sid: g for sid, g in self._progress.items() if sid in live},
+                       dict(self.replicas))
+
     def _rebalance(self, bump: bool = False, moves: bool = False) -> None:
         """Bring the assignment in line with the live servers. ``moves``: called by the
         monitor, so a change means partitions moved (a server died or (re)joined), which is
         what ``qstate_job_reassignments_total`` counts; registering operators is not one."""
         with self._lock:
-            live = self.live()
-            if not live:
+            c = self.cluster()
+            if not c.live:
                 log.warning("%s: no live shard server", self.job)
                 return
-            updated = reassign(self.assignment, self.operators, live, bump, self.writer)
+            updated = place(self.assignment, self.operators, c, bump, self.writer)
             while updated is not self.assignment and not save_assignment(self.storage, updated):
                 # another coordinator wrote that epoch first (storage creates each epoch once)
                 newer = load_assignment(self.storage, self.job)
@@ -150,10 +175,11 @@ class Coordinator:
                 # starting (take over from whoever wrote it), or a standby's epoch: go on
                 # from theirs
                 self.assignment = newer
-                updated = reassign(newer, self.operators, live, bump, self.writer)
+                updated = place(newer, self.operators, c, bump, self.writer)
             if updated is not self.assignment:
-                log.warning("%s: assignment epoch %d over %s", self.job, updated.epoch,
-                            sorted(live))
+                log.warning("%s: assignment epoch %d over %s%s", self.job, updated.epoch,
+                            sorted(c.live), f" (draining: {sorted(c.draining)})"
+                            if c.draining else "")
                 self.assignment = updated
                 ASSIGNMENT_EPOCH.labels(self.job).set(updated.epoch)
                 if moves:
@@ -163,6 +189,7 @@ class Coordinator:
         """Add an operator; the first call also fences any older writer (epoch + 1)."""
         with self._lock:
             self.operators[spec.operator] = spec.partitions
+            self.replicas[spec.operator] = spec.replicas
             if not self.live():
                 self.probe()
             self._rebalance(bump=not self._started)

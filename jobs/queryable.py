@@ -60,10 +60,11 @@ class MergeOperator:
     aggs: list[Agg]
     where: Column | None = None
     specs: dict[str, Aggregate] = field(default_factory=dict)  # set by QueryableJob.add
+    replicas: int = 1  # copies of each partition on distinct shard servers (OperatorSpec)
 
     def spec(self, job: str, partitions: int, retention_ms: int) -> OperatorSpec:
         return OperatorSpec(job, self.name, self.key, dict(self.specs), partitions,
-                            self.window, retention_ms)
+                            self.window, retention_ms, self.replicas)
 
     def columns(self, j: int, partitions: int) -> list[Column]:
         """This operator's columns in the batch's projection (named by
@@ -80,9 +81,10 @@ class MergeOperator:
 
 class _Grouped:
     def __init__(self, job: QueryableJob, name: str, where: Column | None, window: WindowSpec,
-                 key: str) -> None:
+                 key: str, replicas: int) -> None:
         self._job, self._name, self._where, self._window, self._key = (job, name, where,
                                                                         window, key)
+        self._replicas = replicas
 
     def agg(self, *aggs: Agg) -> MergeOperator:
         for a in aggs:
@@ -92,14 +94,15 @@ class _Grouped:
                     f"({', '.join(sorted(MERGEABLE))}, from jobs.aggregates); aggregate it "
                     "with Spark's own groupBy and serve it with jobs.sink.serve (spark-state "
                     "mode)")
-        op = MergeOperator(self._name, self._key, self._window, list(aggs), self._where)
+        op = MergeOperator(self._name, self._key, self._window, list(aggs), self._where,
+                           replicas=self._replicas)
         self._job.add(op)
         return op
 
 
 class _Builder:
-    def __init__(self, job: QueryableJob, name: str) -> None:
-        self._job, self._name = job, name
+    def __init__(self, job: QueryableJob, name: str, replicas: int) -> None:
+        self._job, self._name, self._replicas = job, name, replicas
         self._where: Column | None = None
 
     def where(self, condition: Column) -> _Builder:
@@ -115,7 +118,7 @@ class _Builder:
             raise InvalidRequest(f"operator {self._name!r}: groupBy takes one key column "
                                  "(a name) and at most one window(...) or session_window(...)")
         w = windows[0].spec if windows else WindowSpec()
-        return _Grouped(self._job, self._name, self._where, w, keys[0])
+        return _Grouped(self._job, self._name, self._where, w, keys[0], self._replicas)
 
 
 class QueryableJob:
@@ -131,10 +134,13 @@ class QueryableJob:
         self.operators: list[MergeOperator] = []
         self.spark_state: list[SparkStateOperator] = []
 
-    def operator(self, name: str) -> _Builder:
+    def operator(self, name: str, *, replicas: int = 1) -> _Builder:
+        """A queryable operator. ``replicas=2``: each partition also has a follower on another
+        shard server that applies the same batches and answers reads when the owner dies,
+        without a restore gap."""
         if any(op.name == name for op in self.operators):
             raise InvalidRequest(f"job {self.name!r} already has an operator {name!r}")
-        return _Builder(self, name)
+        return _Builder(self, name, replicas)  # checked by OperatorSpec
 
     def serve_spark_state(self, op: SparkStateOperator) -> None:
         """Serve an aggregation Spark keeps the state of, in its own streaming query."""

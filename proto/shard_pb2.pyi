@@ -123,11 +123,13 @@ class LookupReply(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[KeyResult, _Mapping]]] = ...) -> None: ...
 
 class DescribeRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("coordinator",)
+    COORDINATOR_FIELD_NUMBER: _ClassVar[int]
+    coordinator: str
+    def __init__(self, coordinator: _Optional[str] = ...) -> None: ...
 
 class PartitionInfo(_message.Message):
-    __slots__ = ("job", "operator", "partition", "last_batch", "watermark_ms", "keys_estimate", "restoring", "epoch")
+    __slots__ = ("job", "operator", "partition", "last_batch", "watermark_ms", "keys_estimate", "restoring", "epoch", "follower")
     JOB_FIELD_NUMBER: _ClassVar[int]
     OPERATOR_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
@@ -136,6 +138,7 @@ class PartitionInfo(_message.Message):
     KEYS_ESTIMATE_FIELD_NUMBER: _ClassVar[int]
     RESTORING_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    FOLLOWER_FIELD_NUMBER: _ClassVar[int]
     job: str
     operator: str
     partition: int
@@ -144,14 +147,17 @@ class PartitionInfo(_message.Message):
     keys_estimate: int
     restoring: bool
     epoch: int
-    def __init__(self, job: _Optional[str] = ..., operator: _Optional[str] = ..., partition: _Optional[int] = ..., last_batch: _Optional[int] = ..., watermark_ms: _Optional[int] = ..., keys_estimate: _Optional[int] = ..., restoring: _Optional[bool] = ..., epoch: _Optional[int] = ...) -> None: ...
+    follower: bool
+    def __init__(self, job: _Optional[str] = ..., operator: _Optional[str] = ..., partition: _Optional[int] = ..., last_batch: _Optional[int] = ..., watermark_ms: _Optional[int] = ..., keys_estimate: _Optional[int] = ..., restoring: _Optional[bool] = ..., epoch: _Optional[int] = ..., follower: _Optional[bool] = ...) -> None: ...
 
 class DescribeReply(_message.Message):
-    __slots__ = ("server_id", "address", "partitions")
+    __slots__ = ("server_id", "address", "partitions", "draining")
     SERVER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
     server_id: str
     address: str
     partitions: _containers.RepeatedCompositeFieldContainer[PartitionInfo]
-    def __init__(self, server_id: _Optional[str] = ..., address: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[PartitionInfo, _Mapping]]] = ...) -> None: ...
+    draining: bool
+    def __init__(self, server_id: _Optional[str] = ..., address: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[PartitionInfo, _Mapping]]] = ..., draining: _Optional[bool] = ...) -> None: ...

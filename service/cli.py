@@ -7,7 +7,7 @@ Every option that is a setting defaults to its effective value (flag > QSTATE_* 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -308,7 +308,8 @@ def token_list(
         typer.echo(f"{e.name}\t{' '.join(e.scopes)}")
 
 
-state_app = typer.Typer(help="Inspect served state.", no_args_is_help=True)
+state_app = typer.Typer(help="Inspect served state; change a job's partition count.",
+                        no_args_is_help=True)
 app.add_typer(state_app, name="state")
 
 
@@ -365,6 +366,65 @@ def state_inspect(
                    "QSTATE_CLUSTER_TOKEN_FILE; `make run` keeps its token in "
                    "<home>/cluster-token)", err=True)
     raise typer.Exit(1 if any(r.state != "ready" for r in rows) else 0)
+
+
+@state_app.command("rescale")
+def state_rescale(
+    job: Annotated[str, typer.Argument(help="The job, stopped.")],
+    partitions: Annotated[int, typer.Option(
+        "--partitions", help="The new partition count: a larger multiple of the current one "
+        "(twice: each partition splits in two).")],
+    storage: Annotated[str, option("storage", "--storage")] = S.storage_uri,
+    lease_s: Annotated[float, option("lease_s", "--lease-s")] = S.lease_s,
+) -> None:
+    """Change a stopped job's partition count; its state stays queryable throughout.
+
+    Waits --lease-s to see that the job's driver beats no lease, splits each partition's
+    state into the new partitions (snapshotted to checkpoint storage), has the live shard
+    servers serve them, then switches the operators' specs, so routers route by the new
+    count. Then restart the job with --partitions N; it goes on from its checkpoint.
+
+    Exit codes: 0 done; 1 refused or failed (the job runs, N is not a multiple, no shard
+    server answers, a new partition did not come up): readers notice nothing and running it
+    again is safe; 2 bad arguments or an unreadable cluster token file.
+    """
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from service.core.errors import QStateError, StartFailed
+    from service.core.storage import Storage
+    from service.rescale import Rescale, job_is_down
+
+    console = Console(stderr=True)
+    store = Storage(storage)
+    try:
+        r = Rescale(store, job, partitions)
+        specs = r.specs()  # checked before the wait
+        with console.status(f"checking that {job}'s driver is down ({lease_s:g}s)"):
+            if not job_is_down(store, job, lease_s):
+                console.print(f"[red]error:[/red] job {job!r} is running (its driver's lease "
+                              "changed): stop it first")
+                raise typer.Exit(1)
+        with Progress(console=console, transient=True) as progress:
+            tasks: dict[str, Any] = {}
+
+            def step(what: str, done: int, total: int) -> None:
+                if what not in tasks:
+                    tasks[what] = progress.add_task(what, total=total)
+                progress.update(tasks[what], completed=done, total=total)
+
+            r.step = step
+            rescaled = r.run()
+    except StartFailed as exc:
+        raise _refused_start(exc) from None
+    except QStateError as exc:
+        console.print(f"[red]error:[/red] {exc.message}")
+        raise typer.Exit(1) from None
+    before = {s.operator: s.partitions for s in specs}
+    for s in rescaled:
+        console.print(f"{s.job}/{s.operator}: {before[s.operator]} → {s.partitions} "
+                      "partitions, every one serving")
+    console.print(f"restart the job with --partitions {partitions}")
 
 
 def _mount_generate() -> None:

@@ -1,10 +1,10 @@
 """Which shard server owns which partition (DESIGN §4).
 
 Shard servers register themselves in checkpoint storage; each job's coordinator (in its
-driver) assigns the partitions of the job's operators to live servers and writes the
-assignment to checkpoint storage, where routers and shard servers read it without the
-driver. Every change bumps the job's epoch: a writer or reader with an older epoch is
-refused.
+driver) assigns the partitions of the job's operators to live servers (owners and
+followers: ``service.core.placement``) and writes the assignment to checkpoint storage,
+where routers and shard servers read it without the driver. Every change bumps the job's
+epoch: a writer or reader with an older epoch is refused.
 
 Each epoch is its own object (``paths.assignment(job, epoch)``), created only if absent
 (``Storage.create``), and the newest one is in force: of two coordinators that both try
@@ -17,18 +17,16 @@ from __future__ import annotations
 
 import os
 import time
-from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 import orjson
 
 from service.core import paths
 from service.core.address import PartitionId
-from service.core.errors import Unavailable
 from service.core.storage import Storage
 
-__all__ = ["DRIVER", "EPOCHS_KEPT", "STANDBY", "Assignment", "ServerInfo", "balance",
-           "default_server_id", "list_servers", "load_assignment", "now_ms", "reassign",
+__all__ = ["DRIVER", "EPOCHS_KEPT", "STANDBY", "Assignment", "ServerInfo",
+           "default_server_id", "list_servers", "load_assignment", "now_ms",
            "register_server", "save_assignment", "unregister_server"]
 
 
@@ -56,6 +54,9 @@ class Assignment:
     # who wrote it: "driver:<id>" (the job's coordinator) or "standby:<id>" (`qstate
     # coordinator`, which moves partitions while the job is down); "" before qstate 0.2
     writer: str = ""
+    # operator -> per partition the ids of its followers (service.core.placement): copies
+    # that apply the same batches from storage and answer reads, but take no commits
+    followers: dict[str, list[list[str]]] = field(default_factory=dict)
 
     def by_standby(self) -> bool:
         return self.writer.startswith(STANDBY)
@@ -63,6 +64,14 @@ class Assignment:
     def owner_id(self, operator: str, partition: int) -> str | None:
         ids = self.owners.get(operator)
         return ids[partition] if ids is not None and partition < len(ids) else None
+
+    def followers_of(self, operator: str, partition: int) -> list[str]:
+        per = self.followers.get(operator)
+        return per[partition] if per is not None and partition < len(per) else []
+
+    def follower_addresses(self, operator: str, partition: int) -> list[str]:
+        return [self.servers[sid] for sid in self.followers_of(operator, partition)
+                if sid in self.servers]
 
     def owner(self, operator: str, partition: int) -> str | None:
         sid = self.owner_id(operator, partition)
@@ -78,6 +87,10 @@ class Assignment:
     def owned_by(self, server_id: str) -> set[PartitionId]:
         return {PartitionId(self.job, op, p) for op, ids in self.owners.items()
                 for p, sid in enumerate(ids) if sid == server_id}
+
+    def followed_by(self, server_id: str) -> set[PartitionId]:
+        return {PartitionId(self.job, op, p) for op, per in self.followers.items()
+                for p, ids in enumerate(per) if server_id in ids}
 
 
 def register_server(storage: Storage, info: ServerInfo) -> None:
@@ -135,50 +148,6 @@ def save_assignment(storage: Storage, a: Assignment) -> bool:
         if e <= a.epoch - EPOCHS_KEPT:
             storage.delete(paths.assignment(a.job, e))
     return True
-
-
-def balance(old: list[str], partitions: int, live: list[str]) -> list[str]:
-    """Owners for ``partitions`` over ``live`` servers: as even as possible, moving as few
-    partitions as possible (an owner that is live and not over its share keeps its own)."""
-    if not live:
-        raise Unavailable("no live shard server to assign partitions to")
-    ids = sorted(live)
-    q, r = divmod(partitions, len(ids))
-    # The r servers that get one more are those already holding the most, so an uneven
-    # split moves no partition it need not move.
-    held = Counter(sid for sid in old[:partitions] if sid in live)
-    richer = sorted(ids, key=lambda s: (-held[s], s))[:r]
-    cap = {sid: q + (1 if sid in richer else 0) for sid in ids}
-    load: Counter[str] = Counter()
-    new: list[str | None] = [None] * partitions
-    for p in range(partitions):
-        sid = old[p] if p < len(old) else None
-        if sid in cap and load[sid] < cap[sid]:
-            new[p] = sid
-            load[sid] += 1
-    for p in range(partitions):
-        if new[p] is None:
-            sid = min(ids, key=lambda s: (load[s] - cap[s], load[s], s))
-            new[p] = sid
-            load[sid] += 1
-    return [s for s in new if s is not None]
-
-
-def reassign(a: Assignment, operators: dict[str, int], live: dict[str, str],
-             bump: bool = False, writer: str = "") -> Assignment:
-    """The assignment of ``operators`` (name -> partitions) over ``live`` (id -> address).
-
-    Returns ``a`` itself when nothing changed and no ``bump`` is asked for, else a new
-    assignment with the next epoch.
-    """
-    # Every operator the assignment holds, not only those given: a restarted driver registers
-    # its operators one by one, and the others' owners may be dead meanwhile.
-    sizes = {op: len(ids) for op, ids in a.owners.items()} | operators
-    owners = {op: balance(a.owners.get(op, []), n, list(live)) for op, n in sizes.items()}
-    servers = {sid: live[sid] for ids in owners.values() for sid in ids}
-    if not bump and owners == a.owners and servers == a.servers:
-        return a
-    return Assignment(a.job, a.epoch + 1, servers, owners, writer)
 
 
 def now_ms() -> int:

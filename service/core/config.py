@@ -118,6 +118,13 @@ class Settings(BaseSettings):
         "being restored.")
     restore_retry_s: float = Field(
         1.0, gt=0, description="Shard: pause before retrying a failed restore.")
+    drain_timeout_s: float = Field(
+        120.0, ge=0, description="Shard: on SIGTERM, how long it keeps serving while the "
+        "coordinator moves its partitions to other servers, make-before-break (each new "
+        "owner catches up before the hand-over, so no read answers 503). It stops sooner "
+        "once it holds nothing (after 2 x routing_refresh_s, so routers have moved on), or "
+        "when no coordinator has asked about it for 10 x heartbeat_s (the job is down). "
+        "SIGINT, a second signal, or 0 here: stop at once.")
     commit_workers: int = Field(
         4, ge=1, description="Shard: partitions of one commit applied in parallel.")
 

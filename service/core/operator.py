@@ -25,7 +25,7 @@ from service.core.errors import InvalidRequest
 from service.core.storage import Storage
 from service.core.windows import pane_ms
 
-__all__ = ["MERGEABLE", "AggKind", "Aggregate", "Mode", "OperatorSpec", "StateType",
+__all__ = ["MAX_REPLICAS", "MERGEABLE", "AggKind", "Aggregate", "Mode", "OperatorSpec", "StateType",
            "WindowKind", "WindowSpec", "list_specs", "load_spec", "save_spec"]
 
 StateType = Literal["long", "double"]
@@ -36,6 +36,7 @@ MERGEABLE: frozenset[str] = frozenset(
     {"count", "sum", "min", "max", "avg", "approx_count_distinct"})
 _KINDS = (*sorted(MERGEABLE), "value")
 _TYPES = ("long", "double")
+MAX_REPLICAS = 3
 
 
 @dataclass(frozen=True)
@@ -93,13 +94,16 @@ class OperatorSpec:
     partitions: int
     window: WindowSpec
     retention_ms: int
+    replicas: int
 
     def __init__(self, job: str, operator: str, key: str,
                  states: Mapping[str, Aggregate | StateType],
                  partitions: int = DEFAULTS.partitions, window: WindowSpec | None = None,
-                 retention_ms: int = DEFAULTS.retention_ms) -> None:
+                 retention_ms: int = DEFAULTS.retention_ms, replicas: int = 1) -> None:
         """``states`` maps each aggregate's name to its Aggregate, or to "long"/"double" for
-        a Spark-state value."""
+        a Spark-state value. ``replicas``: copies of each partition on distinct shard servers
+        (the owner and ``replicas - 1`` followers that apply the same batches and answer
+        reads when the owner dies), as many as there are live servers."""
         check_name("job", job)
         check_name("operator", operator)
         if not states:
@@ -113,9 +117,12 @@ class OperatorSpec:
                                  "cannot be mixed in one operator")
         if not 1 <= partitions <= 4096:
             raise InvalidRequest("partitions must be between 1 and 4096")
+        if not 1 <= replicas <= MAX_REPLICAS:
+            raise InvalidRequest(f"replicas must be between 1 and {MAX_REPLICAS}")
         for name, value in (("job", job), ("operator", operator), ("key", key),
                             ("states", normal), ("partitions", partitions),
-                            ("window", window or WindowSpec()), ("retention_ms", retention_ms)):
+                            ("window", window or WindowSpec()), ("retention_ms", retention_ms),
+                            ("replicas", replicas)):
             object.__setattr__(self, name, value)
 
     @property
@@ -150,14 +157,18 @@ class OperatorSpec:
         return cls(**raw)
 
 
-def save_spec(storage: Storage, spec: OperatorSpec) -> None:
+def save_spec(storage: Storage, spec: OperatorSpec, rescale: bool = False) -> None:
+    """Write the operator's spec; a different partition count only from ``rescale``
+    (`qstate state rescale`, service/rescale.py), which has split the state first."""
     path = paths.spec(spec.job, spec.operator)
     if storage.exists(path):
         old = OperatorSpec.from_json(storage.read_bytes(path))
-        if old.partitions != spec.partitions:
+        if old.partitions != spec.partitions and not rescale:
             raise InvalidRequest(
                 f"{spec.job}/{spec.operator} has {old.partitions} partitions in storage; "
-                f"changing to {spec.partitions} needs a rescale step")
+                f"changing to {spec.partitions} needs `qstate state rescale {spec.job} "
+                f"--partitions {spec.partitions}` while the job is stopped (a multiple of "
+                f"{old.partitions})")
         if (old.states, old.window) != (spec.states, spec.window):
             raise InvalidRequest(
                 f"{spec.job}/{spec.operator} is stored with other aggregates or another window "

@@ -53,8 +53,11 @@ class ShardClients:
                     stub = self._stubs[address] = pb_grpc.ShardStub(ch)
         return stub
 
-    def describe(self, address: str, timeout: float = 2.0) -> pb.DescribeReply:
-        return self.stub(address).Describe(pb.DescribeRequest(), timeout=timeout)
+    def describe(self, address: str, timeout: float = 2.0,
+                 coordinator: str = "") -> pb.DescribeReply:
+        """``coordinator``: the caller's writer id, when a coordinator's heartbeat asks."""
+        return self.stub(address).Describe(pb.DescribeRequest(coordinator=coordinator),
+                                           timeout=timeout)
 
     def close(self) -> None:
         for ch in self._channels.values():

@@ -141,9 +141,9 @@ class Demo:
 
     def stop(self) -> None:
         for child in reversed(self.children):
-            # generators flush on SIGINT; everything else stops on either
+            # generators flush on SIGINT; everything else stops on its own stop signal
             child.stop(timeout=30, sig=signal.SIGINT if child.name.startswith("generate")
-                       else signal.SIGTERM)
+                       else None)
         if self.broker is not None:
             self.broker.stop()
         # no targets left behind for a Prometheus still running: they are gone

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from service.embedded.ports import free_port, wait_for_port
 
@@ -39,11 +40,13 @@ class Child:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def stop(self, timeout: float = 15.0, sig: int = signal.SIGTERM) -> None:
+    stop_signal: ClassVar[int] = signal.SIGTERM  # what ``stop`` sends unless told
+
+    def stop(self, timeout: float = 15.0, sig: int | None = None) -> None:
         if not self.alive():
             return
         assert self.proc is not None
-        self.proc.send_signal(sig)
+        self.proc.send_signal(self.stop_signal if sig is None else sig)
         try:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -66,6 +69,12 @@ def qstate_command(*args: str) -> list[str]:
 class ShardProcess(Child):
     host: str = "127.0.0.1"
     port: int = 0
+    # at once: SIGTERM would drain it first (its partitions moved to other servers while a
+    # coordinator runs: service/shard/main.py), which ``drain`` asks for
+    stop_signal: ClassVar[int] = signal.SIGINT
+
+    def drain(self, timeout: float = 120.0) -> None:
+        self.stop(timeout, signal.SIGTERM)
 
     @property
     def address(self) -> str:

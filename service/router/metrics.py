@@ -14,9 +14,9 @@ from service.core.errors import (
     Unavailable,
 )
 
-__all__ = ["GRPC_LATENCY", "GRPC_REQUESTS", "HTTP_LATENCY", "HTTP_REQUESTS", "LOCAL_READS",
-           "METHODS", "REFUSED", "REMOTE_READS", "SHARD_READS", "UNAVAILABLE", "count_error",
-           "http_method"]
+__all__ = ["FOLLOWER_READS", "GRPC_LATENCY", "GRPC_REQUESTS", "HTTP_LATENCY", "HTTP_REQUESTS",
+           "LOCAL_READS", "METHODS", "REFUSED", "REMOTE_READS", "SHARD_READS", "UNAVAILABLE",
+           "count_error", "http_method"]
 
 _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
 # the method label takes these, anything else is "other": a client cannot make new series
@@ -31,9 +31,11 @@ GRPC_REQUESTS = Counter("qstate_router_grpc_requests_total", "gRPC requests", ["
 GRPC_LATENCY = Histogram("qstate_router_grpc_request_seconds", "gRPC latency", ["method"],
                          buckets=_BUCKETS)
 SHARD_READS = Counter("qstate_router_shard_reads_total",
-                      "Key lookups by path: local (in-process from a co-located shard's files) "
-                      "or remote (the owner's gRPC API, coalesced)", ["path"])
+                      "Key lookups by path: local (in-process from a co-located shard's files), "
+                      "remote (the owner's gRPC API, coalesced) or follower (a copy's gRPC API, "
+                      "when the owner is down or restoring)", ["path"])
 LOCAL_READS, REMOTE_READS = SHARD_READS.labels("local"), SHARD_READS.labels("remote")
+FOLLOWER_READS = SHARD_READS.labels("follower")
 UNAVAILABLE = Counter("qstate_router_unavailable_total",
                       "Answers 503 (HTTP) or UNAVAILABLE (gRPC) by reason: no-owner (the "
                       "partition has no shard server yet), shard-down (its owner cannot be "

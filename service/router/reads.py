@@ -1,6 +1,8 @@
 """Reading one key from the partition that owns it: in-process when the owner is on this
 host (``local``), else over the owner's internal API (``coalesce``), following the routing
-table when a partition moved. The answer is a ``Hit`` as of one batch, or ``Unavailable``.
+table when a partition moved. When the owner is down, restoring or no longer holds it, a
+follower (a copy: service.core.placement) answers if one serves it. The answer is a ``Hit``
+as of one batch (a follower's may be a batch older), or ``Unavailable``.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from service.core.errors import QStateError, Unavailable, from_grpc
 from service.core.operator import OperatorSpec
 from service.router.coalesce import ShardCaller
 from service.router.local import LocalReader
-from service.router.metrics import LOCAL_READS, REMOTE_READS
+from service.router.metrics import FOLLOWER_READS, LOCAL_READS, REMOTE_READS
 from service.router.routing import RoutingTable
 from service.shard.reader import page
 
@@ -36,6 +38,11 @@ class Hit:
     watermark_ms: int
     windows: list[Window]
     next_from: int | None = None  # a range cut at its limit: where the next page starts
+
+
+def _hit(r: pb.KeyResult) -> Hit:
+    return Hit(r.status == pb.FOUND, r.batch, r.watermark_ms, _windows(r),
+               r.next_from_ms if r.HasField("next_from_ms") else None)
 
 
 def _windows(r: pb.KeyResult) -> list[Window]:
@@ -87,6 +94,31 @@ class PartitionReads:
     async def read_remote(self, pid: PartitionId, state: str, key: str,
                           rng: tuple[int, int] | None, limit: int = DEFAULTS.max_windows
                           ) -> Hit:
+        try:
+            return await self._read_owner(pid, state, key, rng, limit)
+        except Unavailable:
+            hit = await self._read_follower(pid, state, key, rng, limit)
+            if hit is None:
+                raise
+            return hit
+
+    async def _read_follower(self, pid: PartitionId, state: str, key: str,
+                             rng: tuple[int, int] | None, limit: int) -> Hit | None:
+        """From the first follower that serves the partition, or None."""
+        for address in self.routing.followers_now(pid):
+            FOLLOWER_READS.inc()
+            try:
+                r = await self.caller.lookup(address, pid, state,
+                                             pb.KeyQuery(key=key, partition=pid.partition),
+                                             rng, limit)
+            except grpc.aio.AioRpcError:
+                continue
+            if r.status in (pb.FOUND, pb.ABSENT):
+                return _hit(r)
+        return None
+
+    async def _read_owner(self, pid: PartitionId, state: str, key: str,
+                          rng: tuple[int, int] | None, limit: int) -> Hit:
         for attempt in (0, 1):
             address = await self.routing.owner(pid)
             if address is None:
@@ -119,8 +151,7 @@ class PartitionReads:
                 raise self._unavailable(f"partition {pid} is being restored on {address}", pid,
                                         "restoring")
             if r.status != pb.NOT_OWNED:
-                return Hit(r.status == pb.FOUND, r.batch, r.watermark_ms, _windows(r),
-                           r.next_from_ms if r.HasField("next_from_ms") else None)
+                return _hit(r)
             await self.routing.refresh(force=True)
         raise self._unavailable(f"partition {pid} is moving between shard servers", pid,
                                 "moving")

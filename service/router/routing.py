@@ -94,6 +94,11 @@ class RoutingTable:
         a = self.assignments.get(pid.job)
         return a.owner(pid.operator, pid.partition) if a is not None else None
 
+    def followers_now(self, pid: PartitionId) -> list[str]:
+        """Addresses of the partition's followers in the cached table."""
+        a = self.assignments.get(pid.job)
+        return a.follower_addresses(pid.operator, pid.partition) if a is not None else []
+
     async def owner(self, pid: PartitionId) -> str | None:
         """The owner's address, refreshing the table once when it names none."""
         address = self.owner_now(pid)

@@ -1,4 +1,8 @@
-"""A shard server process: RocksDB partitions + internal gRPC + /metrics."""
+"""A shard server process: RocksDB partitions + internal gRPC + /metrics.
+
+SIGTERM drains it (``drain_timeout_s``): it says so in its Describe answers, the
+coordinator moves its partitions to other servers make-before-break, and it stops once it
+holds nothing; SIGINT (Ctrl-C) or a second signal stops it at once."""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ import logging
 import os
 import signal
 import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,12 +58,45 @@ class ShardOptions:
 
 
 async def _follow_assignments(partitions: Partitions, every_s: float) -> None:
+    """Adopt each new assignment; bring the partitions this server follows up to date."""
     while True:
         try:
             await asyncio.to_thread(partitions.sync)
+            await asyncio.to_thread(partitions.follow)
         except Exception as exc:  # storage hiccup: keep serving what we have
             log.warning("assignment sync failed: %s", exc)
         await asyncio.sleep(every_s)
+
+
+async def _drain(service: ShardService, partitions: Partitions, cfg: Settings,
+                 started: asyncio.Event, stop: asyncio.Event) -> None:
+    """Once ``started``: serve until the coordinator has moved every partition away (and
+    routers have had time to read that), no coordinator is there to move them, or
+    ``drain_timeout_s``; then ``stop``."""
+    await started.wait()
+    service.draining = True
+    log.warning("draining: serving until this server's partitions have moved (at most %gs)",
+                cfg.drain_timeout_s)
+    t0 = time.monotonic()
+    empty_since: float | None = None
+    while not stop.is_set():
+        now = time.monotonic()
+        if partitions.held_now():
+            empty_since = None
+        elif empty_since is None:
+            empty_since = now
+        if empty_since is not None and now - empty_since >= 2 * cfg.routing_refresh_s:
+            why = "every partition moved to other servers"
+        elif now - service.coordinator_at > 10 * cfg.heartbeat_s:
+            why = "no coordinator is moving partitions (the job is down)"
+        elif now - t0 > cfg.drain_timeout_s:
+            why = f"drain_timeout_s ({cfg.drain_timeout_s:g}s) is over"
+        else:
+            await asyncio.sleep(0.2)
+            continue
+        log.warning("drained in %.1fs: %s", now - t0, why)
+        break
+    stop.set()
 
 
 async def serve(o: ShardOptions) -> None:
@@ -87,11 +125,18 @@ async def serve(o: ShardOptions) -> None:
     log.warning("shard %s serving on %s (metrics on %s)", server_id, address, info.metrics)
     print(f"qstate shard {server_id} ready grpc={address} metrics={info.metrics}", flush=True)
 
-    stop = asyncio.Event()
+    stop, draining = asyncio.Event(), asyncio.Event()
+
+    def terminate() -> None:
+        (stop if draining.is_set() or not cfg.drain_timeout_s else draining).set()
+
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGTERM, terminate)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    drain = asyncio.create_task(_drain(service, partitions, cfg, draining, stop))
     await stop.wait()
+    log.warning("shard %s stopping", server_id)
+    drain.cancel()
     follow.cancel()
     unregister_server(storage, server_id)
     await server.stop(grace=2)

@@ -1,6 +1,10 @@
-"""The partitions a shard server owns: taken from the assignment, committed batch by batch,
-dropped when they move away (DESIGN §3-4). Bringing one up to date is ``recovery``;
-snapshots are ``snapshot``."""
+"""The partitions a shard server holds: taken from the assignment, committed batch by batch
+where it owns them, followed from storage where it holds a copy (``follow``), dropped when
+they move away (DESIGN §3-4). Bringing one up to date is ``recovery``; snapshots are
+``snapshot``.
+
+A partition that changes from follower to owner keeps its store: a planned move hands over
+a copy that is already caught up (service.core.placement)."""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from service.core import delta as deltas
 from service.core import paths
 from service.core.address import PartitionId
 from service.core.assignment import Assignment, load_assignment
+from service.core.catalog import manifest_batches
 from service.core.config import DEFAULTS
 from service.core.errors import DeltaMismatch, NotOwner, StaleEpoch, Unavailable, UnknownOperator
 from service.core.operator import OperatorSpec, load_spec
@@ -75,8 +80,9 @@ class Partitions:
                 h.store.close()
             self._held.clear()
 
-    def spec(self, job: str, operator: str) -> OperatorSpec:
-        spec = self._specs.get((job, operator))
+    def spec(self, job: str, operator: str, fresh: bool = False) -> OperatorSpec:
+        """The operator's spec, read once (``fresh``: again, e.g. after a rescale)."""
+        spec = None if fresh else self._specs.get((job, operator))
         if spec is None:
             spec = load_spec(self.storage, job, operator)
             if spec is None:
@@ -97,19 +103,23 @@ class Partitions:
         with self._lock:
             if a.epoch <= self.epochs.get(a.job, 0):
                 return
-            mine = a.owned_by(self.server_id)
+            owned = a.owned_by(self.server_id)
+            mine = owned | a.followed_by(self.server_id)
             current = {pid for pid in self._held if pid.job == a.job}
             self.epochs[a.job] = a.epoch  # before acquiring: catch-up writes at this epoch
             for pid in current - mine:
                 self._drop(pid)
+            for pid in current & mine:
+                self._held[pid].leader = pid in owned
             for pid in sorted(mine - current):
-                self._acquire(pid)
-            log.warning("epoch %d of %s: %d partitions here (+%d -%d)", a.epoch, a.job,
-                        len(mine), len(mine - current), len(current - mine))
+                self._acquire(pid, pid in owned)
+            log.warning("epoch %d of %s: %d partitions here, %d of them followed (+%d -%d)",
+                        a.epoch, a.job, len(mine), len(mine - owned), len(mine - current),
+                        len(current - mine))
 
-    def _acquire(self, pid: PartitionId) -> None:
+    def _acquire(self, pid: PartitionId, leader: bool) -> None:
         spec = self.spec(pid.job, pid.operator)
-        held = Held(PartitionStore(partition_dir(self.server_dir, pid), spec))
+        held = Held(PartitionStore(partition_dir(self.server_dir, pid), spec), leader=leader)
         self._held[pid] = held
         self._bg.submit(self.recovery.bring_up, pid, held, lambda: self._held.get(pid) is held)
 
@@ -133,7 +143,7 @@ class Partitions:
         for pc in parts:
             pid = PartitionId(job, operator, pc.partition)
             h = self._held.get(pid)
-            if h is None:
+            if h is None or not h.leader:
                 raise NotOwner(f"partition {pid} is not owned by {self.server_id} at epoch "
                                f"{known}")
             work.append((pid, h, pc))
@@ -169,6 +179,30 @@ class Partitions:
             metrics.STATE_WRITES.labels(*labels).inc(held.store.last_apply.writes)
             self.snapshots.after_commit(pid, held)
         return applied, caught_up
+
+    # ---- followers --------------------------------------------------------------
+    def follow(self) -> int:
+        """Bring every followed partition that serves up to the newest batch recorded in
+        storage (each batch's manifest is written before its commit). Returns how many
+        batches were applied."""
+        with self._lock:
+            followed = [(pid, h) for pid, h in self._held.items()
+                        if not h.leader and h.ready.is_set()]
+        newest: dict[tuple[str, str], list[int]] = {}
+        applied = 0
+        for pid, held in followed:
+            batches = newest.get((pid.job, pid.operator))
+            if batches is None:
+                batches = newest[(pid.job, pid.operator)] = manifest_batches(
+                    self.storage, pid.job, pid.operator)
+            if not batches or self._held.get(pid) is not held:
+                continue
+            try:
+                applied += self.recovery.catch_up(pid, held, batches[-1], batches)
+            except Exception as exc:
+                if self._held.get(pid) is held:  # else: dropped under us, nothing to do
+                    log.warning("following %s failed (next round again): %s", pid, exc)
+        return applied
 
     # ---- reads ------------------------------------------------------------------
     def lookup(self, pid: PartitionId) -> Held | None:

@@ -58,6 +58,13 @@ class Recovery:
                  batches: list[int] | None = None) -> int:
         """Apply batches ``last_batch+1 .. upto`` from storage, starting from the newest
         snapshot when behind it. Returns how many batches were applied."""
+        if held.store.meta.last_batch >= upto:
+            return 0
+        with held.catching_up:  # a commit's catch-up and a follower's never interleave
+            return self._catch_up(pid, held, upto, batches)
+
+    def _catch_up(self, pid: PartitionId, held: Held, upto: int,
+                  batches: list[int] | None) -> int:
         store = held.store
         if store.meta.last_batch >= upto:
             return 0
@@ -65,15 +72,37 @@ class Recovery:
                    else manifest_batches(self.storage, pid.job, pid.operator))
         snaps = snapshot_batches(self.storage, pid)
         needed = range(store.meta.last_batch + 1, upto + 1)
-        # Behind the newest snapshot: the deltas before it may be pruned, so start from it
-        # (also the cheaper way: one download instead of many batches).
-        if (snaps and store.meta.last_batch < snaps[-1] <= upto) or \
-                not all(b in have for b in needed):
-            self._restore(pid, held, max((b for b in snaps if b <= upto), default=None))
-            needed = range(store.meta.last_batch + 1, upto + 1)
-            missing = [b for b in needed if b not in have]
-            if missing:
-                raise DeltaMismatch(f"{pid}: batch manifests {missing[:5]} are gone from storage")
+        # A partition that serves (a follower a few batches behind, a follower that just
+        # became the owner) replays what it lacks while those batches' deltas are kept (after
+        # the oldest kept snapshot): it goes on answering reads. One coming up starts from
+        # the newest snapshot (one download instead of many batches), and so does any once
+        # the deltas it needs are pruned or batches are missing.
+        replayable = all(b in have for b in needed) and (
+            not snaps or store.meta.last_batch >= snaps[0])
+        coming_up = not held.ready.is_set() and bool(snaps) and \
+            store.meta.last_batch < snaps[-1] <= upto
+        if not replayable or coming_up:
+            needed = self._from_snapshot(pid, held, upto, snaps, have)
+        try:
+            self._replay(pid, held, needed)
+        except OSError:  # deltas pruned since it listed them: from the snapshot after all
+            needed = self._from_snapshot(pid, held, upto,
+                                         snapshot_batches(self.storage, pid), have)
+            self._replay(pid, held, needed)
+        metrics.CAUGHT_UP.labels(pid.job, pid.operator).inc(len(needed))
+        return len(needed)
+
+    def _from_snapshot(self, pid: PartitionId, held: Held, upto: int, snaps: list[int],
+                       have: set[int]) -> range:
+        """Restore the newest snapshot at or before ``upto``; the batches to replay after it."""
+        self._restore(pid, held, max((b for b in snaps if b <= upto), default=None))
+        needed = range(held.store.meta.last_batch + 1, upto + 1)
+        missing = [b for b in needed if b not in have]
+        if missing:
+            raise DeltaMismatch(f"{pid}: batch manifests {missing[:5]} are gone from storage")
+        return needed
+
+    def _replay(self, pid: PartitionId, held: Held, needed: range) -> None:
         spec = self.spec(pid.job, pid.operator)
         retention = spec.retention_ms if spec.windowed else None
         epoch = self.epoch(pid.job)
@@ -81,9 +110,7 @@ class Recovery:
             m = read_manifest(self.storage, pid.job, pid.operator, b)
             fragments = m.deltas.get(pid.partition)
             table = deltas.read_deltas(self.storage, pid, b, fragments, spec) if fragments else None
-            store.apply(b, m.watermark_ms, epoch, table, retention)
-        metrics.CAUGHT_UP.labels(pid.job, pid.operator).inc(len(needed))
-        return len(needed)
+            held.store.apply(b, m.watermark_ms, epoch, table, retention)
 
     def _restore(self, pid: PartitionId, held: Held, batch: int | None) -> None:
         t0 = time.perf_counter()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Iterable
 
 import grpc
 
@@ -41,6 +42,15 @@ def _window(w: WindowValue, idx: int, is_long: bool) -> pb.Window:
     return out
 
 
+def _in_partition(key: str, partition: int, partitions: int) -> bool:
+    """The key's partition by ``partitions``, or by a count that divides it: a router that
+    has not yet read a rescaled spec routes by the old count, and that old partition still
+    holds the key (service/rescale.py)."""
+    q = partition_of(key, partitions)
+    return q == partition or any(
+        q % d == partition for d in range(partition + 1, partitions) if partitions % d == 0)
+
+
 async def _abort(context: grpc.aio.ServicerContext, exc: QStateError) -> None:
     await context.abort(exc.grpc_code, exc.message, grpc_trailers(exc))
 
@@ -52,17 +62,24 @@ class ShardService(pb_grpc.ShardServicer):
         self.server_id = server_id
         self.address = address
         self.max_windows = max_windows
+        self.draining = False  # stopping: serves until its partitions have moved (main.py)
+        self.coordinator_at = float("-inf")  # monotonic time of a coordinator's last beat
 
-    def _spec(self, job: str, operator: str) -> OperatorSpec:
+    def _spec(self, job: str, operator: str, partitions: Iterable[int] = ()) -> OperatorSpec:
+        """The spec; read again when a partition is past its count (a rescale since)."""
         check_name("job", job)
         check_name("operator", operator)
-        return self.partitions.spec(job, operator)
+        spec = self.partitions.spec(job, operator)
+        if any(p >= spec.partitions for p in partitions):
+            spec = self.partitions.spec(job, operator, fresh=True)
+        return spec
 
     async def Commit(self, request: pb.CommitRequest, context: grpc.aio.ServicerContext
                      ) -> pb.CommitReply:
         t0 = time.perf_counter()
         try:
-            spec = self._spec(request.job, request.operator)
+            spec = self._spec(request.job, request.operator,
+                              [pd.partition for pd in request.partitions])
             if request.batch < 0:
                 raise InvalidRequest("batch must be >= 0")
             for pd in request.partitions:
@@ -93,7 +110,7 @@ class ShardService(pb_grpc.ShardServicer):
                               caught_up_batches=res.caught_up)
 
     def _check_lookup(self, request: pb.LookupRequest) -> OperatorSpec:
-        spec = self._spec(request.job, request.operator)
+        spec = self._spec(request.job, request.operator, [kq.partition for kq in request.keys])
         check_name("state", request.state)
         if request.state not in spec.states:
             raise UnknownOperator(
@@ -102,7 +119,7 @@ class ShardService(pb_grpc.ShardServicer):
             raise InvalidRequest(f"at most {MAX_KEYS} keys per call")
         for kq in request.keys:
             check_key(kq.key)
-            if kq.partition != partition_of(kq.key, spec.partitions):
+            if not _in_partition(kq.key, kq.partition, spec.partitions):
                 raise InvalidRequest(f"key {kq.key[:80]!r} is not in partition {kq.partition}")
         if request.range and request.to_ms <= request.from_ms:
             raise InvalidRequest("to_ms must be greater than from_ms")
@@ -155,11 +172,15 @@ class ShardService(pb_grpc.ShardServicer):
 
     async def Describe(self, request: pb.DescribeRequest, context: grpc.aio.ServicerContext
                        ) -> pb.DescribeReply:
-        reply = pb.DescribeReply(server_id=self.server_id, address=self.address)
+        if request.coordinator:
+            self.coordinator_at = time.monotonic()
+        reply = pb.DescribeReply(server_id=self.server_id, address=self.address,
+                                 draining=self.draining)
         for pid, held in self.partitions.held():
             meta = held.store.meta
             reply.partitions.add(job=pid.job, operator=pid.operator, partition=pid.partition,
                                  last_batch=meta.last_batch, watermark_ms=meta.watermark_ms,
                                  restoring=not held.ready.is_set(),
-                                 epoch=self.partitions.epochs.get(pid.job, 0))
+                                 epoch=self.partitions.epochs.get(pid.job, 0),
+                                 follower=not held.leader)
         return reply

@@ -45,7 +45,10 @@ ORIGIN = BOUNDARY + 5 * 60_000  # event time of the first event; runs < 55 min s
 LATE_AT = BOUNDARY - 4 * 60_000  # late events: an hour and minutes long closed
 TOPIC = "tweet-events"
 P = 8
-LEASE_S = 5.0  # shorter than the default: the disk-lost scenario waits for it to expire
+# Shorter than the default (the disk-lost scenario waits for it to expire), but longer than a
+# shard's restart on a busy two-core CI machine: its gRPC grace (2 s) and a Python start
+# under load took 5.4 s there, and a restart within the lease must not move partitions.
+LEASE_S = 10.0
 JOB = "tweets"
 AHEAD = 3  # a fault names the batch this far past the job's newest (recorded, or started)
 
@@ -385,6 +388,13 @@ def scenario(world, name: str, inject: Callable[[Deployment], float],
     answers again, ``recovered`` checks what recovery did (None, a random-timing kill: a few
     more seconds of load instead), then drain and compare with ground truth."""
     d, gen = world
+    took: dict[str, float] = {}
+    mark = time.monotonic()
+
+    def phase(label: str) -> None:  # where a scenario's time goes (printed: pytest -s)
+        nonlocal mark
+        took[label], mark = time.monotonic() - mark, time.monotonic()
+
     gen.running.set()
     reader = Reader(lambda: d.router.url if d.router else "http://127.0.0.1:9",
                     d.sample_keys())
@@ -393,17 +403,22 @@ def scenario(world, name: str, inject: Callable[[Deployment], float],
         if recovered is None:
             time.sleep(6)  # load before a kill at a random moment (a fault point waits for N)
         t = inject(d)
+        phase("inject")
         tta = d.time_to_answer(t)
+        phase("answering")
         if recovered is None:
             time.sleep(4)
         else:
             recovered(d)
+        phase("recovered")
         reader.finish()
         gen.pause()
         assert gen.error is None, gen.error
         d.drain()
+        phase("drain")
         want = truth(gen.log)
         res = compare(d, gen.log, want)
+        phase("compare")
         RESULTS.append((name, res, tta))
         assert res["windows"] > 1000
         assert (res["lost"], res["doubled"]) == (0, 0), res
@@ -414,6 +429,9 @@ def scenario(world, name: str, inject: Callable[[Deployment], float],
     finally:
         reader.finish()
         d.disarm()
+        phase("disarm")
+        print(f"chaos {name}: " + ", ".join(f"{k} {v:.1f}s" for k, v in took.items()),
+              flush=True)
 
 
 def died_by_sigkill(child: Child | None, timeout: float, what: str) -> None:

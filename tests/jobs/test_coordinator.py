@@ -121,10 +121,10 @@ def test_each_round_follows_a_newer_epoch_or_stands_down(tmp_path: Path) -> None
 class OneDeaf:
     """Shard clients where s0 answers Describe and s1 never does (busy, or dead)."""
 
-    def describe(self, address: str, timeout: float) -> SimpleNamespace:
+    def describe(self, address: str, timeout: float, coordinator: str = "") -> SimpleNamespace:
         if address != "h:1":
             raise grpc.RpcError()
-        return SimpleNamespace(server_id="s0", address=address)
+        return SimpleNamespace(server_id="s0", address=address, partitions=[], draining=False)
 
 
 def test_a_coordinator_taking_over_gives_each_server_a_lease_before_moving(

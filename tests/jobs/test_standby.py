@@ -64,8 +64,11 @@ def test_a_standby_moves_a_dead_shards_partitions_while_the_job_is_down(
         driver = Coordinator(shop.storage, SPEC.job, [s.address for s in shop.shards],
                              lease_s=LEASE_S, heartbeat_s=0.2)
         driver.register(SPEC)
-        wait_until(lambda: len(load_assignment(shop.storage, SPEC.job).servers) == 2, 60,
-                   "the restarted shard given its share back")
+        def shared() -> bool:  # taken over by the restarted shard, make-before-break
+            a = load_assignment(shop.storage, SPEC.job)
+            return len(set(a.owners[SPEC.operator])) == 2 and not a.followers
+
+        wait_until(shared, 60, "the restarted shard given its share back")
         back = load_assignment(shop.storage, SPEC.job)
         assert back.writer == driver.writer and back.epoch > moved.epoch
         time.sleep(3 * LEASE_S)  # the standby, watching the driver's lease, writes nothing

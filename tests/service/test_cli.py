@@ -87,3 +87,41 @@ def test_help_documents_exit_codes() -> None:
     assert r.returncode == 0
     for code in ("1 no data", "2 bad", "3 the owning shard", "4 the router"):
         assert code in " ".join(r.stdout.split()), code
+
+
+def said(r: subprocess.CompletedProcess[str]) -> str:
+    """stderr with its lines joined (rich wraps them at the terminal's width)."""
+    return " ".join(r.stderr.split())
+
+
+def test_state_rescale_refuses_a_count_that_is_not_a_multiple_and_a_running_job(
+        tmp_path: Path) -> None:
+    from service.core import paths
+    from service.core.operator import OperatorSpec, load_spec, save_spec
+    from service.core.storage import Storage
+
+    storage = Storage(str(tmp_path / "storage"))
+    save_spec(storage, OperatorSpec("j", "op", "k", {"n": "long"}, partitions=4))
+    r = qstate("state", "rescale", "j", "--partitions", "6", "--storage", storage.uri)
+    assert r.returncode == 1 and "a larger multiple of it (8, 12, ...)" in said(r), r
+    r = qstate("state", "rescale", "nope", "--partitions", "8", "--storage", storage.uri)
+    assert r.returncode == 1 and "job 'nope' has no operators" in said(r), r
+    # a driver that beats its lease while the tool watches: the job runs
+    lease = tmp_path / "storage" / paths.driver_lease("j")
+    lease.parent.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen([sys.executable, "-c", (
+        "import time, pathlib\n"
+        f"p = pathlib.Path({str(lease)!r})\n"
+        "for i in range(100):\n"
+        "    p.write_text(str(i)); time.sleep(0.2)\n")])
+    try:
+        r = qstate("state", "rescale", "j", "--partitions", "8", "--storage", storage.uri,
+                   "--lease-s", "1")
+    finally:
+        proc.kill()
+        proc.wait()
+    assert r.returncode == 1 and "is running" in said(r), r
+    spec = load_spec(storage, "j", "op")
+    assert spec is not None and spec.partitions == 4  # nothing changed
+    r = qstate("state", "rescale", "--help")
+    assert r.returncode == 0 and "Exit codes: 0 done; 1 refused" in " ".join(r.stdout.split())

@@ -250,6 +250,9 @@ def test_partitions_that_moved_away_are_retired(tmp_path: Path) -> None:
         shards.append(second)
         both = Coordinator(storage, SPEC.job, [first.address, second.address])
         both.register(SPEC)  # a new coordinator: a new epoch over both servers
+        # make-before-break: second follows its share first, then takes it over
+        wait_until(lambda: second.address in both.assignment.partitions_of(SPEC.operator), 30,
+                   "second taking over its share")
         both.stop()
         moved = both.assignment.partitions_of(SPEC.operator)[second.address]
         kept = [p for p in range(P) if p not in moved]

@@ -2,10 +2,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections import Counter
 from pathlib import Path
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,17 +12,15 @@ from service.core.address import PartitionId
 from service.core.assignment import (
     Assignment,
     ServerInfo,
-    balance,
     default_server_id,
     list_servers,
     load_assignment,
     now_ms,
-    reassign,
     register_server,
     save_assignment,
     unregister_server,
 )
-from service.core.errors import Unavailable
+from service.core.placement import Cluster, place
 from service.core.storage import Storage
 
 FAST = settings(max_examples=30, deadline=None)
@@ -33,80 +29,9 @@ ids = st.sampled_from(SERVER_IDS)
 live_sets = st.lists(ids, min_size=1, max_size=len(SERVER_IDS), unique=True)
 
 
-def moved(old: list[str], new: list[str]) -> int:
-    return sum(1 for p, sid in enumerate(new) if p >= len(old) or old[p] != sid)
+def reassign(a: Assignment, ops: dict[str, int], live: dict[str, str]) -> Assignment:
+    return place(a, ops, Cluster(live))
 
-
-# ---- balance --------------------------------------------------------------------------
-
-@FAST
-@given(st.lists(ids, max_size=40), st.integers(0, 40), live_sets)
-def test_balance_is_balanced_and_owned_by_live_servers(old: list[str], partitions: int,
-                                                       live: list[str]) -> None:
-    new = balance(old, partitions, live)
-    assert len(new) == partitions
-    assert set(new) <= set(live)
-    loads = [new.count(sid) for sid in live]  # a live server without partitions counts as 0
-    assert max(loads) - min(loads) <= 1
-
-
-@FAST
-@given(st.lists(ids, max_size=40), st.integers(0, 40), live_sets)
-def test_balance_keeps_what_need_not_move(old: list[str], partitions: int,
-                                          live: list[str]) -> None:
-    """A live owner within the even share keeps every partition it had."""
-    new = balance(old, partitions, live)
-    share = partitions // len(live)
-    counts = Counter(old[:partitions])
-    for p, sid in enumerate(old[:partitions]):
-        if sid in live and counts[sid] <= share:
-            assert new[p] == sid, (p, sid)
-
-
-@FAST
-@given(st.lists(ids, max_size=40), st.integers(0, 40), live_sets)
-def test_balance_is_stable(old: list[str], partitions: int, live: list[str]) -> None:
-    """Once balanced over a live set, balancing again moves nothing (in any listing order)."""
-    new = balance(old, partitions, live)
-    assert balance(new, partitions, live) == new
-    assert balance(new, partitions, list(reversed(live))) == new
-
-
-@FAST
-@given(st.lists(ids, max_size=40), st.integers(0, 40), live_sets, st.data())
-def test_when_a_server_dies_only_its_partitions_move(old: list[str], partitions: int,
-                                                     live: list[str], data: st.DataObject) -> None:
-    current = balance(old, partitions, live)
-    if len(live) < 2:
-        return
-    dead = data.draw(st.sampled_from(live))
-    after = balance(current, partitions, [sid for sid in live if sid != dead])
-    assert [p for p in range(partitions) if after[p] != current[p]] == \
-        [p for p in range(partitions) if current[p] == dead]
-
-
-def test_balance_shrinks_and_grows_the_partition_count() -> None:
-    assert balance(["a", "b", "a", "b"], 2, ["a", "b"]) == ["a", "b"]
-    grown = balance(["a", "b"], 4, ["a", "b"])
-    assert grown[:2] == ["a", "b"] and sorted(grown) == ["a", "a", "b", "b"]
-
-
-def test_balance_without_live_servers_is_unavailable() -> None:
-    with pytest.raises(Unavailable):
-        balance(["a"], 1, [])
-
-
-def test_balance_of_no_partitions() -> None:
-    assert balance(["a", "b"], 0, ["a"]) == []
-
-
-def test_balance_moves_as_few_partitions_as_possible() -> None:
-    old = ["b", "b", "b", "c", "c"]  # 5 partitions over b, c
-    new = balance(old, 5, ["a", "b", "c"])  # "a" joins: b and c each can keep 2
-    assert moved(old, new) == 1
-
-
-# ---- reassign -------------------------------------------------------------------------
 
 def addresses(live: list[str]) -> dict[str, str]:
     return {sid: f"{sid}.host:7100" for sid in live}
@@ -114,70 +39,6 @@ def addresses(live: list[str]) -> dict[str, str]:
 
 operators = st.dictionaries(st.sampled_from(["op_a", "op_b", "op_c"]), st.integers(1, 20),
                             min_size=1)
-
-
-@FAST
-@given(operators, live_sets, st.booleans())
-def test_reassign_of_a_new_job(ops: dict[str, int], live: list[str], bump: bool) -> None:
-    a = Assignment("j")
-    b = reassign(a, ops, addresses(live), bump)
-    assert b is not a and b.epoch == 1 and b.job == "j"
-    assert a == Assignment("j")  # the old assignment is not touched
-    for op, n in ops.items():
-        assert len(b.owners[op]) == n
-        for p in range(n):
-            assert b.owner(op, p) == addresses(live)[b.owners[op][p]]
-    assert b.servers == {sid: addresses(live)[sid] for ids in b.owners.values() for sid in ids}
-
-
-@FAST
-@given(operators, live_sets, live_sets, st.booleans())
-def test_reassign_bumps_the_epoch_only_on_change_or_request(
-        ops: dict[str, int], live1: list[str], live2: list[str], bump: bool) -> None:
-    a = reassign(Assignment("j", epoch=6), ops, addresses(live1))
-    before = Assignment(a.job, a.epoch, dict(a.servers), {k: list(v) for k, v in a.owners.items()})
-    b = reassign(a, ops, addresses(live2), bump)
-    assert a == before  # never mutated
-    owners_gone = any(sid not in live2 for ids in a.owners.values() for sid in ids)
-    if bump or owners_gone:  # asked for, or a dead owner must lose its partitions
-        assert b is not a
-    if not bump and set(live1) == set(live2):
-        assert b is a  # same servers at the same addresses: nothing to do
-    if b is not a:
-        assert b.epoch == a.epoch + 1
-        assert bump or (b.owners, b.servers) != (a.owners, a.servers)  # no needless bump
-    # reassigning the result again changes nothing
-    assert reassign(b, ops, addresses(live2)) is b
-
-
-def test_reassign_follows_an_address_change() -> None:
-    a = reassign(Assignment("j"), {"op": 4}, {"s0": "h:1", "s1": "h:2"})
-    b = reassign(a, {"op": 4}, {"s0": "h:1", "s1": "h:9"})
-    assert b.owners == a.owners
-    assert b.epoch == a.epoch + 1
-    assert b.servers == {"s0": "h:1", "s1": "h:9"}
-    assert {b.owner("op", p) for p in range(4)} == {"h:1", "h:9"}
-
-
-def test_reassign_bump_without_change() -> None:
-    a = reassign(Assignment("j"), {"op": 3}, {"s0": "h:1"})
-    b = reassign(a, {"op": 3}, {"s0": "h:1"}, bump=True)
-    assert b is not a
-    assert (b.epoch, b.owners, b.servers) == (a.epoch + 1, a.owners, a.servers)
-
-
-def test_reassign_balances_operators_it_is_not_given_too() -> None:
-    a = reassign(Assignment("j"), {"op1": 2, "op2": 2}, {"s0": "h:1"})
-    b = reassign(a, {"op1": 2}, {"s0": "h:1", "s1": "h:2"})
-    # op2 is still assigned, now over both live servers, s0 keeping one of its two
-    assert sorted(b.owners["op2"]) == ["s0", "s1"]
-    assert moved(a.owners["op2"], b.owners["op2"]) == 1
-
-
-def test_reassign_with_a_dead_owner_of_an_operator_it_is_not_given() -> None:
-    a = reassign(Assignment("j"), {"op1": 2, "op2": 2}, {"x": "h:1"})
-    b = reassign(a, {"op1": 2}, {"y": "h:2"})  # a restarted job registers op1 first
-    assert "x" not in b.servers
 
 
 # ---- Assignment lookups ---------------------------------------------------------------

@@ -1,0 +1,82 @@
+"""A follower copy on a shard server (service.shard.partitions, in-process): it brings itself
+up to date from the batches recorded in storage, answers reads, takes no commits, and
+becomes the owner without a restore; the owner it replaces drops its copy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from service.core import delta as deltas
+from service.core.address import PartitionId
+from service.core.assignment import Assignment, save_assignment
+from service.core.errors import NotOwner
+from service.core.manifest import BatchManifest, write_manifest
+from service.core.operator import OperatorSpec, WindowSpec, save_spec
+from service.core.storage import Storage
+from service.shard.partitions import PartitionCommit, Partitions
+
+SPEC = OperatorSpec("f", "counts", "k", {"n": "long"}, partitions=1,
+                    window=WindowSpec("tumbling", 60_000))
+PID = PartitionId("f", "counts", 0)
+KEYS = [f"key-{i}" for i in range(50)]
+
+
+def record(storage: Storage, batch: int) -> None:
+    """Batch ``batch`` written as a job's sink does: key i is i + batch in window 0 (a
+    Spark-state value: each batch replaces it)."""
+    t = pa.table({"key": KEYS, "start": [0] * len(KEYS), "end": [60_000] * len(KEYS),
+                  "tag": pa.nulls(len(KEYS), pa.int64()),
+                  "n": [i + batch for i in range(len(KEYS))]}).cast(deltas.delta_schema(SPEC))
+    deltas.write_delta(storage, PID, batch, t)
+    write_manifest(storage, "f", "counts", BatchManifest(batch, batch, {0: {0: len(KEYS)}}))
+
+
+def total(p: Partitions, key: str) -> int:
+    held = p.lookup(PID)
+    assert held is not None and held.ready.wait(30)
+    _, [w] = held.store.read(key)
+    [value] = w.values
+    assert isinstance(value, int)
+    return value
+
+
+def test_a_follower_catches_up_takes_no_commit_and_is_promoted_without_restore(
+        tmp_path: Path) -> None:
+    storage = Storage(str(tmp_path / "storage"))
+    save_spec(storage, SPEC)
+    save_assignment(storage, Assignment("f", 1, {"a": "h:1", "b": "h:2"}, {"counts": ["a"]},
+                                        followers={"counts": [["b"]]}))
+    a = Partitions(tmp_path / "a", storage, "a", snapshot_every=10**6)
+    b = Partitions(tmp_path / "b", storage, "b", snapshot_every=10**6)
+    try:
+        a.sync()
+        b.sync()
+        for batch in range(3):
+            record(storage, batch)
+            a.commit("f", "counts", batch, batch, 1, [PartitionCommit(0, (0,), len(KEYS))])
+        follower = b.lookup(PID)
+        assert follower is not None and not follower.leader
+        with pytest.raises(NotOwner):  # a copy never takes a commit
+            b.commit("f", "counts", 3, 3, 1, [PartitionCommit(0, (0,), len(KEYS))])
+        follower.ready.wait(30)
+        b.follow()  # the batches recorded since it came up
+        assert follower.store.meta.last_batch == 2
+        assert total(b, "key-7") == total(a, "key-7") == 7 + 2
+        record(storage, 3)  # recorded; the owner has not committed it yet
+        assert b.follow() == 1 and total(b, "key-7") == 7 + 3
+        # hand-over: b owns it under epoch 2, a holds nothing
+        save_assignment(storage, Assignment("f", 2, {"b": "h:2"}, {"counts": ["b"]}))
+        a.sync()
+        b.sync()
+        assert a.lookup(PID) is None
+        assert b.lookup(PID) is follower and follower.leader  # the same store: no restore
+        record(storage, 4)
+        res = b.commit("f", "counts", 4, 4, 2, [PartitionCommit(0, (0,), len(KEYS))])
+        assert res.applied == [0] and res.caught_up == 0
+        assert total(b, "key-7") == 7 + 4
+    finally:
+        a.close()
+        b.close()
