@@ -19,7 +19,7 @@ def main() -> None:
     repeat("loadtest.cluster", ["tests/cluster"], "cluster",
            "6 hosts as network namespaces; ~2K tweet events/s over 100K ids, ≤3 s out of "
            "order, 1% late; P=8; Spark standalone, 2 workers × 2 cores, a shard per worker; "
-           "lease 5 s", __doc__.split("\n")[0])
+           "lease 10 s (tests/chaos/harness.py LEASE_S)", __doc__.split("\n")[0])
 
 
 if __name__ == "__main__":
