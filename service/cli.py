@@ -320,7 +320,8 @@ def state_inspect(
     json_out: Annotated[bool, typer.Option("--json", help="JSON lines instead of a table.")
                         ] = False,
 ) -> None:
-    """Per operator and partition: owner, state, last batch, watermark, snapshot, deltas.
+    """Per operator and partition: owner, state, last batch, watermark, snapshot, deltas,
+    followers.
 
     Exit code 1 when a partition is down, restoring or unassigned, or its shard refused
     this tool (no or the wrong cluster token: QSTATE_CLUSTER_TOKEN or _FILE); 2 when the
@@ -350,14 +351,14 @@ def state_inspect(
                           f"partitions, newest batch {s['newest_batch']}, "
                           f"{s['manifests']} batch manifests kept")
         table = Table("job", "operator", "partition", "owner", "state", "last batch",
-                      "watermark", "snapshot", "deltas")
+                      "watermark", "snapshot", "deltas", "followers")
         for r in rows:
             style = None if r.state == "ready" else "red"
             table.add_row(r.job, r.operator, str(r.partition), r.owner, r.state,
                           str(r.last_batch if r.last_batch is not None else "-"),
                           str(r.watermark_ms if r.watermark_ms is not None else "-"),
                           str(r.snapshot_batch if r.snapshot_batch is not None else "-"),
-                          str(r.delta_files), style=style)
+                          str(r.delta_files), " ".join(r.followers) or "-", style=style)
         console.print(table)
     if not rows:
         typer.echo("no queryable operators in storage", err=True)

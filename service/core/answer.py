@@ -183,10 +183,14 @@ class ShardStatus(BaseModel):
     up: bool = Field(description="It answered Describe just now")
     partitions: list[PartitionStatus] = Field(description="The partitions the assignment gives "
                                               "it, by job, operator, partition")
+    following: list[PartitionStatus] = Field(
+        default_factory=list, description="The partitions it holds a copy of (a follower: "
+        "replicas > 1, or the incoming owner of a move), as it reports them")
 
 
 class ClusterInfo(BaseModel):
-    """Every shard server and the partitions it owns, as the router sees them now."""
+    """Every shard server, the partitions it owns and those it follows, as the router sees them
+    now."""
 
     model_config = _STRICT
 

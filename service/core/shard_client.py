@@ -23,8 +23,9 @@ CHANNEL_OPTIONS = [
 
 
 def partition_state(owner: str | None, info: pb.PartitionInfo | None) -> str:
-    """How a partition stands, from its owner in the assignment and what that owner's
-    Describe said of it: ready | restoring | down (no answer, or not held) | unassigned."""
+    """How a partition stands, from the server the assignment gives it to (its owner, or a
+    follower) and what that server's Describe said of it: ready | restoring | down (no
+    answer, or not held) | unassigned."""
     if owner is None:
         return "unassigned"
     if info is None:

@@ -233,29 +233,37 @@ async function refreshCluster() {
   if (!r.ok) throw new Error(`cluster: ${r.body.message || r.status}`);
   const c = r.body;
   const groups = c.shards.map((sh) => ({ title: `${sh.id} · ${sh.address}`, up: sh.up,
-                                         partitions: sh.partitions }));
-  if (c.unassigned.length) groups.push({ title: "unassigned", up: false, partitions: c.unassigned });
+                                         partitions: sh.partitions, following: sh.following }));
+  if (c.unassigned.length) {
+    groups.push({ title: "unassigned", up: false, partitions: c.unassigned, following: [] });
+  }
+  const copies = groups.reduce((n, g) => n + g.following.length, 0);
   const counts = {};
   for (const g of groups) for (const p of g.partitions) counts[p.state] = (counts[p.state] || 0) + 1;
   $("cluster-summary").textContent = `${c.shards.length} shard servers · ` +
     (Object.entries(counts).map(([k, n]) => `${n} ${k}`).join(" · ") || "no partitions") +
-    ` · as of ${iso(c.now)}`;
+    (copies ? ` · ${copies} copies on followers` : "") + ` · as of ${iso(c.now)}`;
   $("shards").replaceChildren(...groups.map((g) => {
     const box = el("div", null, "shard");
     const h = el("h3", g.title);
     h.append(el("span", g.up ? "up" : "down", g.up ? "pill ok" : "pill bad"));
     const table = el("table");
     const head = el("tr");
-    for (const t of ["job / operator", "partition", "state", "last batch", "watermark", "freshness"]) {
+    for (const t of ["job / operator", "partition", "state", "last batch", "watermark", "freshness",
+                     "role"]) {
       head.append(el("th", t, ["partition", "last batch"].includes(t) ? "num" : ""));
     }
     const tbody = el("tbody");
-    for (const p of g.partitions) {
-      const tr = row([`${p.job}/${p.operator}`, p.partition, p.state,
-                      p.last_batch === null ? "—" : p.last_batch, iso(p.watermark),
-                      p.freshness_s === null ? "—" : age(p.freshness_s * 1000).replace(" ago", "")]);
-      if (p.state !== "ready") tr.className = "bad";
-      tbody.append(tr);
+    // owned partitions first; the copies it follows after them, marked as such
+    for (const [role, list] of [["owner", g.partitions], ["follower", g.following]]) {
+      for (const p of list) {
+        const tr = row([`${p.job}/${p.operator}`, p.partition, p.state,
+                        p.last_batch === null ? "—" : p.last_batch, iso(p.watermark),
+                        p.freshness_s === null ? "—" : age(p.freshness_s * 1000).replace(" ago", ""),
+                        role]);
+        if (p.state !== "ready") tr.className = "bad";
+        tbody.append(tr);
+      }
     }
     table.append(el("thead"), tbody);
     table.tHead.append(head);

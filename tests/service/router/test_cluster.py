@@ -1,14 +1,21 @@
 """``GET /v1/cluster`` over the shop deployment: every partition once, under the server the
 assignment names, as its owner reports it (state, last batch, watermark, freshness); the
-partitions of a killed server are down, the others stay ready."""
+partitions of a killed server are down, the others stay ready. With replicas=2 (the rescale
+world of loadtest/rescale.py), each server also lists the copies it follows."""
 
 from __future__ import annotations
 
+import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 
+from loadtest.rescale import JOB, OP, World
+from service.embedded.procs import qstate_command
+from tests.helpers import wait_until
 from tests.shop import BATCHES, SPEC, WINDOW, Shop
 
 LAST = BATCHES - 1
@@ -52,3 +59,47 @@ def test_a_killed_servers_partitions_are_down(shop: Shop) -> None:
             == {("down", None, None)}
         (alive,) = by_address.values()
         assert alive["up"] and {p["state"] for p in alive["partitions"]} == {"ready"}
+
+
+def test_followers_are_listed_under_the_servers_holding_the_copies(tmp_path: Path) -> None:
+    """replicas=2 over two servers: /v1/cluster lists every partition once as owned and once
+    as followed, by the other server, each as that server reports it; `qstate state
+    inspect` names the same follower. A killed server's copies are down."""
+    w = World(tmp_path, keys=200, partitions=4, replicas=2, interval_s=0.5)
+    try:
+        w.start(2)
+        w.wait_settled({"s0", "s1"})
+        router = w.routers[1].url  # over gRPC only
+
+        def view() -> dict[str, Any]:
+            r = httpx.get(f"{router}/v1/cluster", timeout=10)
+            assert r.status_code == 200, r.text
+            return {s["id"]: s for s in r.json()["shards"]}
+
+        def copies_ready() -> bool:
+            return all(p["state"] == "ready" for s in view().values() for p in s["following"])
+
+        wait_until(copies_ready, 60, "every copy ready on its follower")
+        a, shards = w.assignment(), view()
+        for sid, s in shards.items():
+            assert [p["partition"] for p in s["following"]] == [
+                p for p in range(4) if a.followers_of(OP, p) == [sid]]
+            assert {p["partition"] for p in s["following"]} \
+                .isdisjoint(p["partition"] for p in s["partitions"])
+            assert all(p["last_batch"] >= 0 and p["freshness_s"] is not None
+                       for p in s["following"])
+        assert sorted(p["partition"] for s in shards.values() for p in s["following"]) == \
+            list(range(4))
+
+        out = subprocess.run(qstate_command("state", "inspect", JOB, "--storage",
+                                            w.storage.uri, "--json"),
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        rows = [orjson.loads(line) for line in out.stdout.splitlines()]
+        assert [r["followers"] for r in rows] == [
+            [f"{f}:ready" for f in a.followers_of(OP, r["partition"])] for r in rows]
+
+        w.shards["s1"].kill()  # before its lease ends, its copies are down
+        assert {p["state"] for p in view()["s1"]["following"]} == {"down"}
+    finally:
+        w.stop()

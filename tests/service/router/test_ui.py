@@ -145,6 +145,10 @@ def test_the_page_shows_ground_truth_while_batches_commit(live: Shop, browser: B
             ["ready"] * SPEC.partitions, timeout=TIMEOUT_MS)
         expect(w.page.locator("#shards tbody td:nth-child(4)")).to_have_text(
             [str(newest)] * SPEC.partitions, timeout=TIMEOUT_MS)
+        # replicas=1: each partition's one row is its owner's; no copies on followers
+        expect(w.page.locator("#shards tbody td:nth-child(7)")).to_have_text(
+            ["owner"] * SPEC.partitions)
+        expect(w.page.locator("#cluster-summary")).not_to_contain_text("followers")
         # jobs, operators and states
         expect(w.page.locator("#jobs tbody tr")).to_have_count(1)
         expect(w.page.locator("#jobs tbody td")).to_have_text(
