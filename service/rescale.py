@@ -46,7 +46,7 @@ from service.core.assignment import Assignment, list_servers, load_assignment, s
 from service.core.catalog import manifest_batches
 from service.core.errors import Fenced, InvalidRequest, Unavailable
 from service.core.operator import OperatorSpec, list_specs, save_spec
-from service.core.placement import balance
+from service.core.placement import balance, servers_named
 from service.core.shard_client import ShardClients
 from service.core.shard_files import partition_dir
 from service.core.storage import Storage
@@ -185,9 +185,7 @@ class Rescale:
         followers = {op: [[f for f in fs if f in live] for fs in per] +
                      [[] for _ in range(len(owners[op]) - len(per))]
                      for op, per in a.followers.items()}
-        servers = {sid: live[sid] for ids in owners.values() for sid in ids}
-        servers |= {sid: live[sid] for per in followers.values() for fs in per for sid in fs}
-        new = Assignment(self.job, a.epoch + 1, servers, owners,
+        new = Assignment(self.job, a.epoch + 1, servers_named(owners, followers, live), owners,
                          f"{RESCALE}{socket.gethostname()}-{os.getpid()}", followers)
         if not save_assignment(self.storage, new):
             raise Fenced(f"another coordinator of {self.job} wrote epoch {new.epoch} "

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from service.core.assignment import Assignment
 from service.core.errors import Unavailable
 
-__all__ = ["Cluster", "Progress", "balance", "place"]
+__all__ = ["Cluster", "Progress", "balance", "place", "servers_named"]
 
 
 @dataclass(frozen=True)
@@ -89,6 +89,15 @@ def balance(old: list[str], partitions: int, live: list[str]) -> list[str]:
     return [s for s in new if s is not None]
 
 
+def servers_named(owners: dict[str, list[str]], followers: dict[str, list[list[str]]],
+                  live: dict[str, str]) -> dict[str, str]:
+    """An assignment's ``servers``: id -> address of every server its owners and followers
+    name (each of them live)."""
+    named = {sid for ids in owners.values() for sid in ids}
+    named |= {sid for per in followers.values() for fs in per for sid in fs}
+    return {sid: live[sid] for sid in named}
+
+
 def _owner(c: Cluster, op: str, p: int, current: str | None, wanted: str,
            followers: list[str]) -> str:
     if current not in c.live:  # dead (or none yet): a serving follower takes over at once
@@ -142,8 +151,7 @@ def place(a: Assignment, sizes: dict[str, int], c: Cluster, bump: bool = False,
             followers[op].append(_followers(owner, wanted[p], previous,
                                             c.replicas.get(op, 1), targets, load))
     followers = {op: per for op, per in followers.items() if any(per)}  # as before replicas
-    servers = {sid: c.live[sid] for ids in owners.values() for sid in ids}
-    servers |= {sid: c.live[sid] for per in followers.values() for fs in per for sid in fs}
+    servers = servers_named(owners, followers, c.live)
     if not bump and owners == a.owners and followers == a.followers and \
             servers == a.servers:
         return a
