@@ -185,8 +185,10 @@ class Rescale:
         followers = {op: [[f for f in fs if f in live] for fs in per] +
                      [[] for _ in range(len(owners[op]) - len(per))]
                      for op, per in a.followers.items()}
+        incoming = {op: [sid if sid in live else "" for sid in per] +
+                    [""] * (len(owners[op]) - len(per)) for op, per in a.incoming.items()}
         new = Assignment(self.job, a.epoch + 1, servers_named(owners, followers, live), owners,
-                         f"{RESCALE}{socket.gethostname()}-{os.getpid()}", followers)
+                         f"{RESCALE}{socket.gethostname()}-{os.getpid()}", followers, incoming)
         if not save_assignment(self.storage, new):
             raise Fenced(f"another coordinator of {self.job} wrote epoch {new.epoch} "
                          "meanwhile: is the job (or `qstate coordinator`) running? Run again "

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import orjson
 
@@ -57,6 +57,17 @@ class Assignment:
     # operator -> per partition the ids of its followers (service.core.placement): copies
     # that apply the same batches from storage and answer reads, but take no commits
     followers: dict[str, list[list[str]]] = field(default_factory=dict)
+    # operator -> per partition the id of the server a planned move hands it to ("" where
+    # none is under way). That server is also one of its followers until it has caught up;
+    # kept so the next placement heads for the same server rather than working it out anew.
+    incoming: dict[str, list[str]] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, data: bytes) -> Assignment:
+        """An assignment as stored, ignoring fields a newer qstate added (a rolling upgrade
+        has readers older than the writer)."""
+        d = orjson.loads(data)
+        return cls(**{k: v for k, v in d.items() if k in _FIELDS})
 
     def by_standby(self) -> bool:
         return self.writer.startswith(STANDBY)
@@ -68,6 +79,10 @@ class Assignment:
     def followers_of(self, operator: str, partition: int) -> list[str]:
         per = self.followers.get(operator)
         return per[partition] if per is not None and partition < len(per) else []
+
+    def incoming_of(self, operator: str, partition: int) -> str:
+        per = self.incoming.get(operator)
+        return per[partition] if per is not None and partition < len(per) else ""
 
     def follower_addresses(self, operator: str, partition: int) -> list[str]:
         return [self.servers[sid] for sid in self.followers_of(operator, partition)
@@ -91,6 +106,9 @@ class Assignment:
     def followed_by(self, server_id: str) -> set[PartitionId]:
         return {PartitionId(self.job, op, p) for op, per in self.followers.items()
                 for p, ids in enumerate(per) if server_id in ids}
+
+
+_FIELDS = {f.name for f in fields(Assignment)}
 
 
 def register_server(storage: Storage, info: ServerInfo) -> None:
@@ -129,13 +147,12 @@ def load_assignment(storage: Storage, job: str) -> Assignment:
         if not epochs:
             break
         try:
-            return Assignment(**orjson.loads(
-                storage.read_bytes(paths.assignment(job, epochs[-1]))))
+            return Assignment.from_json(storage.read_bytes(paths.assignment(job, epochs[-1])))
         except FileNotFoundError:
             continue
     legacy = paths.legacy_assignment(job)
     if storage.exists(legacy):  # written by qstate 0.1: in force until the next epoch
-        return Assignment(**orjson.loads(storage.read_bytes(legacy)))
+        return Assignment.from_json(storage.read_bytes(legacy))
     return Assignment(job)
 
 

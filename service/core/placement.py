@@ -10,7 +10,9 @@
 - **A planned move is make-before-break.** A server joins, or one drains (SIGTERM): the
   partition's new owner is first added as a follower. The owner keeps it, serving and
   committing, until that follower has caught up to the owner's batch. Only then does the
-  partition change hands, under a new epoch, so no read finds it restoring.
+  partition change hands, under a new epoch, so no read finds it restoring. The assignment
+  names that incoming owner (``Assignment.incoming``) until then, so every round of
+  placement heads for the same server.
 - **An unplanned move** (the owner died) goes to a follower that is serving, when there is
   one: no restore gap. Otherwise the new owner restores it as before.
 """
@@ -137,10 +139,15 @@ def place(a: Assignment, sizes: dict[str, int], c: Cluster, bump: bool = False,
     targets = sorted(sid for sid in c.live if sid not in c.draining) or sorted(c.live)
     owners: dict[str, list[str]] = {}
     followers: dict[str, list[list[str]]] = {}
+    incoming: dict[str, list[str]] = {}
     for op, n in sizes.items():
-        wanted = balance(a.owners.get(op, []), n, targets)
+        # Balance from where each partition is headed (the incoming owner of a move under
+        # way), not from where it is: balancing the same live set again then gives the same
+        # targets (``balance`` is stable), so a move keeps its target until it completes.
+        heading = [a.incoming_of(op, p) or a.owner_id(op, p) or "" for p in range(n)]
+        wanted = balance(heading, n, targets)
         load: Counter[str] = Counter()
-        owners[op], followers[op] = [], []
+        owners[op], followers[op], incoming[op] = [], [], []
         for p in range(n):
             current = a.owner_id(op, p)
             previous = [f for f in a.followers_of(op, p) if f in c.live]
@@ -150,9 +157,12 @@ def place(a: Assignment, sizes: dict[str, int], c: Cluster, bump: bool = False,
             owners[op].append(owner)
             followers[op].append(_followers(owner, wanted[p], previous,
                                             c.replicas.get(op, 1), targets, load))
-    followers = {op: per for op, per in followers.items() if any(per)}  # as before replicas
+            incoming[op].append(wanted[p] if wanted[p] != owner else "")
+    # operators with none are left out, as assignments written before followers were
+    followers = {op: per for op, per in followers.items() if any(per)}
+    incoming = {op: per for op, per in incoming.items() if any(per)}
     servers = servers_named(owners, followers, c.live)
-    if not bump and owners == a.owners and followers == a.followers and \
-            servers == a.servers:
+    if not bump and (owners, followers, incoming, servers) == \
+            (a.owners, a.followers, a.incoming, a.servers):
         return a
-    return Assignment(a.job, a.epoch + 1, servers, owners, writer, followers)
+    return Assignment(a.job, a.epoch + 1, servers, owners, writer, followers, incoming)
