@@ -66,8 +66,8 @@ class Assignment:
     def from_json(cls, data: bytes) -> Assignment:
         """An assignment as stored, ignoring fields a newer qstate added (a rolling upgrade
         has readers older than the writer)."""
-        d = orjson.loads(data)
-        return cls(**{k: v for k, v in d.items() if k in _FIELDS})
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in orjson.loads(data).items() if k in known})
 
     def by_standby(self) -> bool:
         return self.writer.startswith(STANDBY)
@@ -106,9 +106,6 @@ class Assignment:
     def followed_by(self, server_id: str) -> set[PartitionId]:
         return {PartitionId(self.job, op, p) for op, per in self.followers.items()
                 for p, ids in enumerate(per) if server_id in ids}
-
-
-_FIELDS = {f.name for f in fields(Assignment)}
 
 
 def register_server(storage: Storage, info: ServerInfo) -> None:
