@@ -8,7 +8,7 @@ JAR_STAMP := $(JARS)/.fetched
 MVN     ?= mvn
 PYTEST_ARGS ?=
 
-.PHONY: setup node-setup bench-setup run test test-fast lint proto clean
+.PHONY: setup node-setup bench-setup run test test-fast soak lint proto clean
 
 NODE_STAMP := clients/node/node_modules/.installed
 
@@ -47,6 +47,10 @@ test: setup
 # no JVM: neither Spark nor the Kafka broker (real shard and router processes still run)
 test-fast: setup
 	$(BIN)/pytest -m "not spark and not kafka" $(PYTEST_ARGS)
+
+# the five-minute soak of `make run` (CPU hog, truth comparison); longer: python -m loadtest.soak
+soak: setup
+	QSTATE_SOAK=1 $(BIN)/pytest tests/soak $(PYTEST_ARGS)
 
 lint: setup
 	$(BIN)/ruff check .

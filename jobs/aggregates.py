@@ -9,7 +9,7 @@
 Spark evaluates each one's input per row (``input``: a column expression, null where ``when``
 does not hold); the batch's partial aggregates are computed on the executors
 (``jobs.partials``) and combined with the stored value on the shard
-(``service.shard.codec``): count and sum add, min and max keep the extreme, avg adds its sum
+(``service.partition.codec``): count and sum add, min and max keep the extreme, avg adds its sum
 and count, approx_count_distinct unions Apache DataSketches HLL sketches. ``when`` counts or
 aggregates only the rows where the condition holds, in the same pass.
 """

@@ -11,14 +11,14 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+from prometheus_client import Counter, Gauge, Histogram
 
 if TYPE_CHECKING:
-    from jobs.sinks import BatchReport
+    from jobs.reports import BatchReport
 
-__all__ = ["ASSIGNMENT_EPOCH", "BATCHES", "BATCH_SECONDS", "COMMIT_SECONDS", "DEAD_LETTERED",
+__all__ = ["BATCHES", "BATCH_SECONDS", "COMMIT_SECONDS", "DEAD_LETTERED",
            "EVENTS", "FRESHNESS", "JOB_UP", "LAG", "LAST_BATCH", "LAST_COMMIT", "PARTIAL_ROWS",
-           "REASSIGNMENTS", "STAGE_SECONDS", "WATERMARK", "observe_batch", "serve"]
+           "STAGE_SECONDS", "WATERMARK", "observe_batch"]
 
 _SECONDS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64)
 
@@ -49,15 +49,6 @@ DEAD_LETTERED = Counter("qstate_job_dead_lettered_total", "Records sent to the d
 LAG = Gauge("qstate_job_lag_events", "Events in the topic not read yet", ["job", "topic"])
 JOB_UP = Gauge("qstate_job_up", "1 while the job's queries run, 0 once one has failed "
                "(the other jobs of the process keep running)", ["job"])
-ASSIGNMENT_EPOCH = Gauge("qstate_job_assignment_epoch",
-                         "Epoch of the job's partition assignment", ["job"])
-STANDBY_ACTIVE = Gauge("qstate_job_standby_active",
-                       "1 while a standby coordinator (`qstate coordinator`) coordinates the "
-                       "job because its driver's lease stopped changing, 0 while it stands by",
-                       ["job"])
-REASSIGNMENTS = Counter("qstate_job_reassignments_total",
-                        "Times partitions moved after start-up because a shard server was "
-                        "declared dead or (re)joined", ["job"])
 
 _known: set[tuple[str, str]] = set()
 
@@ -91,7 +82,3 @@ def observe_batch(job: str, topic: str | None, report: BatchReport) -> None:
         _freshness(job, op)
 
 
-def serve(port: int, host: str) -> int:
-    """Serve this process's /metrics on ``host:port`` (0: any free port); the bound port."""
-    httpd, _ = start_http_server(port, addr=host)
-    return int(httpd.server_port)

@@ -8,10 +8,12 @@ produced to the dead-letter topic (``jobs.dlq``) before its batch goes downstrea
 The rules, exact and the same on both paths below: every declared field must be present and
 non-null; a string is a JSON string, a long a JSON integer in the signed 64-bit range (not
 ``1.0`` nor ``"1"``), a double any JSON number, a boolean ``true``/``false``; a key field
-(``keys``) must also be a non-empty string of at most 1 KiB (DESIGN §2). The value itself
+(``keys``) must also be a non-empty string of at most 1 KiB (docs/architecture.md §2). The value
+itself
 must be a JSON object of at most ``max_value_bytes``.
 
-Speed: a batch is parsed by pyarrow's JSON reader in one go (about 3x ``json.loads``, FACTS),
+Speed: a batch is parsed by pyarrow's JSON reader in one go (about 3x ``json.loads``,
+docs/architecture.md §8),
 which refuses exactly what the rules refuse; a batch it refuses is parsed record by record
 with orjson, which names each bad record's reason.
 """

@@ -1,6 +1,6 @@
 """Running a ``QueryableJob``: one streaming query, and one Spark job per micro-batch that
 reads it, parses it and computes every operator's partial aggregates in one pass, then the
-commits (DESIGN §3.3).
+commits (docs/architecture.md §3).
 
 Per batch N the Spark job projects every operator's columns side by side (its key, the key's
 shard partition and each aggregate's input, evaluated by Spark) and each task aggregates its
@@ -32,10 +32,9 @@ from jobs import metrics
 from jobs.parse import ERROR_KIND
 from jobs.partials import RESULT, TIME, Plan, run_operators
 from jobs.queryable import QueryableJob
+from jobs.reports import BatchReport, Reports
 from jobs.sinks import (
-    BatchReport,
     PartialsSink,
-    Reports,
     batch_watermark_ms,
     written_by_operator,
 )

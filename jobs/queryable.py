@@ -1,4 +1,5 @@
-"""A queryable job in merge mode: one streaming query, every operator served (DESIGN §3.3).
+"""A queryable job in merge mode: one streaming query, every operator served
+(docs/architecture.md §3).
 
     events = parse_json(read_kafka(spark, bootstrap, "tweet-events"), FIELDS, ...)
     job = QueryableJob("tweets", events, event_time="time", watermark="10 seconds")
@@ -43,7 +44,7 @@ def dlq_topic(topic: str) -> str:
 
 @dataclass(frozen=True)
 class SparkStateOperator:
-    """An aggregation Spark keeps the state of (``jobs.sink.serve``): its own query."""
+    """An aggregation Spark keeps the state of (``jobs.spark_state.serve``): its own query."""
 
     name: str
     frame: DataFrame  # a streaming aggregation in update mode
@@ -92,8 +93,8 @@ class _Grouped:
                 raise InvalidRequest(
                     f"operator {self._name!r}: {a!r} is not an aggregate qstate can merge "
                     f"({', '.join(sorted(MERGEABLE))}, from jobs.aggregates); aggregate it "
-                    "with Spark's own groupBy and serve it with jobs.sink.serve (spark-state "
-                    "mode)")
+                    "with Spark's own groupBy and serve it with jobs.spark_state.serve "
+                    "(spark-state mode)")
         op = MergeOperator(self._name, self._key, self._window, list(aggs), self._where,
                            replicas=self._replicas)
         self._job.add(op)

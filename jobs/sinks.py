@@ -10,24 +10,23 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Protocol
 
 import orjson
 from pyspark.sql import DataFrame, Row
 
 from jobs import metrics
-from jobs.coordinator import CommitOutcome, coordinator_for
 from jobs.partials import PART, RESULT, DeltaFiles, Discard, Plan, Target, final_writer
+from jobs.reports import OperatorReport
+from service.control.coordinator import CommitOutcome, coordinator_for
 from service.core import faults
 from service.core.manifest import Fragments
 from service.core.operator import OperatorSpec, save_spec
 from service.core.storage import Storage
 
-__all__ = ["BatchReport", "NoopSink", "OperatorReport", "PartialsSink", "QStateSink",
-           "Reports", "batch_watermark_ms", "written_by_operator"]
+__all__ = ["NoopSink", "PartialsSink", "QStateSink", "batch_watermark_ms",
+           "written_by_operator"]
 
 
 def batch_watermark_ms(checkpoint: str, batch: int) -> int:
@@ -36,38 +35,6 @@ def batch_watermark_ms(checkpoint: str, batch: int) -> int:
         return 0
     lines = Storage(checkpoint).read_bytes(f"offsets/{batch}").split(b"\n")
     return int(orjson.loads(lines[1]).get("batchWatermarkMs", 0))
-
-
-@dataclass
-class OperatorReport:
-    rows: int = 0  # partial rows written for the operator
-    write_s: float = 0.0  # spark-state mode: writing delta files (merge mode: in the batch)
-    commit_s: float = 0.0
-    applied: int = 0
-    skipped: int = 0
-
-
-@dataclass
-class BatchReport:
-    batch: int
-    events: int
-    dead_lettered: dict[str, int]
-    watermark_ms: int
-    late_ms: int
-    spark_s: float  # the batch's Spark job: source, parse, every operator's partials, deltas
-    total_s: float
-    operators: dict[str, OperatorReport] = field(default_factory=dict)
-
-
-@dataclass
-class Reports:
-    """What the job did, batch by batch (for metrics, the status line and benchmarks)."""
-
-    batches: deque[BatchReport] = field(default_factory=lambda: deque(maxlen=10_000))
-
-    @property
-    def last(self) -> BatchReport | None:
-        return self.batches[-1] if self.batches else None
 
 
 class PartialsSink(Protocol):

@@ -1,5 +1,5 @@
 """The SparkSession qstate jobs run in: Spark's Kafka connector on ``spark.jars`` (fetched by
-`make setup`), the RocksDB state store for spark-state operators (DESIGN §3.2)."""
+`make setup`), the RocksDB state store for spark-state operators (docs/architecture.md §3)."""
 
 from __future__ import annotations
 
@@ -51,7 +51,8 @@ def spark_session(app: str = "qstate", master: str = "local[2]", shuffle_partiti
         .config("spark.driver.bindAddress", driver_host)
         .config("spark.driver.host", driver_host)
         .config("spark.sql.session.timeZone", "UTC")
-        # a stop during a batch can overflow the stream thread's stack (FACTS: -Xss)
+        # a stop during a batch can overflow the stream thread's stack
+        # (docs/architecture.md §8)
         .config("spark.driver.extraJavaOptions", "-Xss16m")
         .config("spark.python.worker.reuse", "true")
         # bigger Arrow batches to and from Python workers: fewer round trips per batch

@@ -52,18 +52,19 @@ from pyspark.sql.streaming import StreamingQuery
 from rich.console import Console
 
 from jobs import pipeline
-from jobs.coordinator import release
 from jobs.examples import ads, tweets
 from jobs.examples.workloads import Ads, Tweets, Workload, events_over_span, write_mapping
 from jobs.job import JobContext
+from jobs.launch import start_job
 from jobs.parse import parse_events
 from jobs.queryable import QueryableJob
-from jobs.runner import start_job
-from jobs.sinks import NoopSink, PartialsSink, QStateSink, Reports
+from jobs.reports import Reports
+from jobs.sinks import NoopSink, PartialsSink, QStateSink
 from jobs.source import read_kafka
 from jobs.spark import spark_session
 from loadtest import results
 from loadtest.redis_sink import RedisSink
+from service.control.coordinator import release
 from service.core.config import DEFAULTS
 from service.embedded.generate import produce
 from service.embedded.kafka import KafkaBroker

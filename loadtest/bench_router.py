@@ -25,10 +25,10 @@ from pathlib import Path
 import grpc
 import pyarrow as pa
 
-from jobs.coordinator import Coordinator
 from loadtest import results
 from proto import qstate_pb2 as qpb
 from proto import qstate_pb2_grpc as qpb_grpc
+from service.control.coordinator import Coordinator
 from service.core import delta as deltas
 from service.core.address import PartitionId, partition_of
 from service.core.operator import OperatorSpec, WindowSpec, save_spec

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from jobs.partials import Plan, Target
-from jobs.sinks import OperatorReport
+from jobs.reports import OperatorReport
 from service.core.manifest import Fragments
 from service.core.operator import OperatorSpec
 from service.core.windows import ALL_WINDOWS

@@ -42,8 +42,8 @@ import pyarrow as pa
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
-from jobs.coordinator import Coordinator
 from loadtest import results
+from service.control.coordinator import Coordinator
 from service.core import delta as deltas
 from service.core.address import PartitionId, partition_of
 from service.core.assignment import Assignment, load_assignment

@@ -110,8 +110,8 @@ def job(
 ) -> None:
     """Run jobs with the queryable sink until Ctrl-C or SIGTERM."""
     from jobs.job import JobContext
-    from jobs.run import run_jobs
-    from jobs.runner import load_builder
+    from jobs.launch import load_builder
+    from jobs.supervise import run_jobs
     from service.core.errors import InvalidRequest
 
     for name in names:
@@ -142,7 +142,7 @@ def coordinator(
 
     Exit codes: 0 stopped by SIGTERM/Ctrl-C.
     """
-    from jobs.standby import run_standby
+    from service.control.standby import run_standby
 
     run_standby(storage, jobs, S, metrics_port)
 
@@ -392,9 +392,9 @@ def state_rescale(
     from rich.console import Console
     from rich.progress import Progress
 
+    from service.control.rescale import Rescale, job_is_down
     from service.core.errors import QStateError, StartFailed
     from service.core.storage import Storage
-    from service.rescale import Rescale, job_is_down
 
     console = Console(stderr=True)
     store = Storage(storage)

@@ -16,7 +16,7 @@ from service.core.address import PartitionId
 from service.core.assignment import load_assignment
 from service.core.catalog import delta_batches, manifest_batches, snapshot_batches
 from service.core.operator import list_specs
-from service.core.shard_client import ShardClients, partition_state
+from service.core.shard_client import ShardClients, held_partitions, partition_state
 from service.core.storage import Storage
 
 __all__ = ["PartitionRow", "inspect"]
@@ -49,12 +49,12 @@ def inspect(storage: Storage, job: str | None = None) -> tuple[list[PartitionRow
         if addr not in described:
             try:
                 d = clients.describe(addr, timeout=1.0)
-                described[addr] = {(x.job, x.operator, x.partition): x for x in d.partitions}
+                described[addr] = held_partitions(d)
             except grpc.RpcError as exc:
                 described[addr] = {}
                 if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
                     refused.add(addr)
-        info = described[addr].get((pid.job, pid.operator, pid.partition))
+        info = described[addr].get(pid)
         # alive, but this tool lacks the cluster token: not "down"
         return ("refused" if addr in refused else partition_state(addr, info)), info
 

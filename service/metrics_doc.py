@@ -33,9 +33,10 @@ def _rows(module: ModuleType) -> list[tuple[str, str, tuple[str, ...], str]]:
     return sorted(set(rows))  # a labelled child (``SHARD_READS.labels("local")``) repeats
 
 
-def _table(module: ModuleType) -> str:
+def _table(*modules: ModuleType) -> str:
+    """One table of the metrics one process exposes, defined in ``modules``."""
     out = ["| metric | type | labels | meaning |", "| --- | --- | --- | --- |"]
-    for name, kind, labels, doc in _rows(module):
+    for name, kind, labels, doc in sorted(r for m in modules for r in _rows(m)):
         out.append(f"| `{name}` | {kind} | {', '.join(labels) or '-'} | "
                    f"{doc.replace('|', '/')} |")
     return "\n".join(out)
@@ -44,13 +45,14 @@ def _table(module: ModuleType) -> str:
 def metrics_tables() -> str:
     """One table per process: job, shard server, router."""
     from jobs import metrics as job
+    from service.control import metrics as control
     from service.router import metrics as router
     from service.shard import metrics as shard
 
-    return "\n\n".join(f"### {title}\n\n{_table(m)}" for title, m in (
-        ("Job (`qstate job`, /metrics on `QSTATE_JOB_METRICS_PORT`)", job),
-        ("Shard server (`qstate shard`, /metrics on `QSTATE_SHARD_METRICS_PORT`)", shard),
-        ("Router (`qstate router`, /metrics on its HTTP port)", router)))
+    return "\n\n".join(f"### {title}\n\n{_table(*m)}" for title, m in (
+        ("Job (`qstate job`, /metrics on `QSTATE_JOB_METRICS_PORT`)", (job, control)),
+        ("Shard server (`qstate shard`, /metrics on `QSTATE_SHARD_METRICS_PORT`)", (shard,)),
+        ("Router (`qstate router`, /metrics on its HTTP port)", (router,))))
 
 
 if __name__ == "__main__":

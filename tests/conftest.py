@@ -7,6 +7,7 @@ marked ``kafka``, whatever its file says, so ``make test-fast`` (neither) needs 
 
 from __future__ import annotations
 
+import random
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +15,20 @@ from pathlib import Path
 import pytest
 
 from service.embedded.kafka import KafkaBroker
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """Hypothesis runs randomized: a fresh seed per session unless ``--hypothesis-seed=N``
+    replays one (set before Hypothesis' own plugin reads it); failures also stay in the
+    example database under .hypothesis/ and are tried first next time."""
+    if config.getoption("hypothesis_seed", None) is None:
+        config.option.hypothesis_seed = str(random.SystemRandom().randrange(1 << 32))
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    seed = config.getoption("hypothesis_seed")
+    return f"hypothesis seed {seed} (replay this run's examples: --hypothesis-seed={seed})"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

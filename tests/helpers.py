@@ -15,9 +15,9 @@ from proto import shard_pb2 as pb
 from service.core.address import partition_of
 from service.core.assignment import ServerInfo, list_servers, load_assignment
 from service.core.shard_client import ShardClients
-from service.core.shard_files import read_marker
 from service.core.storage import Storage
 from service.embedded.procs import ShardProcess
+from service.partition.files import read_marker
 
 
 def read_all_windows(storage_uri: str, job: str, operator: str, state: str, keys: list[str],
@@ -151,7 +151,7 @@ def wait_until(pred: Callable[[], object], timeout: float, what: str) -> object:
 
 def committed_batches(server_dir: Path, job: str, operator: str) -> dict[int, int]:
     """Partition -> last batch applied, from the commit markers a shard server keeps on its
-    disk (``service.core.shard_files``): readable while the server is down, e.g. right after
+    disk (``service.partition.files``): readable while the server is down, e.g. right after
     a fault point killed it."""
     out = {}
     folder = server_dir / job / operator

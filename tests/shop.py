@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pyarrow as pa
 
-from jobs.coordinator import Coordinator
+from service.control.coordinator import Coordinator
 from service.core import delta as deltas
 from service.core.address import PartitionId, partition_of
 from service.core.operator import OperatorSpec, WindowSpec, save_spec

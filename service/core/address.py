@@ -1,4 +1,5 @@
-"""Addresses and partitioning, shared by the job, the shards and the router (DESIGN §2).
+"""Addresses and partitioning, shared by the job, the shards and the router
+(docs/architecture.md §2).
 
 A piece of state is addressed ``/{job}/{operator}/{state}/{key}``. Names are
 ``[A-Za-z0-9_.-]{1,64}`` not starting with a dot or a dash (they name folders on storage:

@@ -1,5 +1,5 @@
 """The shape of every answer: one model for the router's HTTP and gRPC front ends and the
-Python client (DESIGN §5). The OpenAPI document is generated from these models and the
+Python client (docs/architecture.md §5). The OpenAPI document is generated from these models and the
 server serializes these same models, so what is documented is what is served.
 """
 

@@ -1,8 +1,8 @@
-"""Which shard server owns which partition (DESIGN §4).
+"""Which shard server owns which partition (docs/architecture.md §4).
 
 Shard servers register themselves in checkpoint storage; each job's coordinator (in its
 driver) assigns the partitions of the job's operators to live servers (owners and
-followers: ``service.core.placement``) and writes the assignment to checkpoint storage,
+followers: ``service.control.placement``) and writes the assignment to checkpoint storage,
 where routers and shard servers read it without the driver. Every change bumps the job's
 epoch: a writer or reader with an older epoch is refused.
 
@@ -54,7 +54,7 @@ class Assignment:
     # who wrote it: "driver:<id>" (the job's coordinator) or "standby:<id>" (`qstate
     # coordinator`, which moves partitions while the job is down); "" before qstate 0.2
     writer: str = ""
-    # operator -> per partition the ids of its followers (service.core.placement): copies
+    # operator -> per partition the ids of its followers (service.control.placement): copies
     # that apply the same batches from storage and answer reads, but take no commits
     followers: dict[str, list[list[str]]] = field(default_factory=dict)
     # operator -> per partition the id of the server a planned move hands it to ("" where

@@ -1,4 +1,5 @@
-"""Delta files: the rows one batch brings to one partition of one operator (DESIGN §3.3).
+"""Delta files: the rows one batch brings to one partition of one operator
+(docs/architecture.md §3).
 
 Arrow IPC. Columns ``key, start, end`` (epoch ms; null for non-windowed state), ``tag`` (a
 sliding window's pane tag, ``service.core.windows``; null otherwise), then per aggregate:

@@ -63,7 +63,8 @@ class InvalidRequest(QStateError):
 
 
 class InvalidAddress(InvalidRequest):
-    """A name or key that DESIGN §2 does not allow; the message says what is allowed."""
+    """A name or key that docs/architecture.md §2 does not allow; the message says what is
+    allowed."""
 
 
 class TooLarge(InvalidRequest):

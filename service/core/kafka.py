@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 __all__ = ["ensure_topic"]
@@ -19,7 +19,7 @@ def ensure_topic(bootstrap: str, topic: str, partitions: int = 4, timeout: float
         try:
             fut.result(timeout)
         except KafkaException as exc:  # created concurrently by someone else is fine
-            if "TOPIC_ALREADY_EXISTS" not in str(exc):
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise
 
 

@@ -1,4 +1,5 @@
-"""Batch manifests: what each batch of an operator wrote, for replay and restore (DESIGN §4).
+"""Batch manifests: what each batch of an operator wrote, for replay and restore
+(docs/architecture.md §4).
 
 The driver writes batch N's manifest after the executors wrote the batch's delta files and
 before it commits the batch on the shards. A shard that must catch up (it was down, the

@@ -3,7 +3,8 @@
 The job writes this spec to checkpoint storage when it starts; shards and routers read it,
 so none of them needs the driver to answer.
 
-Two modes (DESIGN §3.3). In **merge** mode (the default) the shard is the operator's state:
+Two modes (docs/architecture.md §3). In **merge** mode (the default) the shard is the operator's
+state:
 each batch brings per-batch partial aggregates, and the shard combines them with what it
 holds (count/sum add, min/max, avg as sum and count, approx_count_distinct as a mergeable
 HyperLogLog sketch). In **spark-state** mode Spark's stateful aggregation keeps the state and
@@ -54,6 +55,13 @@ class Aggregate:
             raise InvalidRequest(f"aggregate type must be 'long' or 'double', not {self.type!r}")
         if self.kind == "approx_count_distinct" and not 4 <= self.lg_k <= 21:
             raise InvalidRequest("approx_count_distinct needs lg_k between 4 and 21")
+
+    def typed(self, value: float | None) -> int | float | None:
+        """``value`` as the answer's declared type: the one place that decides whether a
+        client reads a long or a double (every path and protocol answers the same)."""
+        if value is None:
+            return None
+        return int(value) if self.type == "long" else float(value)
 
 
 @dataclass(frozen=True)
@@ -159,7 +167,7 @@ class OperatorSpec:
 
 def save_spec(storage: Storage, spec: OperatorSpec, rescale: bool = False) -> None:
     """Write the operator's spec; a different partition count only from ``rescale``
-    (`qstate state rescale`, service/rescale.py), which has split the state first."""
+    (`qstate state rescale`, service/control/rescale.py), which has split the state first."""
     path = paths.spec(spec.job, spec.operator)
     if storage.exists(path):
         old = OperatorSpec.from_json(storage.read_bytes(path))

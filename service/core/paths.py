@@ -1,6 +1,6 @@
 """The layout of checkpoint storage: every path qstate writes there, and how names read back.
 
-One room for it (DESIGN §3-4). Paths are relative to the storage root::
+One room for it (docs/architecture.md §3-4). Paths are relative to the storage root::
 
     cluster/servers/{server_id}.json                   shard servers registered
     cluster/assignments/{job}/{E}.json                 partition owners at the job's epoch E

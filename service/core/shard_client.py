@@ -9,9 +9,10 @@ import grpc
 from proto import shard_pb2 as pb
 from proto import shard_pb2_grpc as pb_grpc
 from service.core import security
+from service.core.address import PartitionId
 from service.core.config import Settings, settings
 
-__all__ = ["CHANNEL_OPTIONS", "ShardClients", "partition_state"]
+__all__ = ["CHANNEL_OPTIONS", "ShardClients", "held_partitions", "partition_state"]
 
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 64 << 20),
@@ -20,6 +21,11 @@ CHANNEL_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
+
+
+def held_partitions(reply: pb.DescribeReply) -> dict[PartitionId, pb.PartitionInfo]:
+    """What a server's Describe says it holds (owned or followed), by partition."""
+    return {PartitionId(p.job, p.operator, p.partition): p for p in reply.partitions}
 
 
 def partition_state(owner: str | None, info: pb.PartitionInfo | None) -> str:

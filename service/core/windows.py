@@ -8,7 +8,8 @@ slices of ``gcd(size, slide)`` ms, so an event is written once, into its pane, a
 is the combination of the panes it covers. Every event of a pane belongs to the same set of
 windows, which is what makes a pane a unit.
 
-Lateness (Spark's rule, DESIGN §3): batch N drops an event from each of its windows whose end
+Lateness (Spark's rule, docs/architecture.md §3): batch N drops an event from each of its windows
+whose end
 is at or before the watermark of batch N-1. For a sliding window an event can be late for
 its older windows and on time for its newer ones; such an event is stored in a *sub-pane*
 tagged with the first window start it still counts in (``pane_tag``), so the windows that

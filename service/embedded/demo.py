@@ -1,4 +1,4 @@
-"""`qstate run`: the whole pipeline on one machine with embedded defaults (DESIGN §6).
+"""`qstate run`: the whole pipeline on one machine with embedded defaults (docs/architecture.md §6).
 
 Broker, two shard servers, the router, both generators and both example jobs, each a child
 process we hold by PID; Ctrl-C or SIGTERM stops them all, newest first.

@@ -19,7 +19,7 @@ import grpc
 from service.core.errors import QStateError
 from service.core.security import AUTH_HEADER, bearer
 from service.core.tokens import Principal, WatchedTokens
-from service.router.http import send_error
+from service.router.wire import send_error
 
 __all__ = ["GrpcAuth", "target_of", "with_auth"]
 

@@ -14,14 +14,15 @@ import time
 import grpc
 
 from proto import shard_pb2 as pb
+from service.core.address import PartitionId
 from service.core.answer import ClusterInfo, PartitionStatus, ShardStatus
-from service.core.shard_client import partition_state
+from service.core.shard_client import held_partitions, partition_state
 from service.router.coalesce import ShardCaller
 from service.router.routing import RoutingTable
 
 __all__ = ["cluster"]
 
-Held = dict[tuple[str, str, int], pb.PartitionInfo]
+Held = dict[PartitionId, pb.PartitionInfo]
 
 
 async def _describe(caller: ShardCaller, address: str) -> Held | None:
@@ -29,14 +30,14 @@ async def _describe(caller: ShardCaller, address: str) -> Held | None:
         d = await caller.stub(address).Describe(pb.DescribeRequest(), timeout=caller.timeout_s)
     except grpc.aio.AioRpcError:
         return None
-    return {(p.job, p.operator, p.partition): p for p in d.partitions}
+    return held_partitions(d)
 
 
 def _status(job: str, operator: str, p: int, holder: str | None, replies: dict[str, Held | None],
             now: int) -> PartitionStatus:
     """Partition ``p`` as ``holder`` (its owner, or a follower) reported it."""
     held = replies.get(holder) if holder is not None else None
-    info = held.get((job, operator, p)) if held is not None else None
+    info = held.get(PartitionId(job, operator, p)) if held is not None else None
     return PartitionStatus(
         job=job, operator=operator, partition=p, state=partition_state(holder, info),
         last_batch=info.last_batch if info is not None else None,

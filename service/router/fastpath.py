@@ -1,9 +1,9 @@
 """A raw-ASGI fast path for the hottest request, ``GET /v1/state/{job}/{op}/{state}/{key}``.
 
-FastAPI costs ~150 µs of CPU a request against ~30 µs for raw ASGI (FACTS); a point lookup
-is the request dashboards make thousands of times a second. This path answers exactly what
-the FastAPI route (kept for validation docs and OpenAPI) would, with the same models and
-error answers, and hands every other request to FastAPI.
+FastAPI costs ~150 µs of CPU a request against ~30 µs for raw ASGI (docs/architecture.md
+§8); a point lookup is the request dashboards make thousands of times a second. This path
+answers exactly what the FastAPI route (kept for validation docs and OpenAPI) would, with
+the same models and error answers, and hands every other request to FastAPI.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from service.core.errors import QStateError
-from service.router.http import JSON, error_response, parse_limit, time_range
 from service.router.metrics import HTTP_LATENCY, HTTP_REQUESTS
 from service.router.query import QueryService, absent
+from service.router.wire import JSON, error_response, parse_limit, time_range
 
 __all__ = ["with_fast_get"]
 
@@ -38,9 +38,9 @@ def with_fast_get(app: Any, query: QueryService) -> Any:
         try:
             params = dict(parse_qsl(scope["query_string"].decode("latin-1"))) \
                 if scope["query_string"] else {}
-            a = await query.get(job, operator, state, key,
-                                time_range(params.get("from"), params.get("to")),
-                                parse_limit(params.get("limit"), query.max_windows))
+            a = await query.get(query.point(
+                job, operator, state, key, time_range(params.get("from"), params.get("to")),
+                parse_limit(params.get("limit"), query.max_windows)))
             if not a.found:
                 raise absent(a)
             status, body = 200, a.model_dump_json().encode()

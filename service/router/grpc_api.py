@@ -10,12 +10,13 @@ from proto import qstate_pb2 as pb
 from proto import qstate_pb2_grpc as pb_grpc
 from service.core.answer import StateAnswer
 from service.core.errors import QStateError, grpc_trailers
+from service.core.values import set_value
 from service.router.auth import GrpcAuth
-from service.router.http import FAR
 from service.router.metrics import GRPC_LATENCY as RPC_LATENCY
 from service.router.metrics import GRPC_REQUESTS as RPCS
 from service.router.metrics import count_error
 from service.router.query import QueryService, absent
+from service.router.wire import FAR
 
 __all__ = ["QueryableStateService"]
 
@@ -30,10 +31,7 @@ def _value(a: StateAnswer) -> pb.StateValue:
         if w.start is not None:
             pw.start_ms = w.start
             pw.end_ms = w.end if w.end is not None else 0
-        if isinstance(w.value, int):
-            pw.int_value = w.value
-        elif w.value is not None:
-            pw.double_value = w.value
+        set_value(pw, w.value)
     return out
 
 
@@ -67,8 +65,9 @@ class QueryableStateService(pb_grpc.QueryableStateServicer):
         t0 = time.perf_counter()
         try:
             self.auth.check(context, request.job, request.operator)
-            a = await self.query.get(request.job, request.operator, request.state, request.key,
-                                     _range(request), _limit(request))
+            a = await self.query.get(self.query.point(
+                request.job, request.operator, request.state, request.key, _range(request),
+                _limit(request)))
             if not a.found:
                 raise absent(a)
         except QStateError as exc:
@@ -82,9 +81,9 @@ class QueryableStateService(pb_grpc.QueryableStateServicer):
         t0 = time.perf_counter()
         try:
             self.auth.check(context, request.job, request.operator)
-            answers = await self.query.multi_get(request.job, request.operator, request.state,
-                                                 list(request.keys), _range(request),
-                                                 _limit(request))
+            answers = await self.query.multi_get(self.query.batch(
+                request.job, request.operator, request.state, request.keys, _range(request),
+                _limit(request)))
         except QStateError as exc:
             await _fail(context, "MultiGet", exc)
         RPCS.labels("MultiGet", "OK").inc()

@@ -7,10 +7,8 @@ Retry-After header.
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import orjson
@@ -37,120 +35,32 @@ from service.core.answer import (
     WindowInfo,
     error_responses,
 )
-from service.core.config import DEFAULTS
 from service.core.errors import InvalidRequest, QStateError
 from service.router.cluster import cluster
 from service.router.metrics import (
     HTTP_LATENCY,
     HTTP_REQUESTS,
-    count_error,
     http_method,
 )
-from service.router.query import OperatorStatus, QueryService, absent, check_limit
+from service.router.query import OperatorStatus, QueryService, absent
 from service.router.ui import mount_ui
+from service.router.wire import JSON, TIME_PATTERN, error_response, parse_limit, time_range
 
-__all__ = ["TIME_PATTERN", "create_app", "error_response", "json_response", "parse_limit",
-           "send_error", "time_range"]
+__all__ = ["create_app", "json_response"]
 
-JSON = "application/json"
 NEXT_FROM = "Next-From"  # the series' cursor (a JSON array has no room for one)
-FAR = 1 << 62  # an open end of a time range
 
 
 KeyItem = Annotated[str, Field(min_length=1, max_length=MAX_KEY_BYTES)]
 
 
 class BatchGetIn(BaseModel):
-    keys: list[KeyItem] = Field(max_length=DEFAULTS.max_batch_keys,
-                                description=f"At most {DEFAULTS.max_batch_keys} keys "
-                                f"(QSTATE_MAX_BATCH_KEYS), each 1 to {MAX_KEY_BYTES} bytes of "
-                                "UTF-8")
+    # the cap is this router's max_batch_keys, checked by the query core for HTTP and gRPC
+    # alike and stated in the document by ``create_app``'s openapi()
+    keys: list[KeyItem] = Field(description="Each 1 to "
+                                f"{MAX_KEY_BYTES} bytes of UTF-8")
     model_config = {"extra": "forbid",
                     "json_schema_extra": {"examples": [{"keys": ["tw-1", "tw-2", "tw-404"]}]}}
-
-
-# A time in a query: epoch milliseconds (Grafana's ${__from}), Grafana's relative times (now,
-# now-1h, now+5m; a "+" left unencoded in a query string arrives as a space, so a space
-# counts as "+"), or an ISO-8601 date or time (naive: UTC). One expression both checks the
-# parameter and is the pattern the OpenAPI document states.
-_ISO = (r"[0-9]{4}-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12][0-9]|3[01])"
-        r"(?:T(?:[01][0-9]|2[0-3]):[0-5][0-9](?::[0-5][0-9](?:\.[0-9]{1,6})?)?"
-        r"(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])?)?")
-_TIME = re.compile(r"(?P<epoch>-?[0-9]{1,19})"
-                   r"|now(?:(?P<sign>[-+ ])(?P<n>[0-9]{1,12})(?P<unit>ms|s|m|h|d|w))?"
-                   rf"|(?P<iso>{_ISO})")
-TIME_PATTERN = "^(?:" + re.sub(r"\?P<\w+>", "?:", _TIME.pattern) + ")$"
-_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
-
-
-def parse_time(name: str, value: str | None, now_ms: int | None = None) -> int | None:
-    """Epoch milliseconds, ISO-8601 (a naive time is UTC), or relative to now (``now-1h``)."""
-    if value is None:
-        return None
-    m = _TIME.fullmatch(value.strip())
-    try:
-        if m is None:
-            raise ValueError(value)
-        if m["epoch"] is not None:
-            return int(m["epoch"])
-        if m["iso"] is None:
-            now = int(time.time() * 1000) if now_ms is None else now_ms
-            if m["sign"] is None:
-                return now
-            return now + (-1 if m["sign"] == "-" else 1) * int(m["n"]) * _UNIT_MS[m["unit"]]
-        dt = datetime.fromisoformat(m["iso"].replace("Z", "+00:00"))
-        if dt.tzinfo is None:
-            dt = dt.replace(tzinfo=UTC)
-        return int(dt.timestamp() * 1000)
-    except (ValueError, OverflowError):  # also a date that does not exist: 2026-02-30
-        raise InvalidRequest(f"'{name}' must be epoch milliseconds (at most 19 digits), "
-                             f"ISO-8601 (e.g. 2026-01-01T10:00:00Z) or relative to now "
-                             f"(now-1h; units ms s m h d w), not {value[:80]!r}") from None
-
-
-def parse_limit(value: str | None, most: int) -> int | None:
-    """The ``limit`` query parameter: a whole number of windows, 1..``most``."""
-    if value is None:
-        return None
-    v = value.strip()
-    if not (v.isascii() and v.isdigit() and len(v) <= 9):  # "²".isdigit() too
-        raise InvalidRequest(f"'limit' must be a whole number of windows from 1 to {most}, "
-                             f"not {value[:80]!r}")
-    return check_limit(int(v), most)
-
-
-def time_range(from_: str | None, to: str | None) -> tuple[int, int] | None:
-    lo, hi = parse_time("from", from_), parse_time("to", to)
-    if lo is None and hi is None:
-        return None
-    # beyond +-FAR is "open": clamped, so no time a client can write overflows an int64
-    return (max(-FAR, min(FAR, lo if lo is not None else -FAR)),
-            max(-FAR, min(FAR, hi if hi is not None else FAR)))
-
-
-def retry_after(exc: QStateError) -> int:
-    """Whole seconds for the Retry-After header (HTTP has no finer unit)."""
-    return max(1, round(float(exc.detail.get("retry_after_s", 1.0))))
-
-
-def error_response(exc: QStateError) -> tuple[int, bytes, dict[str, str]]:
-    """Status, body and headers of an error answer: the one place they are decided (and
-    counted)."""
-    headers = {"content-type": JSON}
-    if "retry_after_s" in exc.detail:  # 503 unavailable, 429 overloaded
-        headers["retry-after"] = str(retry_after(exc))
-    if exc.http_status == 401:
-        headers["www-authenticate"] = "Bearer"
-    count_error(exc)
-    return exc.http_status, orjson.dumps(exc.body()), headers
-
-
-async def send_error(send: Any, exc: QStateError) -> None:
-    """``exc``'s error answer straight over raw ASGI (the wrappers in front of the app)."""
-    status, body, headers = error_response(exc)
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(k.encode(), v.encode()) for k, v in headers.items()]})
-    await send({"type": "http.response.body", "body": body})
 
 
 def json_response(model: BaseModel) -> Response:
@@ -270,7 +180,7 @@ def create_app(query: QueryService, ready: Callable[[], bool] = lambda: True) ->
              responses=errors, summary="The latest window of a key, or its windows in a range")
     async def get_state(job: Name, operator: Name, state: Name, key: Key, from_: From = None,
                         to: To = None, limit: int | None = limit_param) -> Any:
-        a = await query.get(job, operator, state, key, time_range(from_, to), limit)
+        a = await query.get(query.point(job, operator, state, key, time_range(from_, to), limit))
         if not a.found:
             raise absent(a)
         return json_response(a)
@@ -281,8 +191,8 @@ def create_app(query: QueryService, ready: Callable[[], bool] = lambda: True) ->
     async def batch_get(job: Name, operator: Name, state: Name,
                         body: Annotated[BatchGetIn, Body()], from_: From = None,
                         to: To = None, limit: int | None = limit_param) -> Any:
-        answers = await query.multi_get(job, operator, state, body.keys, time_range(from_, to),
-                                        limit)
+        answers = await query.multi_get(query.batch(job, operator, state, body.keys,
+                                                    time_range(from_, to), limit))
         return json_response(BatchAnswer.model_construct(results=answers))
 
     @app.get("/v1/series/{job}/{operator}/{state}/{key:path}", response_model=Series,
@@ -294,7 +204,7 @@ def create_app(query: QueryService, ready: Callable[[], bool] = lambda: True) ->
                      "key has no data")
     async def get_series(job: Name, operator: Name, state: Name, key: Key, from_: From = None,
                          to: To = None, limit: int | None = limit_param) -> Any:
-        a = await query.get(job, operator, state, key, time_range(from_, to), limit)
+        a = await query.get(query.point(job, operator, state, key, time_range(from_, to), limit))
         out = json_response(Series([
             Point.model_construct(time=a.watermark if w.start is None else w.start,
                                   value=w.value) for w in a.windows]))
@@ -338,6 +248,11 @@ def create_app(query: QueryService, ready: Callable[[], bool] = lambda: True) ->
                         _not_null(param)
             for name in ("HTTPValidationError", "ValidationError"):
                 doc.get("components", {}).get("schemas", {}).pop(name, None)
+            cap = query.max_batch_keys  # the settings this router runs with
+            keys = doc["components"]["schemas"]["BatchGetIn"]["properties"]["keys"]
+            keys["maxItems"] = cap
+            keys["description"] = (f"At most {cap} keys (QSTATE_MAX_BATCH_KEYS), each 1 to "
+                                   f"{MAX_KEY_BYTES} bytes of UTF-8")
             # tokens are asked for only by a router given a tokens file; the document
             # serves both kinds, so a bearer token is offered, and none is also allowed
             doc.setdefault("components", {})["securitySchemes"] = {"bearer": {

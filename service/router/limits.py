@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from service.core.errors import Overloaded, TooLarge
-from service.router.http import send_error
+from service.router.wire import send_error
 
 __all__ = ["with_limits"]
 

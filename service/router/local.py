@@ -1,4 +1,5 @@
-"""In-process reads of partitions whose shard server runs on this host (DESIGN §5).
+"""In-process reads of partitions whose shard server runs on this host
+(docs/architecture.md §5).
 
 A unary Python gRPC hop costs ~280 µs of CPU a side; a RocksDB read ~2 µs. For a shard on
 the same host the router opens each partition as a RocksDB *secondary* instance and reads
@@ -18,17 +19,16 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-import orjson
 from rocksdict import AccessType, Options, Rdict
 
 from service.core.address import PartitionId
 from service.core.assignment import ServerInfo
 from service.core.config import DEFAULTS
 from service.core.operator import OperatorSpec
-from service.core.shard_files import Marker, partition_dir, read_marker
-from service.shard.codec import Codec
-from service.shard.layout import META
-from service.shard.reader import Meta, WindowValue, read_windows
+from service.partition.codec import Codec
+from service.partition.files import Marker, partition_dir, read_marker
+from service.partition.meta import Meta, read_meta
+from service.partition.reader import WindowValue, read_windows
 
 __all__ = ["LocalReader"]
 
@@ -40,11 +40,6 @@ Key = tuple[str, PartitionId]  # owner's address, partition
 class _Secondary:
     db: Rdict
     marker: Marker
-
-
-def _batch_of(db: Rdict) -> int:
-    raw = db.get(META)
-    return int(orjson.loads(raw)["last_batch"]) if raw is not None else -1
 
 
 def _pid_alive(pid: int) -> bool:
@@ -126,7 +121,7 @@ class LocalReader:
             elif sec.marker != marker:
                 sec.db.try_catch_up_with_primary()
                 sec.marker = marker
-                if _batch_of(sec.db) < marker[1]:
+                if read_meta(sec.db).last_batch < marker[1]:
                     # seen after a flush+checkpoint on a restored primary: the WAL tail
                     # was not followed; a fresh secondary sees everything
                     sec = self._open(k, path, marker)

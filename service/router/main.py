@@ -15,8 +15,8 @@ import uvicorn
 from proto import qstate_pb2_grpc as pb_grpc
 from proto import shard_pb2 as pb
 from service.core import security
-from service.core.address import PartitionId
 from service.core.config import Settings
+from service.core.shard_client import held_partitions
 from service.core.storage import Storage
 from service.core.tokens import WatchedTokens
 from service.router.auth import GrpcAuth, with_auth
@@ -61,8 +61,8 @@ async def _watch_local_shards(routing: RoutingTable, caller: ShardCaller, local:
             try:
                 d = await caller.stub(address).Describe(pb.DescribeRequest(),
                                                         timeout=every_s * 2)
-                local.set_ready(address, {PartitionId(p.job, p.operator, p.partition)
-                                          for p in d.partitions if not p.restoring})
+                local.set_ready(address, {pid for pid, p in held_partitions(d).items()
+                                          if not p.restoring})
             except grpc.aio.AioRpcError:
                 local.set_ready(address, set())
         await asyncio.sleep(every_s)

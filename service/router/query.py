@@ -1,21 +1,25 @@
-"""The query core behind both the HTTP and the gRPC front ends: validates a request, reads
-each key from its partition (``reads``) and shapes the answer (``service.core.answer``)."""
+"""The query core behind both the HTTP and the gRPC front ends: makes a request's
+``StateQuery`` (``point``, ``batch``), reads each key from its partition (``reads``) and
+shapes the answer (``service.core.answer``)."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from proto import shard_pb2 as pb
-from service.core.address import PartitionId, check_key, check_name, partition_of
+from service.core.address import PartitionId, check_name, partition_of
 from service.core.answer import StateAnswer
 from service.core.config import DEFAULTS
-from service.core.errors import InvalidRequest, NotFound, UnknownOperator
+from service.core.errors import NotFound, UnknownOperator
 from service.core.operator import OperatorSpec
+from service.core.shard_client import held_partitions
 from service.router.reads import Hit, PartitionReads
+from service.router.request import StateQuery
 from service.router.routing import RoutingTable
 
-__all__ = ["OperatorStatus", "QueryService", "check_limit", "check_range"]
+__all__ = ["OperatorStatus", "QueryService"]
 
 
 @dataclass
@@ -24,29 +28,6 @@ class OperatorStatus:
     last_batch: int
     watermark_ms: int
     partitions_available: int
-
-
-def _validate(job: str, operator: str, state: str, keys: list[str]) -> None:
-    check_name("job", job)
-    check_name("operator", operator)
-    check_name("state", state)
-    for k in keys:
-        check_key(k)
-
-
-def check_range(rng: tuple[int, int] | None) -> None:
-    if rng is not None and rng[1] <= rng[0]:
-        raise InvalidRequest(f"empty time range: 'to' ({rng[1]}) must be after 'from' ({rng[0]})")
-
-
-def check_limit(limit: int | None, most: int) -> int:
-    """The windows a range answer may hold: ``limit`` (None: ``most``), 1..``most``."""
-    if limit is None:
-        return most
-    if not 1 <= limit <= most:
-        raise InvalidRequest(f"'limit' is {limit}: ask for 1 to {most} windows per key "
-                             "(QSTATE_MAX_WINDOWS), and page on with 'next_from'")
-    return limit
 
 
 def absent(a: StateAnswer) -> NotFound:
@@ -64,40 +45,44 @@ class QueryService:
         self.max_batch_keys = max_batch_keys
         self.max_windows = max_windows
 
+    def point(self, job: str, operator: str, state: str, key: str,
+              rng: tuple[int, int] | None = None, limit: int | None = None) -> StateQuery:
+        """One key's query under this router's bounds. ``limit``: most windows of a range
+        answer (None: ``max_windows``); one cut short says where the next page starts."""
+        return StateQuery.of(job, operator, state, (key,), rng, limit,
+                             max_windows=self.max_windows)
+
+    def batch(self, job: str, operator: str, state: str, keys: Sequence[str],
+              rng: tuple[int, int] | None = None, limit: int | None = None) -> StateQuery:
+        """Many keys' query: at most ``max_batch_keys`` of them (QSTATE_MAX_BATCH_KEYS)."""
+        return StateQuery.of(job, operator, state, keys, rng, limit,
+                             max_windows=self.max_windows, max_keys=self.max_batch_keys)
+
     @staticmethod
-    def _answer(spec: OperatorSpec, state: str, key: str, h: Hit) -> StateAnswer:
+    def _answer(spec: OperatorSpec, q: StateQuery, key: str, h: Hit) -> StateAnswer:
         return StateAnswer.model_construct(
-            job=spec.job, operator=spec.operator, state=state, key=key, found=h.found,
+            job=spec.job, operator=spec.operator, state=q.state, key=key, found=h.found,
             batch=h.batch, watermark=h.watermark_ms, windows=h.windows, next_from=h.next_from)
 
-    async def get(self, job: str, operator: str, state: str, key: str,
-                  rng: tuple[int, int] | None = None, limit: int | None = None) -> StateAnswer:
-        """``limit``: most windows of a range answer (None: ``max_windows``); one cut short
-        says where the next page starts (``next_from``)."""
-        _validate(job, operator, state, [key])
-        check_range(rng)
-        most = check_limit(limit, self.max_windows)
-        spec = await self.routing.spec(job, operator, state)
-        pid = PartitionId(job, operator, partition_of(key, spec.partitions))
-        return self._answer(spec, state, key,
-                            await self.reads.read(spec, pid, state, key, rng, most))
+    async def get(self, q: StateQuery) -> StateAnswer:
+        """The answer for the query's one key."""
+        [key] = q.keys
+        spec = await self.routing.spec(q.job, q.operator, q.state)
+        pid = PartitionId(q.job, q.operator, partition_of(key, spec.partitions))
+        return self._answer(spec, q, key, await self.reads.read(spec, pid, q, key))
 
-    async def multi_get(self, job: str, operator: str, state: str, keys: list[str],
-                        rng: tuple[int, int] | None = None, limit: int | None = None
-                        ) -> list[StateAnswer]:
-        if len(keys) > self.max_batch_keys:
-            raise InvalidRequest(f"{len(keys)} keys: at most {self.max_batch_keys} per request")
-        _validate(job, operator, state, keys)
-        check_range(rng)
-        most = check_limit(limit, self.max_windows)
-        spec = await self.routing.spec(job, operator, state)
-        pids = [PartitionId(job, operator, partition_of(k, spec.partitions)) for k in keys]
-        hits = [self.reads.read_local(spec, pid, state, k, rng, most)
-                for pid, k in zip(pids, keys, strict=True)]
+    async def multi_get(self, q: StateQuery) -> list[StateAnswer]:
+        """An answer per key, in the query's order."""
+        keys = q.keys
+        spec = await self.routing.spec(q.job, q.operator, q.state)
+        pids = [PartitionId(q.job, q.operator, partition_of(k, spec.partitions)) for k in keys]
+        owners = [self.reads.routing.owner_now(pid) for pid in pids]  # once per key
+        hits = [self.reads.read_local(spec, pid, q, k, owner)
+                for pid, k, owner in zip(pids, keys, owners, strict=True)]
         missing = [i for i, h in enumerate(hits) if h is None]
         if missing:
-            reads = [asyncio.ensure_future(self.reads.read_remote(pids[i], state, keys[i], rng,
-                                                                  most)) for i in missing]
+            reads = [asyncio.ensure_future(self.reads.read_remote(pids[i], q, keys[i], owners[i]))
+                     for i in missing]
             try:
                 remote = await asyncio.gather(*reads)
             except BaseException:
@@ -108,7 +93,7 @@ class QueryService:
                 raise
             for i, h in zip(missing, remote, strict=True):
                 hits[i] = h
-        return [self._answer(spec, state, k, h) for k, h in zip(keys, hits, strict=True)
+        return [self._answer(spec, q, k, h) for k, h in zip(keys, hits, strict=True)
                 if h is not None]
 
     async def operator_status(self, spec: OperatorSpec) -> OperatorStatus:
@@ -122,13 +107,13 @@ class QueryService:
         for parts, rep in zip(by_addr.values(), replies, strict=True):
             if isinstance(rep, BaseException):
                 continue
-            held = {p.partition: p for p in rep.partitions
-                    if p.job == spec.job and p.operator == spec.operator and not p.restoring}
+            held = held_partitions(rep)
             for p in parts:
-                if p in held:
+                info = held.get(PartitionId(spec.job, spec.operator, p))
+                if info is not None and not info.restoring:
                     available += 1
-                    batches.append(held[p].last_batch)
-                    marks.append(held[p].watermark_ms)
+                    batches.append(info.last_batch)
+                    marks.append(info.watermark_ms)
         return OperatorStatus(spec, min(batches, default=-1), min(marks, default=0), available)
 
     async def jobs(self) -> dict[str, list[OperatorSpec]]:

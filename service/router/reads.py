@@ -1,7 +1,7 @@
 """Reading one key from the partition that owns it: in-process when the owner is on this
 host (``local``), else over the owner's internal API (``coalesce``), following the routing
 table when a partition moved. When the owner is down, restoring or no longer holds it, a
-follower (a copy: service.core.placement) answers if one serves it. The answer is a ``Hit``
+follower (a copy: service.control.placement) answers if one serves it. The answer is a ``Hit``
 as of one batch (a follower's may be a batch older), or ``Unavailable``.
 """
 
@@ -15,14 +15,15 @@ import grpc
 from proto import shard_pb2 as pb
 from service.core.address import PartitionId
 from service.core.answer import Window
-from service.core.config import DEFAULTS
 from service.core.errors import QStateError, Unavailable, from_grpc
 from service.core.operator import OperatorSpec
+from service.core.values import value_of
+from service.partition.reader import page
 from service.router.coalesce import ShardCaller
 from service.router.local import LocalReader
 from service.router.metrics import FOLLOWER_READS, LOCAL_READS, REMOTE_READS
+from service.router.request import StateQuery
 from service.router.routing import RoutingTable
-from service.shard.reader import page
 
 __all__ = ["Hit", "PartitionReads"]
 
@@ -48,11 +49,9 @@ def _hit(r: pb.KeyResult) -> Hit:
 def _windows(r: pb.KeyResult) -> list[Window]:
     out = []
     for w in r.windows:
-        kind = w.WhichOneof("value")
-        value = w.int_value if kind == "int_value" else (
-            w.double_value if kind == "double_value" else None)
         out.append(Window.model_construct(start=w.start_ms if w.windowed else None,
-                                          end=w.end_ms if w.windowed else None, value=value))
+                                          end=w.end_ms if w.windowed else None,
+                                          value=value_of(w)))
     return out
 
 
@@ -67,68 +66,68 @@ class PartitionReads:
     def _unavailable(self, message: str, pid: PartitionId, reason: str) -> Unavailable:
         return Unavailable(message, self.retry_after_s, reason=reason, partition=pid.partition)
 
-    def read_local(self, spec: OperatorSpec, pid: PartitionId, state: str, key: str,
-                   rng: tuple[int, int] | None, limit: int = DEFAULTS.max_windows
-                   ) -> Hit | None:
-        """From a co-located shard's files, or None: ask the owner over gRPC. A range
-        answer holds at most ``limit`` windows."""
-        if self.local is None:
+    def read_local(self, spec: OperatorSpec, pid: PartitionId, q: StateQuery, key: str,
+                   owner: str | None) -> Hit | None:
+        """From the files of ``owner`` (the address the routing table names) when it runs on
+        this host, or None: ask it over gRPC. A range answer holds at most ``q.limit``
+        windows."""
+        if self.local is None or owner is None:
             return None
-        address = self.routing.owner_now(pid)
-        res = address and self.local.read(address, spec, pid, key, rng, limit + 1)
+        res = self.local.read(owner, spec, pid, key, q.range_ms, q.limit + 1)
         if not res:
             return None
         LOCAL_READS.inc()
         meta, ws = res
-        ws, next_from = page(ws, limit)
-        i = spec.state_names.index(state)
+        ws, next_from = page(ws, q.limit)
+        i = spec.state_names.index(q.state)
         return Hit(bool(ws), meta.last_batch, meta.watermark_ms,
                    [Window.model_construct(start=w.start, end=w.end, value=w.values[i])
                     for w in ws], next_from)
 
-    async def read(self, spec: OperatorSpec, pid: PartitionId, state: str, key: str,
-                   rng: tuple[int, int] | None, limit: int = DEFAULTS.max_windows) -> Hit:
-        hit = self.read_local(spec, pid, state, key, rng, limit)
-        return hit if hit is not None else await self.read_remote(pid, state, key, rng, limit)
+    async def read(self, spec: OperatorSpec, pid: PartitionId, q: StateQuery, key: str) -> Hit:
+        owner = self.routing.owner_now(pid)  # looked up once for both paths
+        hit = self.read_local(spec, pid, q, key, owner)
+        return hit if hit is not None else await self.read_remote(pid, q, key, owner)
 
-    async def read_remote(self, pid: PartitionId, state: str, key: str,
-                          rng: tuple[int, int] | None, limit: int = DEFAULTS.max_windows
-                          ) -> Hit:
+    async def read_remote(self, pid: PartitionId, q: StateQuery, key: str,
+                          owner: str | None) -> Hit:
+        """From ``owner`` over gRPC (None: the routing table names none yet), following a
+        move once; from a follower when the owner cannot answer."""
         try:
-            return await self._read_owner(pid, state, key, rng, limit)
+            return await self._read_owner(pid, q, key, owner)
         except Unavailable:
-            hit = await self._read_follower(pid, state, key, rng, limit)
+            hit = await self._read_follower(pid, q, key)
             if hit is None:
                 raise
             return hit
 
-    async def _read_follower(self, pid: PartitionId, state: str, key: str,
-                             rng: tuple[int, int] | None, limit: int) -> Hit | None:
+    async def _read_follower(self, pid: PartitionId, q: StateQuery, key: str) -> Hit | None:
         """From the first follower that serves the partition, or None."""
         for address in self.routing.followers_now(pid):
             FOLLOWER_READS.inc()
             try:
-                r = await self.caller.lookup(address, pid, state,
+                r = await self.caller.lookup(address, pid, q.state,
                                              pb.KeyQuery(key=key, partition=pid.partition),
-                                             rng, limit)
+                                             q.range_ms, q.limit)
             except grpc.aio.AioRpcError:
                 continue
             if r.status in (pb.FOUND, pb.ABSENT):
                 return _hit(r)
         return None
 
-    async def _read_owner(self, pid: PartitionId, state: str, key: str,
-                          rng: tuple[int, int] | None, limit: int) -> Hit:
+    async def _read_owner(self, pid: PartitionId, q: StateQuery, key: str,
+                          address: str | None) -> Hit:
         for attempt in (0, 1):
-            address = await self.routing.owner(pid)
+            if attempt or address is None:  # after a move, or none named yet: refresh once
+                address = await self.routing.owner(pid)
             if address is None:
                 raise self._unavailable(f"partition {pid} has no shard server yet", pid,
                                         "no-owner")
             REMOTE_READS.inc()
             try:
-                r = await self.caller.lookup(address, pid, state,
-                                             pb.KeyQuery(key=key, partition=pid.partition), rng,
-                                             limit)
+                r = await self.caller.lookup(address, pid, q.state,
+                                             pb.KeyQuery(key=key, partition=pid.partition),
+                                             q.range_ms, q.limit)
             except grpc.aio.AioRpcError as exc:
                 if exc.code() in _TRANSPORT:
                     if attempt == 0 and await self.routing.moved(pid, address):

@@ -19,6 +19,6 @@ class Held:
     snapshot_batch: int = -1  # batch of the last snapshot this server took or restored
     # the owner takes commits (and snapshots); a follower brings itself up to date from
     # storage (``Partitions.follow``) and only answers reads
-    leader: bool = True
+    owner: bool = True
     # one bring-up to date at a time (a commit's catch-up, a follower's, a restore)
     catching_up: threading.Lock = field(default_factory=threading.Lock)

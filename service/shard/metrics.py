@@ -86,7 +86,7 @@ def _data_bytes(folder: Path) -> int:
 
 def _partition_folders(server_dir: Path) -> dict[tuple[str, str, int], Path]:
     """(job, operator, partition) -> folder, for every partition folder on this disk
-    (``service.core.shard_files`` layout: ``{job}/{operator}/p{partition:05d}``)."""
+    (``service.partition.files`` layout: ``{job}/{operator}/p{partition:05d}``)."""
     out = {}
     for job in _dirs(server_dir):
         if job.name.startswith("."):  # .scratch: snapshots being taken

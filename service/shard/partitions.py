@@ -1,10 +1,10 @@
 """The partitions a shard server holds: taken from the assignment, committed batch by batch
 where it owns them, followed from storage where it holds a copy (``follow``), dropped when
-they move away (DESIGN §3-4). Bringing one up to date is ``recovery``; snapshots are
+they move away (docs/architecture.md §3-4). Bringing one up to date is ``recovery``; snapshots are
 ``snapshot``.
 
 A partition that changes from follower to owner keeps its store: a planned move hands over
-a copy that is already caught up (service.core.placement)."""
+a copy that is already caught up (service.control.placement)."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ from service.core.catalog import manifest_batches
 from service.core.config import DEFAULTS
 from service.core.errors import DeltaMismatch, NotOwner, StaleEpoch, Unavailable, UnknownOperator
 from service.core.operator import OperatorSpec, load_spec
-from service.core.shard_files import partition_dir
 from service.core.storage import Storage
+from service.partition.files import partition_dir
 from service.shard import metrics
 from service.shard.held import Held
 from service.shard.recovery import Recovery
@@ -110,16 +110,16 @@ class Partitions:
             for pid in current - mine:
                 self._drop(pid)
             for pid in current & mine:
-                self._held[pid].leader = pid in owned
+                self._held[pid].owner = pid in owned
             for pid in sorted(mine - current):
                 self._acquire(pid, pid in owned)
             log.warning("epoch %d of %s: %d partitions here, %d of them followed (+%d -%d)",
                         a.epoch, a.job, len(mine), len(mine - owned), len(mine - current),
                         len(current - mine))
 
-    def _acquire(self, pid: PartitionId, leader: bool) -> None:
+    def _acquire(self, pid: PartitionId, owner: bool) -> None:
         spec = self.spec(pid.job, pid.operator)
-        held = Held(PartitionStore(partition_dir(self.server_dir, pid), spec), leader=leader)
+        held = Held(PartitionStore(partition_dir(self.server_dir, pid), spec), owner=owner)
         self._held[pid] = held
         self._bg.submit(self.recovery.bring_up, pid, held, lambda: self._held.get(pid) is held)
 
@@ -143,7 +143,7 @@ class Partitions:
         for pc in parts:
             pid = PartitionId(job, operator, pc.partition)
             h = self._held.get(pid)
-            if h is None or not h.leader:
+            if h is None or not h.owner:
                 raise NotOwner(f"partition {pid} is not owned by {self.server_id} at epoch "
                                f"{known}")
             work.append((pid, h, pc))
@@ -187,7 +187,7 @@ class Partitions:
         batches were applied."""
         with self._lock:
             followed = [(pid, h) for pid, h in self._held.items()
-                        if not h.leader and h.ready.is_set()]
+                        if not h.owner and h.ready.is_set()]
         newest: dict[tuple[str, str], list[int]] = {}
         applied = 0
         for pid, held in followed:

@@ -1,4 +1,4 @@
-"""Bringing a partition up to date on this server (DESIGN §4).
+"""Bringing a partition up to date on this server (docs/architecture.md §4).
 
 A partition newly assigned here, or found behind after a crash, is caught up from
 checkpoint storage: the batch manifests after its last batch, in order, applying each
@@ -20,8 +20,8 @@ from service.core.catalog import manifest_batches, snapshot_batches
 from service.core.errors import DeltaMismatch
 from service.core.manifest import read_manifest
 from service.core.operator import OperatorSpec
-from service.core.shard_files import partition_dir
 from service.core.storage import Storage
+from service.partition.files import partition_dir
 from service.shard import metrics, snapshot
 from service.shard.held import Held
 

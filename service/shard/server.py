@@ -20,9 +20,10 @@ from service.core.address import PartitionId, check_key, check_name, partition_o
 from service.core.config import DEFAULTS
 from service.core.errors import InvalidRequest, QStateError, UnknownOperator, grpc_trailers
 from service.core.operator import OperatorSpec
+from service.core.values import set_value
+from service.partition.reader import WindowValue, page
 from service.shard import metrics
 from service.shard.partitions import PartitionCommit, Partitions
-from service.shard.reader import WindowValue, page
 
 __all__ = ["ShardService"]
 
@@ -31,21 +32,16 @@ log = logging.getLogger(__name__)
 MAX_KEYS = 10_000
 
 
-def _window(w: WindowValue, idx: int, is_long: bool) -> pb.Window:
-    v = w.values[idx]
+def _window(w: WindowValue, idx: int) -> pb.Window:
     out = pb.Window(windowed=w.start is not None, start_ms=w.start or 0, end_ms=w.end or 0)
-    if v is not None:
-        if is_long:
-            out.int_value = int(v)
-        else:
-            out.double_value = float(v)
+    set_value(out, w.values[idx])
     return out
 
 
 def _in_partition(key: str, partition: int, partitions: int) -> bool:
     """The key's partition by ``partitions``, or by a count that divides it: a router that
     has not yet read a rescaled spec routes by the old count, and that old partition still
-    holds the key (service/rescale.py)."""
+    holds the key (service/control/rescale.py)."""
     q = partition_of(key, partitions)
     return q == partition or any(
         q % d == partition for d in range(partition + 1, partitions) if partitions % d == 0)
@@ -133,7 +129,6 @@ class ShardService(pb_grpc.ShardServicer):
         except QStateError as exc:
             await _abort(context, exc)
         idx = spec.state_names.index(request.state)
-        is_long = spec.types[request.state] == "long"
         rng = (request.from_ms, request.to_ms) if request.range else None
         # one more window than the page holds tells whether there is a next page: an answer
         # this server's cap cut short says where to go on, like one the caller's limit cut
@@ -164,7 +159,7 @@ class ShardService(pb_grpc.ShardServicer):
                 r.next_from_ms = next_from
             r.batch, r.watermark_ms = meta.last_batch, meta.watermark_ms
             r.status = pb.FOUND if windows else pb.ABSENT
-            r.windows.extend(_window(w, idx, is_long) for w in windows)
+            r.windows.extend(_window(w, idx) for w in windows)
         for r in reply.results:
             metrics.LOOKUPS.labels(pb.KeyStatus.Name(r.status)).inc()
         metrics.LOOKUP_SECONDS.observe(time.perf_counter() - t0)
@@ -182,5 +177,5 @@ class ShardService(pb_grpc.ShardServicer):
                                  last_batch=meta.last_batch, watermark_ms=meta.watermark_ms,
                                  restoring=not held.ready.is_set(),
                                  epoch=self.partitions.epochs.get(pid.job, 0),
-                                 follower=not held.leader)
+                                 follower=not held.owner)
         return reply

@@ -3,7 +3,8 @@
 Where the files go is ``service.core.paths`` (snapshots_dir): SST files are
 content-addressed, immutable, shared by snapshots and uploaded once; the small mutable
 files go under the snapshot's batch; the snapshot's JSON is written last, so a snapshot is
-whole or absent. Restore = the latest snapshot + the batch manifests after it (DESIGN §4).
+whole or absent. Restore = the latest snapshot + the batch manifests after it
+(docs/architecture.md §4).
 """
 
 from __future__ import annotations

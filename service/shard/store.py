@@ -1,8 +1,9 @@
 """One partition of one operator: a RocksDB instance with exactly-once batch application.
 
 A batch is applied in one WriteBatch that also records ``last_batch``, the watermark and the
-epoch (synced, DESIGN §4), so a reader sees all of a batch or none and a re-run batch is
-skipped. How a delta meets what is stored depends on the operator (``service.shard.codec``):
+epoch (synced, docs/architecture.md §4), so a reader sees all of a batch or none and a re-run batch
+is
+skipped. How a delta meets what is stored depends on the operator (``service.partition.codec``):
 merged aggregates combine with the stored value of the same (key, window) — or (key, pane,
 tag) for a sliding window — and session windows merge per key (``_merge_sessions``).
 """
@@ -16,18 +17,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 from rocksdict import BlockBasedOptions, Options, Rdict, WriteBatch, WriteOptions
 
-from service.core import shard_files
 from service.core.errors import StaleEpoch
 from service.core.operator import OperatorSpec
-from service.shard import layout
-from service.shard.codec import Codec
-from service.shard.layout import INDEX, META, NO_WINDOW
-from service.shard.reader import Meta, WindowValue, read_windows
+from service.partition import files, layout
+from service.partition.codec import Codec
+from service.partition.layout import INDEX, META, NO_WINDOW
+from service.partition.meta import Meta, encode_meta, read_meta
+from service.partition.reader import WindowValue, read_windows
 
 __all__ = ["ApplyStats", "PartitionStore"]
 
@@ -65,23 +65,19 @@ class PartitionStore:
         self.panes = spec.panes
         self.db = Rdict(str(path), _options())
         self._sync = WriteOptions()
-        self._sync.sync = True  # WAL synced at each commit (DESIGN §4)
+        self._sync.sync = True  # WAL synced at each commit (docs/architecture.md §4)
         self.lock = threading.RLock()  # one writer at a time; readers use snapshots
-        self.meta = self._load_meta()
+        self.meta = read_meta(self.db)
         self.last_apply = ApplyStats()
         self._mark()
 
     def _mark(self) -> None:
-        """Publish "incarnation batch" for same-host readers (service.core.shard_files)."""
-        shard_files.write_marker(self.path, self.token, self.meta.last_batch)
+        """Publish "incarnation batch" for same-host readers (service.partition.files)."""
+        files.write_marker(self.path, self.token, self.meta.last_batch)
 
     def retire(self) -> None:
         """No longer ours: same-host readers must stop reading these files at once."""
-        shard_files.remove_marker(self.path)
-
-    def _load_meta(self) -> Meta:
-        raw = self.db.get(META)
-        return Meta(**orjson.loads(raw)) if raw is not None else Meta()
+        files.remove_marker(self.path)
 
     def close(self) -> None:
         self.db.close()
@@ -90,7 +86,7 @@ class PartitionStore:
         """Open again after the directory was replaced (a snapshot was restored into it)."""
         self.db = Rdict(str(self.path), _options())
         self.token = uuid.uuid4().hex[:12]  # a new incarnation: readers must reopen
-        self.meta = self._load_meta()
+        self.meta = read_meta(self.db)
         self._mark()
 
     # ---- write path -------------------------------------------------------------
@@ -117,7 +113,7 @@ class PartitionStore:
                 else:
                     stats.writes += self._merge_rows(wb, delta, cutoff)
             meta = Meta(batch, watermark_ms, max(epoch, self.meta.epoch))
-            wb.put(META, orjson.dumps(meta.__dict__))
+            wb.put(META, encode_meta(meta))
             self.db.write(wb, self._sync)
             self.meta = meta
             self.last_apply = stats

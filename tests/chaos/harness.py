@@ -26,7 +26,7 @@ import httpx
 import orjson
 from confluent_kafka import Consumer, TopicPartition
 
-from jobs.runner import MERGED
+from jobs.launch import MERGED
 from loadtest.truth import load_events, window_counts
 from service.core.address import partition_of
 from service.core.assignment import Assignment, load_assignment

@@ -284,8 +284,8 @@ def test_every_query_answers_with_a_job_running(spark, broker, topic: str, tmp_p
 
     from jobs.examples.workloads import Tweets, events_over_span
     from jobs.job import JobContext
-    from jobs.run import watch
-    from jobs.runner import start_job
+    from jobs.launch import start_job
+    from jobs.supervise import watch
     from service.embedded.generate import produce
 
     job = f"kit{topic[-6:]}"

@@ -17,7 +17,6 @@ import pandas as pd
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from jobs import metrics
 from jobs.examples.workloads import (
     Ads,
     Tweets,
@@ -26,8 +25,9 @@ from jobs.examples.workloads import (
     write_mapping,
 )
 from jobs.job import JobContext
-from jobs.runner import start_job
+from jobs.launch import start_job
 from loadtest.truth import ads_campaign_views, load_events, window_counts
+from service.core.process import serve_metrics
 from service.embedded.generate import produce
 from tests.helpers import (
     Windows,
@@ -61,7 +61,7 @@ def assert_router_answers(router, job: str, operator: str, state: str, keys: lis
 def job_metrics() -> str:
     """The /metrics page of this process, where the jobs these tests start run (as
     ``qstate job`` serves it)."""
-    return f"http://127.0.0.1:{metrics.serve(0, '127.0.0.1')}"
+    return f"http://127.0.0.1:{serve_metrics(0, '127.0.0.1')}"
 
 
 def assert_job_metrics(url: str, router, job: str, topic: str, produced: int,

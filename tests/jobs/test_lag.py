@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import orjson
 from prometheus_client import REGISTRY
 
-from jobs.runner import RunningJob
+from jobs.launch import RunningJob
 
 
 def _query(latest: dict | None, end: dict | None) -> SimpleNamespace:

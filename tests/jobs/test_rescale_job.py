@@ -10,11 +10,11 @@ from pathlib import Path
 from jobs.examples.workloads import Tweets, events_over_span
 from jobs.job import JobContext
 from loadtest.truth import load_events, window_counts
+from service.control.rescale import rescale
 from service.core.assignment import load_assignment
 from service.core.operator import load_spec
 from service.core.storage import Storage
 from service.embedded.generate import produce
-from service.rescale import rescale
 from tests.helpers import http_windows, read_all_windows
 from tests.jobs.test_exactness import BOUNDARY, HOUR, as_map, drain
 

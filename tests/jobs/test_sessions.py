@@ -12,9 +12,9 @@ from pyspark.sql import SparkSession
 
 from jobs import aggregates as A
 from jobs.job import JobContext
+from jobs.launch import start_job
 from jobs.parse import parse_events
 from jobs.queryable import QueryableJob, dlq_topic
-from jobs.runner import start_job
 from jobs.source import read_kafka
 from jobs.windows import session_window
 from loadtest.truth import load_events, sessions

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from jobs.coordinator import release
 from jobs.partials import Plan
 from jobs.sinks import QStateSink
+from service.control.coordinator import release
 from service.core.catalog import manifest_batches
 from service.core.operator import save_spec
 from service.core.shard_client import ShardClients

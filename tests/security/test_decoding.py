@@ -28,7 +28,7 @@ from service.core.operator import OperatorSpec, WindowSpec, save_spec
 from service.core.shard_client import ShardClients
 from service.core.storage import Storage
 from service.embedded.procs import ShardProcess
-from service.shard import layout
+from service.partition import layout
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.security

@@ -22,9 +22,9 @@ import grpc
 import httpx
 import pytest
 
-from jobs.coordinator import Coordinator
 from proto import qstate_pb2 as qpb
 from proto import qstate_pb2_grpc as qpb_grpc
+from service.control.coordinator import Coordinator
 from service.core.errors import Overloaded, from_grpc
 from service.core.operator import save_spec
 from service.core.shard_client import ShardClients

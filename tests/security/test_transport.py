@@ -17,12 +17,12 @@ import httpx
 import pyarrow as pa
 import pytest
 
-from jobs.coordinator import Coordinator
 from proto import qstate_pb2 as qpb
 from proto import qstate_pb2_grpc as qpb_grpc
 from proto import shard_pb2 as pb
 from proto import shard_pb2_grpc as pb_grpc
 from service.client import Client
+from service.control.coordinator import Coordinator
 from service.core import delta as deltas
 from service.core.address import PartitionId, partition_of
 from service.core.assignment import load_assignment

@@ -7,6 +7,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from service.control.placement import Cluster, place
 from service.core import paths
 from service.core.address import PartitionId
 from service.core.assignment import (
@@ -20,7 +21,6 @@ from service.core.assignment import (
     save_assignment,
     unregister_server,
 )
-from service.core.placement import Cluster, place
 from service.core.storage import Storage
 
 FAST = settings(max_examples=30, deadline=None)

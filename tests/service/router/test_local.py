@@ -18,7 +18,7 @@ from rocksdict import Checkpoint
 from service.core.address import PartitionId
 from service.core.assignment import ServerInfo
 from service.core.operator import OperatorSpec, WindowSpec
-from service.core.shard_files import partition_dir
+from service.partition.files import partition_dir
 from service.router.local import LocalReader
 from service.shard.store import PartitionStore
 

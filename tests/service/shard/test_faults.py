@@ -18,7 +18,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from jobs.coordinator import Coordinator
+from service.control.coordinator import Coordinator
 from service.core.operator import save_spec
 from service.core.shard_client import ShardClients
 from service.core.storage import Storage

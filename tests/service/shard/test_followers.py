@@ -58,7 +58,7 @@ def test_a_follower_catches_up_takes_no_commit_and_is_promoted_without_restore(
             record(storage, batch)
             a.commit("f", "counts", batch, batch, 1, [PartitionCommit(0, (0,), len(KEYS))])
         follower = b.lookup(PID)
-        assert follower is not None and not follower.leader
+        assert follower is not None and not follower.owner
         with pytest.raises(NotOwner):  # a copy never takes a commit
             b.commit("f", "counts", 3, 3, 1, [PartitionCommit(0, (0,), len(KEYS))])
         follower.ready.wait(30)
@@ -72,7 +72,7 @@ def test_a_follower_catches_up_takes_no_commit_and_is_promoted_without_restore(
         a.sync()
         b.sync()
         assert a.lookup(PID) is None
-        assert b.lookup(PID) is follower and follower.leader  # the same store: no restore
+        assert b.lookup(PID) is follower and follower.owner  # the same store: no restore
         record(storage, 4)
         res = b.commit("f", "counts", 4, 4, 2, [PartitionCommit(0, (0,), len(KEYS))])
         assert res.applied == [0] and res.caught_up == 0

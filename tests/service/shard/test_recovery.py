@@ -18,7 +18,7 @@ import orjson
 import pyarrow as pa
 import pytest
 
-from jobs.coordinator import CommitFailed, Coordinator
+from service.control.coordinator import CommitFailed, Coordinator
 from service.core import delta as deltas
 from service.core.address import PartitionId, partition_of
 from service.core.catalog import delta_batches, snapshot_batches

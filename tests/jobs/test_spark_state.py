@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 from pyspark.sql import functions as F
 
-from jobs.coordinator import release
-from jobs.sink import serve
-from jobs.sinks import Reports
+from jobs.reports import Reports
+from jobs.spark_state import serve
+from service.control.coordinator import release
 from service.core.operator import WindowSpec
 from tests.helpers import read_all_windows
 

@@ -174,15 +174,14 @@ class Codec:
         sketches = dict(zip(self.sketches, blobs, strict=True))
         for name, a in self.spec.states.items():
             if a.kind == "count":
-                out.append(int(record[name]))
+                out.append(a.typed(int(record[name])))
             elif a.kind == "avg":
                 n = int(record[f"{name}__n"])
-                out.append(float(record[f"{name}__sum"]) / n if n else None)
+                out.append(a.typed(float(record[f"{name}__sum"]) / n if n else None))
             elif a.kind == "approx_count_distinct":
-                out.append(_estimate(sketches[name]))
+                out.append(a.typed(_estimate(sketches[name])))
             elif record[f"{name}__has"]:
-                v = record[name]
-                out.append(int(v) if a.type == "long" else float(v))
+                out.append(a.typed(record[name].item()))
             else:
                 out.append(None)
         return out

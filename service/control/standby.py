@@ -23,12 +23,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from jobs.coordinator import Coordinator
-from jobs.metrics import STANDBY_ACTIVE
-from jobs.process import start_process
+from service.control.coordinator import Coordinator
+from service.control.metrics import STANDBY_ACTIVE
 from service.core import paths
 from service.core.assignment import STANDBY
 from service.core.config import Settings
+from service.core.process import start_process
 from service.core.storage import Storage
 
 __all__ = ["Standby", "run_standby", "stand_by"]

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from service.core.address import PartitionId
-from service.core.shard_files import (
+from service.partition.files import (
     MARKER,
     partition_dir,
     read_marker,

@@ -13,10 +13,10 @@ from rich.live import Live
 from rich.text import Text
 
 from jobs.job import JobContext
+from jobs.launch import RunningJob, start_job
 from jobs.metrics import JOB_UP
-from jobs.process import start_process
-from jobs.runner import RunningJob, start_job
 from jobs.spark import spark_session
+from service.core.process import start_process
 
 __all__ = ["checkpoint_name", "run_jobs", "watch"]
 

@@ -1,6 +1,6 @@
 """Reading one key's windows from a partition's RocksDB: on the shard (its primary) and on a
 same-host router (a secondary instance) alike. One snapshot per read: read-committed, all of
-a batch or none (DESIGN §3.4).
+a batch or none (docs/architecture.md §3).
 
 Windows are what a client asks for; for a sliding window they are made here from the
 stored panes (``service.core.windows``): window ``s`` combines the records of the panes in
@@ -12,22 +12,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-import orjson
 from rocksdict import Rdict
 
 from service.core.windows import ALL_WINDOWS, first_window_of, last_window_of
-from service.shard import layout
-from service.shard.codec import Codec
-from service.shard.layout import META, NO_WINDOW
+from service.partition import layout
+from service.partition.codec import Codec
+from service.partition.layout import META, NO_WINDOW
+from service.partition.meta import Meta, decode_meta
 
 __all__ = ["Meta", "WindowValue", "page", "read_windows"]
-
-
-@dataclass
-class Meta:
-    last_batch: int = -1
-    watermark_ms: int = 0
-    epoch: int = 0
 
 
 @dataclass(frozen=True)
@@ -44,7 +37,7 @@ def read_windows(db: Rdict, codec: Codec, key: str, range_ms: tuple[int, int] | 
     snap = db.snapshot()
     it = snap.iter()
     it.seek(META)
-    meta = Meta(**orjson.loads(it.value())) if it.valid() and it.key() == META else Meta()
+    meta = decode_meta(it.value() if it.valid() and it.key() == META else None)
     prefix = layout.key_prefix(key)
     if codec.spec.panes:
         cutoff = meta.watermark_ms - codec.spec.retention_ms  # what retention has deleted

@@ -33,25 +33,25 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-import orjson
 from rocksdict import WriteBatch
 
+from service.control.placement import balance, servers_named
 from service.core import paths
 from service.core.address import PartitionId, partition_of
 from service.core.assignment import Assignment, list_servers, load_assignment, save_assignment
 from service.core.catalog import manifest_batches
 from service.core.errors import Fenced, InvalidRequest, Unavailable
 from service.core.operator import OperatorSpec, list_specs, save_spec
-from service.core.placement import balance, servers_named
 from service.core.shard_client import ShardClients
-from service.core.shard_files import partition_dir
 from service.core.storage import Storage
+from service.partition.files import partition_dir
+from service.partition.layout import DATA, INDEX, META, data_key_of_index, parse_data_key
+from service.partition.meta import encode_meta
 from service.shard.held import Held
-from service.shard.layout import DATA, INDEX, META, data_key_of_index, parse_data_key
 from service.shard.recovery import Recovery
 from service.shard.snapshot import Snapshotter
 from service.shard.store import PartitionStore
@@ -151,11 +151,11 @@ class Rescale:
                     new[q2].db.write(wb)
                 writes = {q2: WriteBatch(raw_mode=True) for q2 in new}
                 pending = 0
-        meta = orjson.dumps(old.meta.__dict__)
+        meta = encode_meta(old.meta)
         for q, wb in writes.items():
             wb.put(META, meta)
             new[q].db.write(wb)
-            new[q].meta = replace(old.meta)
+            new[q].meta = old.meta  # frozen: shared safely
 
     def assign(self, specs: list[OperatorSpec]) -> Assignment:
         """The next epoch: owners for every new partition among the servers that answer."""

@@ -14,7 +14,7 @@ import signal
 import time
 from pathlib import Path
 
-from jobs.coordinator import Coordinator
+from service.control.coordinator import Coordinator
 from service.core.assignment import load_assignment
 from service.embedded.procs import Child, qstate_command
 from tests.helpers import http_windows, metric, wait_until

@@ -1,6 +1,6 @@
 """Where each partition lives: its owner and its followers, over the live shard servers
-(DESIGN §4). Pure functions of what a coordinator knows (``Cluster``); the coordinator
-(jobs/coordinator.py) writes what they return as a new epoch.
+(docs/architecture.md §4). Pure functions of what a coordinator knows (``Cluster``); the
+coordinator (service/control/coordinator.py) writes what they return as a new epoch.
 
 - The owner takes the job's commits and answers reads. Owners are spread as evenly as
   possible, moving as few partitions as possible (``balance``).

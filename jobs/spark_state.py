@@ -1,4 +1,5 @@
-"""Spark-state mode: serve a streaming aggregation Spark keeps the state of (DESIGN §3.3).
+"""Spark-state mode: serve a streaming aggregation Spark keeps the state of
+(docs/architecture.md §3).
 
     query = serve(counts, job="tweets", operator="p99_latency", key="tweet_id",
                   states=["p99"], window=WindowSpec("tumbling", 3_600_000), checkpoint=...)
@@ -22,7 +23,8 @@ from pyspark.sql.streaming import StreamingQuery
 from jobs import metrics
 from jobs.aggregates import state_type
 from jobs.partials import PART, Plan
-from jobs.sinks import BatchReport, QStateSink, Reports, batch_watermark_ms
+from jobs.reports import BatchReport, Reports
+from jobs.sinks import QStateSink, batch_watermark_ms
 from service.core.config import settings
 from service.core.errors import InvalidRequest
 from service.core.operator import Aggregate, OperatorSpec, StateType, WindowSpec

@@ -1,7 +1,7 @@
 """Start a job module's queries with the queryable sink, watch them, stop them.
 
 A job's merged operators run as one streaming query (``jobs.pipeline``); each Spark-state
-operator runs as its own (``jobs.sink.serve``).
+operator runs as its own (``jobs.spark_state.serve``).
 """
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from jobs import metrics, pipeline
-from jobs.coordinator import release
 from jobs.job import JobContext
 from jobs.queryable import QueryableJob
-from jobs.sink import serve
-from jobs.sinks import QStateSink, Reports
+from jobs.reports import Reports
+from jobs.sinks import QStateSink
+from jobs.spark_state import serve
+from service.control.coordinator import release
 from service.core.config import settings
 from service.core.errors import InvalidRequest
 from service.core.kafka import EndOffsets, ensure_topic

@@ -1,4 +1,4 @@
-"""``service.shard.reader.read_windows`` on a real partition store: range reads ``[from, to)``
+"""``service.partition.reader.read_windows`` on a real partition store: range reads ``[from, to)``
 with limits, the latest window, sliding windows assembled from (sub-)panes, keys kept apart,
 against the brute-force Spark model of ``sim``."""
 
@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from service.core.operator import WindowSpec
-from service.shard.codec import Codec
-from service.shard.reader import Meta, WindowValue, read_windows
+from service.partition.codec import Codec
+from service.partition.reader import Meta, WindowValue, read_windows
 from service.shard.store import PartitionStore
 from tests.service.shard.sim import (
     FAR,

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import grpc
 import pytest
 
-from jobs.coordinator import Coordinator
+from service.control.coordinator import Coordinator
 from service.core.assignment import load_assignment
 from service.core.errors import Fenced
 from service.core.operator import OperatorSpec, WindowSpec
@@ -81,7 +81,7 @@ def test_a_driver_goes_on_from_a_standby_epoch_and_a_standby_yields_to_a_driver(
 
 
 def test_a_standby_acts_only_once_the_driver_lease_stops_changing(tmp_path: Path) -> None:
-    from jobs.standby import Standby
+    from service.control.standby import Standby
     from service.core.config import Settings
 
     s = Storage(str(tmp_path))

@@ -1,6 +1,6 @@
 """Byte layout of one partition's RocksDB.
 
-``d | len(key):u16 | key | start:u64``            -> value (``service.shard.codec``)
+``d | len(key):u16 | key | start:u64``            -> value (``service.partition.codec``)
 ``d | len(key):u16 | key | pane:u64 | tag:u64``   -> value of a (sub-)pane of a sliding window
 ``e | end:u64 | <data key without d>``            -> b""   (time index, for retention)
 ``m``                                             -> orjson meta (last_batch, watermark, epoch)

@@ -1,17 +1,17 @@
 """The driver-side coordinator of one job: owns its assignment and commits its batches.
 
-It is the source of truth for which server owns which partition (DESIGN §4): it probes the
-registered shard servers (a lease: a server that has not answered for ``lease_s`` is dead),
-moves a dead server's partitions to live ones (to a follower that serves them, when an
-operator keeps replicas), gives a (re)joining server its share and moves a draining one's
-away, make-before-break (``service.core.placement``), and writes every assignment to
-checkpoint storage with a new epoch. Starting a coordinator
+It is the source of truth for which server owns which partition (docs/architecture.md §4):
+it probes the registered shard servers (a lease: a server that has not answered for
+``lease_s`` is dead), moves a dead server's partitions to live ones (to a follower that
+serves them, when an operator keeps replicas), gives a (re)joining server its share and
+moves a draining one's away, make-before-break (``service.control.placement``), and writes
+every assignment to checkpoint storage with a new epoch. Starting a coordinator
 bumps the epoch too, so a stale driver that still runs is refused by every shard.
 
 Each epoch is created once (``save_assignment``) and signed by its writer. A coordinator
 that finds a newer epoch stands down (``fenced``), except a driver's that finds a standby's
-(jobs/standby.py moves partitions while the driver is down): it goes on from that one. The
-driver's coordinator beats a lease in storage (``beat``) that keeps the standby waiting.
+(``service.control.standby`` moves partitions while the driver is down): it goes on from that
+one. The driver's coordinator beats a lease in storage (``beat``) that keeps the standby waiting.
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 import grpc
 import orjson
 
-from jobs.metrics import ASSIGNMENT_EPOCH, REASSIGNMENTS
 from proto import shard_pb2 as pb
+from service.control.metrics import ASSIGNMENT_EPOCH, REASSIGNMENTS
+from service.control.placement import Cluster, Progress, place
 from service.core import paths
 from service.core.address import PartitionId
 from service.core.assignment import (
@@ -54,7 +55,6 @@ from service.core.manifest import (
     write_manifest,
 )
 from service.core.operator import OperatorSpec, load_spec
-from service.core.placement import Cluster, Progress, place
 from service.core.shard_client import ShardClients
 from service.core.storage import Storage
 
@@ -98,7 +98,8 @@ class Coordinator:
     _started: bool = False
     fenced: bool = False  # another coordinator of the job wrote a newer epoch
     # what it signs the epochs it writes with: a driver's coordinator also beats a lease in
-    # storage (``beat``) that keeps a standby (`qstate coordinator`, jobs/standby.py) waiting
+    # storage (``beat``) that keeps a standby (`qstate coordinator`, ``service.control.standby``)
+    # waiting
     writer: str = field(default_factory=lambda: f"{DRIVER}{uuid.uuid4().hex[:12]}")
     _beats: int = 0
     _beat_at: float = float("-inf")

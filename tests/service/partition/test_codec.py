@@ -1,4 +1,4 @@
-"""``service.shard.codec``: how a batch's partial aggregates combine with the stored ones,
+"""``service.partition.codec``: how a batch's partial aggregates combine with the stored ones,
 checked against expectations computed independently in plain Python."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 from service.core.delta import delta_schema
 from service.core.operator import Aggregate, OperatorSpec, WindowSpec
-from service.shard.codec import Codec
+from service.partition.codec import Codec
 from tests.service.shard.sim import sketch
 
 MERGED = OperatorSpec("j", "o", "k", {

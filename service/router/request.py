@@ -1,0 +1,55 @@
+"""One read of one state as every front end asks it: ``StateQuery``, built and checked once
+from what a request says (``StateQuery.of``), then carried unchanged to the partitions. What
+the next reads need (a ``min_batch`` bound, a savepoint name) is added here, in one place
+(docs/architecture.md §5)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from service.core.address import check_key, check_name
+from service.core.errors import InvalidRequest
+
+__all__ = ["StateQuery", "check_limit", "check_range"]
+
+
+def check_range(rng: tuple[int, int] | None) -> None:
+    if rng is not None and rng[1] <= rng[0]:
+        raise InvalidRequest(f"empty time range: 'to' ({rng[1]}) must be after 'from' ({rng[0]})")
+
+
+def check_limit(limit: int | None, most: int) -> int:
+    """The windows a range answer may hold: ``limit`` (None: ``most``), 1..``most``."""
+    if limit is None:
+        return most
+    if not 1 <= limit <= most:
+        raise InvalidRequest(f"'limit' is {limit}: ask for 1 to {most} windows per key "
+                             "(QSTATE_MAX_WINDOWS), and page on with 'next_from'")
+    return limit
+
+
+@dataclass(frozen=True, slots=True)
+class StateQuery:
+    job: str
+    operator: str
+    state: str
+    keys: tuple[str, ...]
+    range_ms: tuple[int, int] | None  # windows starting in [from, to); None: the latest
+    limit: int  # most windows per key in a range answer, 1..max_windows
+
+    @classmethod
+    def of(cls, job: str, operator: str, state: str, keys: Sequence[str],
+           range_ms: tuple[int, int] | None = None, limit: int | None = None, *,
+           max_windows: int, max_keys: int = 1) -> StateQuery:
+        """The query, or the InvalidRequest (400) that says what to fix: too many keys, a
+        name or key outside docs/architecture.md §2, an empty range, a limit out of bounds."""
+        if len(keys) > max_keys:
+            raise InvalidRequest(f"{len(keys)} keys: at most {max_keys} per request")
+        check_name("job", job)
+        check_name("operator", operator)
+        check_name("state", state)
+        for k in keys:
+            check_key(k)
+        check_range(range_ms)
+        return cls(job, operator, state, tuple(keys), range_ms, check_limit(limit, max_windows))
