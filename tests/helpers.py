@@ -55,16 +55,24 @@ FAR = 1 << 62
 def http_windows(url: str, job: str, operator: str, state: str, keys: list[str],
                  latest: bool = False) -> Windows:
     """(key, start) -> value via the router's batchGet: every window, or only the latest."""
+    from concurrent.futures import ThreadPoolExecutor
+
     import httpx
 
     out: Windows = {}
     params = {} if latest else {"from": str(-FAR), "to": str(FAR)}
-    with httpx.Client(base_url=url, timeout=60) as c:
-        for i in range(0, len(keys), 1000):
-            r = c.post(f"/v1/state/{job}/{operator}/{state}:batchGet",
-                       json={"keys": keys[i:i + 1000]}, params=params)
-            assert r.status_code == 200, r.text
-            for item in r.json()["results"]:
+
+    def fetch(c: httpx.Client, chunk: list[str]) -> list[dict]:
+        r = c.post(f"/v1/state/{job}/{operator}/{state}:batchGet", json={"keys": chunk},
+                   params=params)
+        assert r.status_code == 200, r.text
+        return list(r.json()["results"])
+
+    # a few batches in flight: the router, the shards and this process work at once
+    with httpx.Client(base_url=url, timeout=60) as c, ThreadPoolExecutor(4) as pool:
+        chunks = [keys[i:i + 1000] for i in range(0, len(keys), 1000)]
+        for results in pool.map(lambda chunk: fetch(c, chunk), chunks):
+            for item in results:
                 for w in item["windows"]:
                     out[(item["key"], w["start"])] = w["value"]
     return out

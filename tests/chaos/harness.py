@@ -24,10 +24,11 @@ from pathlib import Path
 import grpc
 import httpx
 import orjson
+import pandas as pd
 from confluent_kafka import Consumer, TopicPartition
 
 from jobs.launch import MERGED
-from loadtest.truth import load_events, window_counts
+from loadtest.truth import window_counts
 from service.core.address import partition_of
 from service.core.assignment import Assignment, load_assignment
 from service.core.catalog import manifest_batches
@@ -349,16 +350,55 @@ class Reader(threading.Thread):
         self.join(30)
 
 
-def truth(log: Path) -> tuple[dict, dict, dict, list[str]]:
-    events = load_events(log)
-    on_time = events[events["time"] >= BOUNDARY]  # late ones were all before BOUNDARY - 3 min
-    as_map = lambda df: {(k, int(s)): int(n) for k, s, n in  # noqa: E731
-                         zip(df["tweet_id"], df["start"], df["count"], strict=True)}
-    imp = window_counts(on_time, "tweet_id", "time", HOUR, where={"event": "impression"})
-    clk = window_counts(on_time, "tweet_id", "time", HOUR, where={"event": "url-click"})
-    minute = window_counts(on_time, "tweet_id", "time", 60_000, 10_000,
-                           where={"event": "impression"})
-    return as_map(imp), as_map(clk), as_map(minute), sorted(events["tweet_id"].unique())
+Windows = dict[tuple[str, int], int]
+
+
+@dataclass
+class _Truth:
+    """Ground truth of one delivery log, kept up to date by reading only the lines appended
+    since the last look: counts of disjoint sets of events add up, so the sum over the new
+    lines is the truth over the whole log (the log only grows; the module's scenarios run
+    one after another over the same generator)."""
+
+    offset: int = 0
+    imp: Windows = field(default_factory=dict)
+    clk: Windows = field(default_factory=dict)
+    minute: Windows = field(default_factory=dict)
+    keys: set[str] = field(default_factory=set)
+
+    def read(self, log: Path) -> None:
+        with open(log, "rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        end = data.rfind(b"\n") + 1  # complete lines only
+        if not end:
+            return
+        self.offset += end
+        events = pd.DataFrame.from_records(
+            [orjson.loads(line) for line in data[:end].splitlines() if line.strip()])
+        self.keys.update(events["tweet_id"].unique())
+        on_time = events[events["time"] >= BOUNDARY]  # late ones were all before BOUNDARY - 3 min
+        for into, df in (
+                (self.imp, window_counts(on_time, "tweet_id", "time", HOUR,
+                                         where={"event": "impression"})),
+                (self.clk, window_counts(on_time, "tweet_id", "time", HOUR,
+                                         where={"event": "url-click"})),
+                (self.minute, window_counts(on_time, "tweet_id", "time", 60_000, 10_000,
+                                            where={"event": "impression"}))):
+            for k, start, n in zip(df["tweet_id"], df["start"], df["count"], strict=True):
+                w = (k, int(start))
+                into[w] = into.get(w, 0) + int(n)
+
+
+_TRUTHS: dict[Path, _Truth] = {}
+
+
+def truth(log: Path) -> tuple[Windows, Windows, Windows, list[str]]:
+    """(impressions per hour, clicks per hour, impressions per sliding minute, every key) of
+    every event in ``log``."""
+    t = _TRUTHS.setdefault(log, _Truth())
+    t.read(log)
+    return dict(t.imp), dict(t.clk), dict(t.minute), sorted(t.keys)
 
 
 def compare(d: Deployment, log: Path,
@@ -373,7 +413,7 @@ def compare(d: Deployment, log: Path,
         got = {k: v for k, v in http_windows(d.router.url, "tweets", op, state, keys).items()
                if v}
         for w in set(want) | set(got):
-            diff = got.get(w, 0) - want.get(w, 0)
+            diff = int(got.get(w, 0)) - want.get(w, 0)
             result["lost" if diff < 0 else "doubled"] += abs(diff)
         result["windows"] += len(want)
     return result
@@ -417,6 +457,7 @@ def scenario(world, name: str, inject: Callable[[Deployment], float],
         d.drain()
         phase("drain")
         want = truth(gen.log)
+        phase("truth")
         res = compare(d, gen.log, want)
         phase("compare")
         RESULTS.append((name, res, tta))
