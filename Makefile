@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	@command -v java >/dev/null 2>&1 || { echo "qstate needs Java 17 for Spark: apt-get install openjdk-17-jre-headless"; exit 1; }
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[server,dev]'
 	@touch $(STAMP)
 
 # JVM parts, from Maven Central, once: the Kafka broker (with its dependencies) and Spark's
@@ -36,7 +36,7 @@ $(JAR_STAMP): deploy/maven/kafka-broker.pom.xml deploy/maven/spark-kafka.pom.xml
 # benchmarks (loadtest/): the Redis baseline needs redis-server (Debian package) and redis-py
 bench-setup: setup
 	@command -v redis-server >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq redis-server; }
-	$(BIN)/pip install --quiet -e '.[dev,bench]'
+	$(BIN)/pip install --quiet -e '.[server,dev,bench]'
 
 run: setup
 	$(BIN)/qstate run
@@ -52,16 +52,21 @@ test-fast: setup
 soak: setup
 	QSTATE_SOAK=1 $(BIN)/pytest tests/soak $(PYTEST_ARGS)
 
+# mypy and lint-imports read qstate through .lint/, the installed tree drawn with symlinks
+# (tests/mirror.py): they walk folders, and qstate.jobs is not under service/
 lint: setup
 	$(BIN)/ruff check .
-	$(BIN)/mypy service jobs loadtest tests
-	$(BIN)/lint-imports
+	$(BIN)/python -m tests.mirror .lint >/dev/null
+	$(BIN)/mypy -p qstate -p loadtest -p tests
+	PYTHONPATH=.lint $(BIN)/lint-imports --no-cache
 
 proto: setup
-	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. --pyi_out=. proto/shard.proto proto/qstate.proto
+	$(BIN)/python -m tests.mirror .lint >/dev/null
+	$(BIN)/python -m grpc_tools.protoc -I.lint --python_out=.lint --grpc_python_out=.lint \
+		--pyi_out=.lint .lint/qstate/proto/shard.proto .lint/qstate/proto/qstate.proto
 
 clean:
-	rm -rf $(VENV) .qstate .pytest_cache clients/node/node_modules
+	rm -rf $(VENV) .qstate .pytest_cache .lint clients/node/node_modules
 
 # Node example client (clients/node): its dependencies from the committed package-lock.json
 node-setup: $(NODE_STAMP)

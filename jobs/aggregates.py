@@ -1,6 +1,6 @@
 """Aggregates qstate merges, declared the way ``pyspark.sql.functions`` reads:
 
-    from jobs import aggregates as A
+    from qstate.jobs import aggregates as A
     A.count().alias("views")
     A.count(when=F.col("event") == "url-click").alias("clicks")
     A.sum("price").alias("revenue"), A.avg("latency_ms"), A.max("t")
@@ -8,8 +8,8 @@
 
 Spark evaluates each one's input per row (``input``: a column expression, null where ``when``
 does not hold); the batch's partial aggregates are computed on the executors
-(``jobs.partials``) and combined with the stored value on the shard
-(``service.partition.codec``): count and sum add, min and max keep the extreme, avg adds its sum
+(``qstate.jobs.partials``) and combined with the stored value on the shard
+(``qstate.partition.codec``): count and sum add, min and max keep the extreme, avg adds its sum
 and count, approx_count_distinct unions Apache DataSketches HLL sketches. ``when`` counts or
 aggregates only the rows where the condition holds, in the same pass.
 """
@@ -23,8 +23,8 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from service.core.errors import InvalidRequest
-from service.core.operator import Aggregate, StateType
+from qstate.core.errors import InvalidRequest
+from qstate.core.operator import Aggregate, StateType
 
 __all__ = ["Agg", "approx_count_distinct", "avg", "count", "max", "min", "state_type", "sum"]
 

@@ -1,10 +1,10 @@
 """What qstate gives a job module.
 
 ``qstate job mypkg.myjob:build`` imports ``mypkg.myjob`` and calls
-``build(spark, ctx) -> QueryableJob``: the job reads its topic (``jobs.source``), parses it
-(``jobs.parse``) and declares its operators (``jobs.queryable``); qstate starts them and runs
-them until stopped. ``ctx`` carries the deployment's settings (bootstrap servers, storage,
-partitions, ...) so a job module holds only its logic.
+``build(spark, ctx) -> QueryableJob``: the job reads its topic (``qstate.jobs.source``),
+parses it (``qstate.jobs.parse``) and declares its operators (``qstate.jobs.queryable``);
+qstate starts them and runs them until stopped. ``ctx`` carries the deployment's settings
+(bootstrap servers, storage, partitions, ...) so a job module holds only its logic.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Start a job module's queries with the queryable sink, watch them, stop them.
 
-A job's merged operators run as one streaming query (``jobs.pipeline``); each Spark-state
-operator runs as its own (``jobs.spark_state.serve``).
+A job's merged operators run as one streaming query (``qstate.jobs.pipeline``); each Spark-state
+operator runs as its own (``qstate.jobs.spark_state.serve``).
 """
 
 from __future__ import annotations
@@ -15,23 +15,23 @@ import orjson
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from jobs import metrics, pipeline
-from jobs.job import JobContext
-from jobs.queryable import QueryableJob
-from jobs.reports import Reports
-from jobs.sinks import QStateSink
-from jobs.spark_state import serve
-from service.control.coordinator import release
-from service.core.config import settings
-from service.core.errors import InvalidRequest
-from service.core.kafka import EndOffsets, ensure_topic
+from qstate.control.coordinator import release
+from qstate.core.config import settings
+from qstate.core.errors import InvalidRequest
+from qstate.core.kafka import EndOffsets, ensure_topic
+from qstate.jobs import metrics, pipeline
+from qstate.jobs.job import JobContext
+from qstate.jobs.queryable import QueryableJob
+from qstate.jobs.reports import Reports
+from qstate.jobs.sinks import QStateSink
+from qstate.jobs.spark_state import serve
 
 __all__ = ["EXAMPLES", "MERGED", "Builder", "RunningJob", "load_builder", "start_job"]
 
 log = logging.getLogger(__name__)
 
 Builder = Callable[[SparkSession, JobContext], QueryableJob]
-EXAMPLES = {"tweets": "jobs.examples.tweets:build", "ads": "jobs.examples.ads:build"}
+EXAMPLES = {"tweets": "qstate.jobs.examples.tweets:build", "ads": "qstate.jobs.examples.ads:build"}
 MERGED = "merged"  # the checkpoint folder (and query) of a job's merged operators
 
 

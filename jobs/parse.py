@@ -3,7 +3,7 @@
 ``parse_events(read_kafka(...), {"user": "string", "time": "long"}, keys=["user"], ...)``
 turns each Kafka value (a JSON object) into typed columns and keeps every record: a record
 that does not fit gets a reason in ``_error`` and a short word in ``_error_kind``, and is
-produced to the dead-letter topic (``jobs.dlq``) before its batch goes downstream.
+produced to the dead-letter topic (``qstate.jobs.dlq``) before its batch goes downstream.
 
 The rules, exact and the same on both paths below: every declared field must be present and
 non-null; a string is a JSON string, a long a JSON integer in the signed 64-bit range (not
@@ -39,9 +39,9 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from jobs.dlq import DeadLetterWriter, ensure_dlq
-from service.core.address import MAX_KEY_BYTES
-from service.core.errors import BadRecord, InvalidRequest
+from qstate.core.address import MAX_KEY_BYTES
+from qstate.core.errors import BadRecord, InvalidRequest
+from qstate.jobs.dlq import DeadLetterWriter, ensure_dlq
 
 __all__ = ["ARROW_TYPES", "ERROR_COLUMN", "ERROR_KIND", "KINDS", "PASSTHROUGH", "SPARK_TYPES",
            "check_fields", "parse_batches", "parse_events", "parse_json", "parse_value"]

@@ -4,7 +4,7 @@ Spark evaluates the operator's filter and every aggregate's input expression (th
 good at that), and hands each task's rows over as Arrow batches with the columns ``KEY``,
 ``TIME``, ``PART`` (the key's shard partition, ``pmod(xxhash64(key), P)``) and one input per
 aggregate. Here each task assigns its rows to windows or panes with Spark's late-data rule
-(``service.core.windows``), groups them with Arrow's hash aggregation and hands the partial
+(``qstate.core.windows``), groups them with Arrow's hash aggregation and hands the partial
 rows on: as delta files of its own (one fragment per partition it holds), or to a benchmark's
 baseline. All of a job's operators are aggregated in the same pass over a task's rows, and
 there is no Spark shuffle: the shard combines fragments of the same key as it combines
@@ -22,16 +22,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from service.core import delta as deltas
-from service.core.address import PartitionId
-from service.core.operator import OperatorSpec
-from service.core.storage import Storage
-from service.core.windows import ALL_WINDOWS, first_open_start
+from qstate.core import delta as deltas
+from qstate.core.address import PartitionId
+from qstate.core.operator import OperatorSpec
+from qstate.core.storage import Storage
+from qstate.core.windows import ALL_WINDOWS, first_open_start
 
 __all__ = ["INPUT", "KEY", "PART", "RESULT", "TIME", "DeltaFiles", "Discard", "Plan", "Target",
            "aggregate", "columns", "final_writer", "run_operators", "split_by_partition"]
 
-# The columns Spark hands over (jobs.queryable projects them).
+# The columns Spark hands over (qstate.jobs.queryable projects them).
 KEY, TIME, PART = "_qs_key", "_qs_t", "_qs_p"
 
 
@@ -106,7 +106,7 @@ def _sketches(rows: pa.Table, groups: list[str], column: str, lg_k: int) -> pa.T
 
 def aggregate(rows: pa.Table, plan: Plan) -> pa.Table:
     """The partial rows of ``rows`` (one task's): ``PART``, key, start, end, tag and the
-    partial columns ``service.core.delta.delta_fields`` names."""
+    partial columns ``qstate.core.delta.delta_fields`` names."""
     spec = plan.spec
     t = rows.column(TIME).to_numpy(zero_copy_only=False)
     start, end, tag, keep = _assign(t, plan)
@@ -212,7 +212,7 @@ RESULT = "op int, kind string, partition int, fragment int, rows long"
 
 def columns(j: int, n_inputs: int) -> tuple[str, str, list[str]]:
     """The names operator ``j``'s key, partition and inputs have in the batch's projection
-    (``jobs.queryable``), which holds every operator's side by side."""
+    (``qstate.jobs.queryable``), which holds every operator's side by side."""
     return f"_qs_k{j}", f"_qs_p{j}", [f"_qs_a{j}_{i}" for i in range(n_inputs)]
 
 

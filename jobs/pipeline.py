@@ -4,10 +4,10 @@ commits (docs/architecture.md §3).
 
 Per batch N the Spark job projects every operator's columns side by side (its key, the key's
 shard partition and each aggregate's input, evaluated by Spark) and each task aggregates its
-rows per operator in Arrow (``jobs.partials``), handing the partial rows to the sink's
+rows per operator in Arrow (``qstate.jobs.partials``), handing the partial rows to the sink's
 target: qstate's writes them as delta fragments. Then, per operator, the sink finishes the
 batch: qstate's records N (its manifest, durable) and delivers it to every owning shard while
-Spark computes N+1, which first waits for N's acknowledgements (``jobs.sinks.QStateSink``),
+Spark computes N+1, which first waits for N's acknowledgements (``qstate.jobs.sinks.QStateSink``),
 so Spark's commit log runs at most one batch ahead of the served state and never ahead of
 what is durable.
 
@@ -28,12 +28,12 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from jobs import metrics
-from jobs.parse import ERROR_KIND
-from jobs.partials import RESULT, TIME, Plan, run_operators
-from jobs.queryable import QueryableJob
-from jobs.reports import BatchReport, Reports
-from jobs.sinks import (
+from qstate.jobs import metrics
+from qstate.jobs.parse import ERROR_KIND
+from qstate.jobs.partials import RESULT, TIME, Plan, run_operators
+from qstate.jobs.queryable import QueryableJob
+from qstate.jobs.reports import BatchReport, Reports
+from qstate.jobs.sinks import (
     PartialsSink,
     batch_watermark_ms,
     written_by_operator,

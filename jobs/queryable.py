@@ -11,8 +11,8 @@
 
 Each micro-batch is one Spark job: the topic is read and parsed once, and every operator's
 per-batch partial aggregates are computed from the same rows on the executors
-(``jobs.pipeline``, ``jobs.partials``), stateless: no Spark state store, the shard is the
-state. The watermark is Spark's own (``withWatermark`` on the
+(``qstate.jobs.pipeline``, ``qstate.jobs.partials``), stateless: no Spark state store, the
+shard is the state. The watermark is Spark's own (``withWatermark`` on the
 stream): batch N drops, per window, rows whose window ended at or before batch N-1's
 watermark, exactly as Spark's stateful aggregation does.
 """
@@ -25,11 +25,11 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from jobs.aggregates import Agg
-from jobs.partials import columns
-from jobs.windows import Window, duration_ms
-from service.core.errors import InvalidRequest
-from service.core.operator import MERGEABLE, Aggregate, OperatorSpec, WindowSpec
+from qstate.core.errors import InvalidRequest
+from qstate.core.operator import MERGEABLE, Aggregate, OperatorSpec, WindowSpec
+from qstate.jobs.aggregates import Agg
+from qstate.jobs.partials import columns
+from qstate.jobs.windows import Window, duration_ms
 
 __all__ = ["EVENT_TS", "MergeOperator", "QueryableJob", "SparkStateOperator", "dlq_topic"]
 
@@ -44,7 +44,8 @@ def dlq_topic(topic: str) -> str:
 
 @dataclass(frozen=True)
 class SparkStateOperator:
-    """An aggregation Spark keeps the state of (``jobs.spark_state.serve``): its own query."""
+    """An aggregation Spark keeps the state of (``qstate.jobs.spark_state.serve``): its own
+    query."""
 
     name: str
     frame: DataFrame  # a streaming aggregation in update mode
@@ -69,9 +70,9 @@ class MergeOperator:
 
     def columns(self, j: int, partitions: int) -> list[Column]:
         """This operator's columns in the batch's projection (named by
-        ``jobs.partials.columns``): its key as a string (null where the row is not the
+        ``qstate.jobs.partials.columns``): its key as a string (null where the row is not the
         operator's), the key's shard partition and each aggregate's input, evaluated by
-        Spark; the executors aggregate them (``jobs.partials.run_operators``)."""
+        Spark; the executors aggregate them (``qstate.jobs.partials.run_operators``)."""
         key_name, part_name, input_names = columns(j, len(self.aggs))
         key = F.col(self.key).cast("string")
         mine = key if self.where is None else F.when(self.where, key)
@@ -92,8 +93,8 @@ class _Grouped:
             if not isinstance(a, Agg):
                 raise InvalidRequest(
                     f"operator {self._name!r}: {a!r} is not an aggregate qstate can merge "
-                    f"({', '.join(sorted(MERGEABLE))}, from jobs.aggregates); aggregate it "
-                    "with Spark's own groupBy and serve it with jobs.spark_state.serve "
+                    f"({', '.join(sorted(MERGEABLE))}, from qstate.jobs.aggregates); aggregate it "
+                    "with Spark's own groupBy and serve it with qstate.jobs.spark_state.serve "
                     "(spark-state mode)")
         op = MergeOperator(self._name, self._key, self._window, list(aggs), self._where,
                            replicas=self._replicas)

@@ -16,14 +16,14 @@ from typing import Protocol
 import orjson
 from pyspark.sql import DataFrame, Row
 
-from jobs import metrics
-from jobs.partials import PART, RESULT, DeltaFiles, Discard, Plan, Target, final_writer
-from jobs.reports import OperatorReport
-from service.control.coordinator import CommitOutcome, coordinator_for
-from service.core import faults
-from service.core.manifest import Fragments
-from service.core.operator import OperatorSpec, save_spec
-from service.core.storage import Storage
+from qstate.control.coordinator import CommitOutcome, coordinator_for
+from qstate.core import faults
+from qstate.core.manifest import Fragments
+from qstate.core.operator import OperatorSpec, save_spec
+from qstate.core.storage import Storage
+from qstate.jobs import metrics
+from qstate.jobs.partials import PART, RESULT, DeltaFiles, Discard, Plan, Target, final_writer
+from qstate.jobs.reports import OperatorReport
 
 __all__ = ["NoopSink", "PartialsSink", "QStateSink", "batch_watermark_ms",
            "written_by_operator"]
@@ -62,7 +62,7 @@ class QStateSink:
     commit log runs at most one batch ahead of the served state, never ahead of what is
     durable, and a failed delivery fails the next batch.
 
-    The driver's fault points (``service.core.faults``) are the steps of ``finish(N)``:
+    The driver's fault points (``qstate.core.faults``) are the steps of ``finish(N)``:
     ``driver.after-deltas`` (N-1 acknowledged, N's deltas written, no manifest),
     ``driver.after-record`` (N's manifest written, no Commit sent) and
     ``driver.after-commit`` (N acknowledged by every shard: only an armed fault waits for

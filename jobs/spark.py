@@ -9,9 +9,9 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from service.core.config import settings
-from service.core.errors import InvalidRequest
-from service.core.jvm import java
+from qstate.core.config import settings
+from qstate.core.errors import InvalidRequest
+from qstate.core.jvm import java
 
 __all__ = ["STATE_CONF", "connector_jars", "spark_session"]
 

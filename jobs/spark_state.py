@@ -7,8 +7,8 @@
 For aggregates qstate cannot merge (a percentile, a user's own aggregate function): Spark's
 stateful aggregation runs in update mode, and each batch's updated rows replace the served
 values. Per batch N the executors write the rows as delta files and the driver commits N on
-every owning shard before ``foreachBatch`` returns (``jobs.sinks.QStateSink``). Aggregates
-that merge are better served in merge mode (``jobs.queryable``): no Spark state at all.
+every owning shard before ``foreachBatch`` returns (``qstate.jobs.sinks.QStateSink``). Aggregates
+that merge are better served in merge mode (``qstate.jobs.queryable``): no Spark state at all.
 """
 
 from __future__ import annotations
@@ -20,14 +20,14 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.streaming import StreamingQuery
 
-from jobs import metrics
-from jobs.aggregates import state_type
-from jobs.partials import PART, Plan
-from jobs.reports import BatchReport, Reports
-from jobs.sinks import QStateSink, batch_watermark_ms
-from service.core.config import settings
-from service.core.errors import InvalidRequest
-from service.core.operator import Aggregate, OperatorSpec, StateType, WindowSpec
+from qstate.core.config import settings
+from qstate.core.errors import InvalidRequest
+from qstate.core.operator import Aggregate, OperatorSpec, StateType, WindowSpec
+from qstate.jobs import metrics
+from qstate.jobs.aggregates import state_type
+from qstate.jobs.partials import PART, Plan
+from qstate.jobs.reports import BatchReport, Reports
+from qstate.jobs.sinks import QStateSink, batch_watermark_ms
 
 __all__ = ["serve"]
 

@@ -12,11 +12,11 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
-from jobs.job import JobContext
-from jobs.launch import RunningJob, start_job
-from jobs.metrics import JOB_UP
-from jobs.spark import spark_session
-from service.core.process import start_process
+from qstate.core.process import start_process
+from qstate.jobs.job import JobContext
+from qstate.jobs.launch import RunningJob, start_job
+from qstate.jobs.metrics import JOB_UP
+from qstate.jobs.spark import spark_session
 
 __all__ = ["checkpoint_name", "run_jobs", "watch"]
 

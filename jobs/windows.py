@@ -6,7 +6,7 @@
     session_window("30 seconds")        gap-based sessions, merged on the shard
 
 and how a batch's rows are assigned to windows (or panes) in Spark, with Spark's late-data
-rule applied per window (``service.core.windows`` has the arithmetic and its reasons).
+rule applied per window (``qstate.core.windows`` has the arithmetic and its reasons).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from service.core.errors import InvalidRequest
-from service.core.operator import WindowSpec
-from service.core.windows import ALL_WINDOWS, first_open_start
+from qstate.core.errors import InvalidRequest
+from qstate.core.operator import WindowSpec
+from qstate.core.windows import ALL_WINDOWS, first_open_start
 
 __all__ = ["END", "KEY", "START", "TAG", "TIME", "Window", "assign", "duration_ms",
            "session_bounds", "session_window", "window"]

@@ -5,7 +5,7 @@
     python -m loadtest.bench_ingest --workload tweets --keys 1000000 --events 2000000 \\
         --sinks read,parse,qstate
 
-Starts an Apache Kafka broker (``service.embedded.kafka``), produces ``--events`` events of
+Starts an Apache Kafka broker (``qstate.embedded.kafka``), produces ``--events`` events of
 the workload over ``--keys`` keys into one topic, then runs the job over that same topic
 once per sink, from the earliest offset, with batches capped at ``--max-rows``:
 
@@ -51,25 +51,25 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 from rich.console import Console
 
-from jobs import pipeline
-from jobs.examples import ads, tweets
-from jobs.examples.workloads import Ads, Tweets, Workload, events_over_span, write_mapping
-from jobs.job import JobContext
-from jobs.launch import start_job
-from jobs.parse import parse_events
-from jobs.queryable import QueryableJob
-from jobs.reports import Reports
-from jobs.sinks import NoopSink, PartialsSink, QStateSink
-from jobs.source import read_kafka
-from jobs.spark import spark_session
 from loadtest import results
 from loadtest.redis_sink import RedisSink
-from service.control.coordinator import release
-from service.core.config import DEFAULTS
-from service.embedded.generate import produce
-from service.embedded.kafka import KafkaBroker
-from service.embedded.ports import free_port, wait_for_port
-from service.embedded.procs import RouterProcess, ShardProcess
+from qstate.control.coordinator import release
+from qstate.core.config import DEFAULTS
+from qstate.embedded.generate import produce
+from qstate.embedded.kafka import KafkaBroker
+from qstate.embedded.ports import free_port, wait_for_port
+from qstate.embedded.procs import RouterProcess, ShardProcess
+from qstate.jobs import pipeline
+from qstate.jobs.examples import ads, tweets
+from qstate.jobs.examples.workloads import Ads, Tweets, Workload, events_over_span, write_mapping
+from qstate.jobs.job import JobContext
+from qstate.jobs.launch import start_job
+from qstate.jobs.parse import parse_events
+from qstate.jobs.queryable import QueryableJob
+from qstate.jobs.reports import Reports
+from qstate.jobs.sinks import NoopSink, PartialsSink, QStateSink
+from qstate.jobs.source import read_kafka
+from qstate.jobs.spark import spark_session
 
 console = Console(stderr=True)
 SINKS = ("read", "parse", "noop", "qstate", "spark-state", "redis")
@@ -169,8 +169,8 @@ def shard_merge(shards: list[ShardProcess], storage: str, n: int) -> dict[str, f
     """From the shards' own counters: rows merged per second of a shard's Commit calls
     (wall time of the call, every partition of the batch in it; the mean over shards), and
     state writes per event."""
-    from service.core.assignment import list_servers
-    from service.core.storage import Storage
+    from qstate.core.assignment import list_servers
+    from qstate.core.storage import Storage
 
     urls = {i.address: f"http://{i.metrics}" for i in list_servers(Storage(storage))}
     writes = 0.0

@@ -18,15 +18,15 @@ from pathlib import Path
 import pyarrow as pa
 
 from loadtest import results
-from service.core import delta as deltas
-from service.core import paths
-from service.core.address import PartitionId
-from service.core.assignment import Assignment, save_assignment
-from service.core.catalog import snapshot_batches
-from service.core.manifest import BatchManifest, write_manifest
-from service.core.operator import OperatorSpec, WindowSpec, save_spec
-from service.core.storage import Storage
-from service.shard.partitions import PartitionCommit, Partitions
+from qstate.core import delta as deltas
+from qstate.core import paths
+from qstate.core.address import PartitionId
+from qstate.core.assignment import Assignment, save_assignment
+from qstate.core.catalog import snapshot_batches
+from qstate.core.manifest import BatchManifest, write_manifest
+from qstate.core.operator import OperatorSpec, WindowSpec, save_spec
+from qstate.core.storage import Storage
+from qstate.shard.partitions import PartitionCommit, Partitions
 
 
 def main() -> None:

@@ -26,16 +26,16 @@ import grpc
 import pyarrow as pa
 
 from loadtest import results
-from proto import qstate_pb2 as qpb
-from proto import qstate_pb2_grpc as qpb_grpc
-from service.control.coordinator import Coordinator
-from service.core import delta as deltas
-from service.core.address import PartitionId, partition_of
-from service.core.operator import OperatorSpec, WindowSpec, save_spec
-from service.core.storage import Storage
-from service.embedded.kafka import KafkaBroker
-from service.embedded.ports import free_port, wait_for_port
-from service.embedded.procs import Child, RouterProcess, ShardProcess, qstate_command
+from qstate.control.coordinator import Coordinator
+from qstate.core import delta as deltas
+from qstate.core.address import PartitionId, partition_of
+from qstate.core.operator import OperatorSpec, WindowSpec, save_spec
+from qstate.core.storage import Storage
+from qstate.embedded.kafka import KafkaBroker
+from qstate.embedded.ports import free_port, wait_for_port
+from qstate.embedded.procs import Child, RouterProcess, ShardProcess, qstate_command
+from qstate.proto import qstate_pb2 as qpb
+from qstate.proto import qstate_pb2_grpc as qpb_grpc
 
 P = 16
 SPEC = OperatorSpec("shop", "views_1m", "page", {"views": "long"}, partitions=P,

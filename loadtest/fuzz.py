@@ -40,7 +40,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from loadtest import results
-from service.core.config import settings as qstate_settings
+from qstate.core.config import settings as qstate_settings
 
 __all__ = ["CHECKS", "FuzzReport", "fuzz", "main"]
 

@@ -16,11 +16,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from jobs.partials import Plan, Target
-from jobs.reports import OperatorReport
-from service.core.manifest import Fragments
-from service.core.operator import OperatorSpec
-from service.core.windows import ALL_WINDOWS
+from qstate.core.manifest import Fragments
+from qstate.core.operator import OperatorSpec
+from qstate.core.windows import ALL_WINDOWS
+from qstate.jobs.partials import Plan, Target
+from qstate.jobs.reports import OperatorReport
 
 __all__ = ["RedisSink"]
 

@@ -43,13 +43,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
 from loadtest import results
-from service.control.coordinator import Coordinator
-from service.core import delta as deltas
-from service.core.address import PartitionId, partition_of
-from service.core.assignment import Assignment, load_assignment
-from service.core.operator import OperatorSpec, WindowSpec, load_spec, save_spec
-from service.core.storage import Storage
-from service.embedded.procs import RouterProcess, ShardProcess, qstate_command
+from qstate.control.coordinator import Coordinator
+from qstate.core import delta as deltas
+from qstate.core.address import PartitionId, partition_of
+from qstate.core.assignment import Assignment, load_assignment
+from qstate.core.operator import OperatorSpec, WindowSpec, load_spec, save_spec
+from qstate.core.storage import Storage
+from qstate.embedded.procs import RouterProcess, ShardProcess, qstate_command
 
 __all__ = ["Outcome", "Tally", "World", "double_partitions", "join_drain", "replica_loss",
            "views"]

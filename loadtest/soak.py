@@ -2,7 +2,7 @@
 
     python -m loadtest.soak --minutes 60          # loadtest/results/soak.md and soak.png
 
-It starts ``python -m service run`` (what ``make run`` starts) with its default rates in a
+It starts ``python -m qstate run`` (what ``make run`` starts) with its default rates in a
 fresh home, in its own process group, and at every sample records:
 
 - the watermark age of every operator (the router's ``/v1/jobs/{job}``) and the events not
@@ -41,8 +41,8 @@ import typer
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
-from service.core.config import DEFAULTS
-from service.embedded.ports import free_port
+from qstate.core.config import DEFAULTS
+from qstate.embedded.ports import free_port
 
 __all__ = ["MARKER_EVENTS", "DemoRun", "Sample", "Soak", "Summary", "write_results"]
 
@@ -94,7 +94,7 @@ def alive(pid: int) -> bool:
 
 @dataclass
 class DemoRun:
-    """``python -m service run`` in a fresh home with free ports, as its own process group."""
+    """``python -m qstate run`` in a fresh home with free ports, as its own process group."""
 
     home: Path
     args: tuple[str, ...] = ()
@@ -126,7 +126,7 @@ class DemoRun:
                "QSTATE_JOB_METRICS_PORT": str(self.job_metrics),
                "QSTATE_SHARD_METRICS_PORT": "0"}  # any free ones: beside another qstate run
         with open(self.log_path, "wb") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "service", "run", *self.args],
+            self.proc = subprocess.Popen([sys.executable, "-m", "qstate", "run", *self.args],
                                          cwd=ROOT, env=env, stdout=out,
                                          stderr=subprocess.STDOUT, start_new_session=True)
         return self

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from proto import qstate_pb2 as proto_dot_qstate__pb2
+from qstate.proto import qstate_pb2 as qstate_dot_proto_dot_qstate__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in proto/qstate_pb2_grpc.py depends on'
+        + ' but the generated code in qstate/proto/qstate_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,23 +36,23 @@ class QueryableStateStub:
         """
         self.Get = channel.unary_unary(
                 '/qstate.v1.QueryableState/Get',
-                request_serializer=proto_dot_qstate__pb2.GetRequest.SerializeToString,
-                response_deserializer=proto_dot_qstate__pb2.StateValue.FromString,
+                request_serializer=qstate_dot_proto_dot_qstate__pb2.GetRequest.SerializeToString,
+                response_deserializer=qstate_dot_proto_dot_qstate__pb2.StateValue.FromString,
                 _registered_method=True)
         self.MultiGet = channel.unary_unary(
                 '/qstate.v1.QueryableState/MultiGet',
-                request_serializer=proto_dot_qstate__pb2.MultiGetRequest.SerializeToString,
-                response_deserializer=proto_dot_qstate__pb2.MultiGetResponse.FromString,
+                request_serializer=qstate_dot_proto_dot_qstate__pb2.MultiGetRequest.SerializeToString,
+                response_deserializer=qstate_dot_proto_dot_qstate__pb2.MultiGetResponse.FromString,
                 _registered_method=True)
         self.ListJobs = channel.unary_unary(
                 '/qstate.v1.QueryableState/ListJobs',
-                request_serializer=proto_dot_qstate__pb2.ListJobsRequest.SerializeToString,
-                response_deserializer=proto_dot_qstate__pb2.ListJobsResponse.FromString,
+                request_serializer=qstate_dot_proto_dot_qstate__pb2.ListJobsRequest.SerializeToString,
+                response_deserializer=qstate_dot_proto_dot_qstate__pb2.ListJobsResponse.FromString,
                 _registered_method=True)
         self.DescribeJob = channel.unary_unary(
                 '/qstate.v1.QueryableState/DescribeJob',
-                request_serializer=proto_dot_qstate__pb2.DescribeJobRequest.SerializeToString,
-                response_deserializer=proto_dot_qstate__pb2.JobInfo.FromString,
+                request_serializer=qstate_dot_proto_dot_qstate__pb2.DescribeJobRequest.SerializeToString,
+                response_deserializer=qstate_dot_proto_dot_qstate__pb2.JobInfo.FromString,
                 _registered_method=True)
 
 
@@ -94,23 +94,23 @@ def add_QueryableStateServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Get': grpc.unary_unary_rpc_method_handler(
                     servicer.Get,
-                    request_deserializer=proto_dot_qstate__pb2.GetRequest.FromString,
-                    response_serializer=proto_dot_qstate__pb2.StateValue.SerializeToString,
+                    request_deserializer=qstate_dot_proto_dot_qstate__pb2.GetRequest.FromString,
+                    response_serializer=qstate_dot_proto_dot_qstate__pb2.StateValue.SerializeToString,
             ),
             'MultiGet': grpc.unary_unary_rpc_method_handler(
                     servicer.MultiGet,
-                    request_deserializer=proto_dot_qstate__pb2.MultiGetRequest.FromString,
-                    response_serializer=proto_dot_qstate__pb2.MultiGetResponse.SerializeToString,
+                    request_deserializer=qstate_dot_proto_dot_qstate__pb2.MultiGetRequest.FromString,
+                    response_serializer=qstate_dot_proto_dot_qstate__pb2.MultiGetResponse.SerializeToString,
             ),
             'ListJobs': grpc.unary_unary_rpc_method_handler(
                     servicer.ListJobs,
-                    request_deserializer=proto_dot_qstate__pb2.ListJobsRequest.FromString,
-                    response_serializer=proto_dot_qstate__pb2.ListJobsResponse.SerializeToString,
+                    request_deserializer=qstate_dot_proto_dot_qstate__pb2.ListJobsRequest.FromString,
+                    response_serializer=qstate_dot_proto_dot_qstate__pb2.ListJobsResponse.SerializeToString,
             ),
             'DescribeJob': grpc.unary_unary_rpc_method_handler(
                     servicer.DescribeJob,
-                    request_deserializer=proto_dot_qstate__pb2.DescribeJobRequest.FromString,
-                    response_serializer=proto_dot_qstate__pb2.JobInfo.SerializeToString,
+                    request_deserializer=qstate_dot_proto_dot_qstate__pb2.DescribeJobRequest.FromString,
+                    response_serializer=qstate_dot_proto_dot_qstate__pb2.JobInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -138,8 +138,8 @@ class QueryableState:
             request,
             target,
             '/qstate.v1.QueryableState/Get',
-            proto_dot_qstate__pb2.GetRequest.SerializeToString,
-            proto_dot_qstate__pb2.StateValue.FromString,
+            qstate_dot_proto_dot_qstate__pb2.GetRequest.SerializeToString,
+            qstate_dot_proto_dot_qstate__pb2.StateValue.FromString,
             options,
             channel_credentials,
             insecure,
@@ -165,8 +165,8 @@ class QueryableState:
             request,
             target,
             '/qstate.v1.QueryableState/MultiGet',
-            proto_dot_qstate__pb2.MultiGetRequest.SerializeToString,
-            proto_dot_qstate__pb2.MultiGetResponse.FromString,
+            qstate_dot_proto_dot_qstate__pb2.MultiGetRequest.SerializeToString,
+            qstate_dot_proto_dot_qstate__pb2.MultiGetResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -192,8 +192,8 @@ class QueryableState:
             request,
             target,
             '/qstate.v1.QueryableState/ListJobs',
-            proto_dot_qstate__pb2.ListJobsRequest.SerializeToString,
-            proto_dot_qstate__pb2.ListJobsResponse.FromString,
+            qstate_dot_proto_dot_qstate__pb2.ListJobsRequest.SerializeToString,
+            qstate_dot_proto_dot_qstate__pb2.ListJobsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -219,8 +219,8 @@ class QueryableState:
             request,
             target,
             '/qstate.v1.QueryableState/DescribeJob',
-            proto_dot_qstate__pb2.DescribeJobRequest.SerializeToString,
-            proto_dot_qstate__pb2.JobInfo.FromString,
+            qstate_dot_proto_dot_qstate__pb2.DescribeJobRequest.SerializeToString,
+            qstate_dot_proto_dot_qstate__pb2.JobInfo.FromString,
             options,
             channel_credentials,
             insecure,

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from proto import shard_pb2 as proto_dot_shard__pb2
+from qstate.proto import shard_pb2 as qstate_dot_proto_dot_shard__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in proto/shard_pb2_grpc.py depends on'
+        + ' but the generated code in qstate/proto/shard_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,18 +36,18 @@ class ShardStub:
         """
         self.Commit = channel.unary_unary(
                 '/qstate.shard.v1.Shard/Commit',
-                request_serializer=proto_dot_shard__pb2.CommitRequest.SerializeToString,
-                response_deserializer=proto_dot_shard__pb2.CommitReply.FromString,
+                request_serializer=qstate_dot_proto_dot_shard__pb2.CommitRequest.SerializeToString,
+                response_deserializer=qstate_dot_proto_dot_shard__pb2.CommitReply.FromString,
                 _registered_method=True)
         self.MultiGet = channel.unary_unary(
                 '/qstate.shard.v1.Shard/MultiGet',
-                request_serializer=proto_dot_shard__pb2.LookupRequest.SerializeToString,
-                response_deserializer=proto_dot_shard__pb2.LookupReply.FromString,
+                request_serializer=qstate_dot_proto_dot_shard__pb2.LookupRequest.SerializeToString,
+                response_deserializer=qstate_dot_proto_dot_shard__pb2.LookupReply.FromString,
                 _registered_method=True)
         self.Describe = channel.unary_unary(
                 '/qstate.shard.v1.Shard/Describe',
-                request_serializer=proto_dot_shard__pb2.DescribeRequest.SerializeToString,
-                response_deserializer=proto_dot_shard__pb2.DescribeReply.FromString,
+                request_serializer=qstate_dot_proto_dot_shard__pb2.DescribeRequest.SerializeToString,
+                response_deserializer=qstate_dot_proto_dot_shard__pb2.DescribeReply.FromString,
                 _registered_method=True)
 
 
@@ -81,18 +81,18 @@ def add_ShardServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Commit': grpc.unary_unary_rpc_method_handler(
                     servicer.Commit,
-                    request_deserializer=proto_dot_shard__pb2.CommitRequest.FromString,
-                    response_serializer=proto_dot_shard__pb2.CommitReply.SerializeToString,
+                    request_deserializer=qstate_dot_proto_dot_shard__pb2.CommitRequest.FromString,
+                    response_serializer=qstate_dot_proto_dot_shard__pb2.CommitReply.SerializeToString,
             ),
             'MultiGet': grpc.unary_unary_rpc_method_handler(
                     servicer.MultiGet,
-                    request_deserializer=proto_dot_shard__pb2.LookupRequest.FromString,
-                    response_serializer=proto_dot_shard__pb2.LookupReply.SerializeToString,
+                    request_deserializer=qstate_dot_proto_dot_shard__pb2.LookupRequest.FromString,
+                    response_serializer=qstate_dot_proto_dot_shard__pb2.LookupReply.SerializeToString,
             ),
             'Describe': grpc.unary_unary_rpc_method_handler(
                     servicer.Describe,
-                    request_deserializer=proto_dot_shard__pb2.DescribeRequest.FromString,
-                    response_serializer=proto_dot_shard__pb2.DescribeReply.SerializeToString,
+                    request_deserializer=qstate_dot_proto_dot_shard__pb2.DescribeRequest.FromString,
+                    response_serializer=qstate_dot_proto_dot_shard__pb2.DescribeReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -120,8 +120,8 @@ class Shard:
             request,
             target,
             '/qstate.shard.v1.Shard/Commit',
-            proto_dot_shard__pb2.CommitRequest.SerializeToString,
-            proto_dot_shard__pb2.CommitReply.FromString,
+            qstate_dot_proto_dot_shard__pb2.CommitRequest.SerializeToString,
+            qstate_dot_proto_dot_shard__pb2.CommitReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -147,8 +147,8 @@ class Shard:
             request,
             target,
             '/qstate.shard.v1.Shard/MultiGet',
-            proto_dot_shard__pb2.LookupRequest.SerializeToString,
-            proto_dot_shard__pb2.LookupReply.FromString,
+            qstate_dot_proto_dot_shard__pb2.LookupRequest.SerializeToString,
+            qstate_dot_proto_dot_shard__pb2.LookupReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -174,8 +174,8 @@ class Shard:
             request,
             target,
             '/qstate.shard.v1.Shard/Describe',
-            proto_dot_shard__pb2.DescribeRequest.SerializeToString,
-            proto_dot_shard__pb2.DescribeReply.FromString,
+            qstate_dot_proto_dot_shard__pb2.DescribeRequest.SerializeToString,
+            qstate_dot_proto_dot_shard__pb2.DescribeReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,3 +1,3 @@
-from service.cli import main
+from qstate.cli import main
 
 main()

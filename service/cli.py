@@ -1,7 +1,7 @@
 """The `qstate` command line.
 
 Every option that is a setting defaults to its effective value (flag > QSTATE_* environment
-> QSTATE_CONFIG file > default, see ``service.core.config``), and ``--help`` shows it.
+> QSTATE_CONFIG file > default, see ``qstate.core.config``), and ``--help`` shows it.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
-from service.cli_options import S, option
+from qstate.cli_options import S, option
 
 __all__ = ["app", "main"]
 
@@ -38,10 +38,10 @@ def _pairs(items: list[str] | None, flag: str) -> dict[str, str]:
 
 
 def _arm_fault() -> None:
-    """QSTATE_FAULT (chaos tests, ``service.core.faults``): parsed as the process starts, so
+    """QSTATE_FAULT (chaos tests, ``qstate.core.faults``): parsed as the process starts, so
     a typo fails here and not silently at batch N."""
-    from service.core import faults
-    from service.core.errors import InvalidRequest
+    from qstate.core import faults
+    from qstate.core.errors import InvalidRequest
 
     try:
         faults.arm(S.fault)
@@ -71,8 +71,8 @@ def shard(
     Exit codes: 0 stopped by SIGTERM/Ctrl-C; 2 a setting does not allow starting (e.g. a
     non-loopback --host without TLS and QSTATE_CLUSTER_TOKEN).
     """
-    from service.core.errors import StartFailed
-    from service.shard.main import ShardOptions, run
+    from qstate.core.errors import StartFailed
+    from qstate.shard.main import ShardOptions, run
 
     _arm_fault()
     try:
@@ -109,10 +109,10 @@ def job(
         help="Extra Spark setting KEY=VALUE (repeatable).")] = None,
 ) -> None:
     """Run jobs with the queryable sink until Ctrl-C or SIGTERM."""
-    from jobs.job import JobContext
-    from jobs.launch import load_builder
-    from jobs.supervise import run_jobs
-    from service.core.errors import InvalidRequest
+    from qstate.core.errors import InvalidRequest
+    from qstate.jobs.job import JobContext
+    from qstate.jobs.launch import load_builder
+    from qstate.jobs.supervise import run_jobs
 
     for name in names:
         try:
@@ -142,7 +142,7 @@ def coordinator(
 
     Exit codes: 0 stopped by SIGTERM/Ctrl-C.
     """
-    from service.control.standby import run_standby
+    from qstate.control.standby import run_standby
 
     run_standby(storage, jobs, S, metrics_port)
 
@@ -161,8 +161,8 @@ def router(
     Exit codes: 0 stopped by SIGTERM/Ctrl-C; 2 a setting does not allow starting (e.g. a
     non-loopback --host without TLS, client tokens and QSTATE_CLUSTER_TOKEN).
     """
-    from service.core.errors import StartFailed
-    from service.router.main import RouterOptions, run
+    from qstate.core.errors import StartFailed
+    from qstate.router.main import RouterOptions, run
 
     try:
         run(RouterOptions(host, http_port, grpc_port, storage, local_reads, S))
@@ -187,8 +187,8 @@ def get(
     """
     import httpx
 
-    from service.client import Client
-    from service.core.errors import (
+    from qstate.client import Client
+    from qstate.core.errors import (
         Forbidden,
         InvalidRequest,
         NotFound,
@@ -224,7 +224,7 @@ def certs(
 
     Keys are written mode 0600. Production certificates come from your own CA.
     """
-    from service.embedded.certs import make_certs
+    from qstate.embedded.certs import make_certs
 
     typer.echo(make_certs(out, host or [], days).env_lines())
 
@@ -248,7 +248,7 @@ def run(
 
     Ctrl-C or SIGTERM stops every process it started.
     """
-    from service.embedded.demo import Demo, DemoConfig
+    from qstate.embedded.demo import Demo, DemoConfig
 
     code = Demo(DemoConfig(
         home=Path(S.home), bootstrap=bootstrap, storage=S.storage_uri,
@@ -280,8 +280,8 @@ def token_add(
     """
     from pydantic import ValidationError
 
-    from service.core.errors import InvalidRequest
-    from service.core.tokens import add_token
+    from qstate.core.errors import InvalidRequest
+    from qstate.core.tokens import add_token
 
     try:
         token = add_token(file, name, scope)
@@ -297,8 +297,8 @@ def token_list(
     file: Annotated[Path, typer.Option(help="Tokens file.")] = Path(_TOKENS_FILE),
 ) -> None:
     """Names and scopes of the tokens in the file (never their hashes)."""
-    from service.core.errors import StartFailed
-    from service.core.tokens import TokenFile
+    from qstate.core.errors import StartFailed
+    from qstate.core.tokens import TokenFile
 
     try:
         entries = TokenFile.model_validate_json(file.read_bytes()).tokens
@@ -333,9 +333,9 @@ def state_inspect(
     from rich.console import Console
     from rich.table import Table
 
-    from service.core.errors import StartFailed
-    from service.core.storage import Storage
-    from service.inspect import inspect
+    from qstate.core.errors import StartFailed
+    from qstate.core.storage import Storage
+    from qstate.inspect import inspect
 
     try:
         rows, summary = inspect(Storage(storage), job)
@@ -392,9 +392,9 @@ def state_rescale(
     from rich.console import Console
     from rich.progress import Progress
 
-    from service.control.rescale import Rescale, job_is_down
-    from service.core.errors import QStateError, StartFailed
-    from service.core.storage import Storage
+    from qstate.control.rescale import Rescale, job_is_down
+    from qstate.core.errors import QStateError, StartFailed
+    from qstate.core.storage import Storage
 
     console = Console(stderr=True)
     store = Storage(storage)
@@ -429,7 +429,7 @@ def state_rescale(
 
 
 def _mount_generate() -> None:
-    from service.embedded.generate import generate
+    from qstate.embedded.generate import generate
 
     app.command("generate", no_args_is_help=True)(generate)
 

@@ -1,6 +1,6 @@
 """CLI options that are settings: their help is the setting's description and their default
 is the setting's effective value, so a flag wins over QSTATE_* variables, which win over the
-config file (``service.core.config``), and ``--help`` shows what would be used."""
+config file (``qstate.core.config``), and ``--help`` shows what would be used."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any, Final
 
 import typer
 
-from service.core.config import Settings, settings
+from qstate.core.config import Settings, settings
 
 __all__ = ["S", "option"]
 

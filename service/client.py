@@ -4,8 +4,8 @@
         v = qs.get("tweets", "per_tweet_1h", "impressions", "tw-42")
         print(v.latest.value, "as of batch", v.batch)
 
-Answers are ``service.core.answer`` models, the ones the router serializes. Errors are the
-classes of ``service.core.errors`` (``NotFound``, ``InvalidRequest``, ``Unavailable`` ...).
+Answers are ``qstate.core.answer`` models, the ones the router serializes. Errors are the
+classes of ``qstate.core.errors`` (``NotFound``, ``InvalidRequest``, ``Unavailable`` ...).
 A 503 (shard unavailable or restoring) is retried with backoff, honouring Retry-After.
 Over HTTPS, ``ca`` names the CA bundle that signed the router's certificate (``qstate
 certs`` makes one); ``token`` is sent as ``Authorization: Bearer``.
@@ -23,9 +23,9 @@ from urllib.parse import quote
 
 import httpx
 
-from service.core.answer import BatchAnswer, JobInfo, JobList, StateAnswer
-from service.core.errors import QStateError, from_http
-from service.core.security import clean_token, is_loopback
+from qstate.core.answer import BatchAnswer, JobInfo, JobList, StateAnswer
+from qstate.core.errors import QStateError, from_http
+from qstate.core.security import clean_token, is_loopback
 
 __all__ = ["AsyncClient", "Client", "QStateError", "StateAnswer", "TimeArg"]
 

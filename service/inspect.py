@@ -11,13 +11,13 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from proto import shard_pb2 as pb
-from service.core.address import PartitionId
-from service.core.assignment import load_assignment
-from service.core.catalog import delta_batches, manifest_batches, snapshot_batches
-from service.core.operator import list_specs
-from service.core.shard_client import ShardClients, held_partitions, partition_state
-from service.core.storage import Storage
+from qstate.core.address import PartitionId
+from qstate.core.assignment import load_assignment
+from qstate.core.catalog import delta_batches, manifest_batches, snapshot_batches
+from qstate.core.operator import list_specs
+from qstate.core.shard_client import ShardClients, held_partitions, partition_state
+from qstate.core.storage import Storage
+from qstate.proto import shard_pb2 as pb
 
 __all__ = ["PartitionRow", "inspect"]
 

@@ -1,5 +1,5 @@
 """docs/metrics.md's tables of every metric, from the metric objects themselves
-(``python -m service.metrics_doc`` prints them; a test keeps the doc in step)."""
+(``python -m qstate.metrics_doc`` prints them; a test keeps the doc in step)."""
 
 from __future__ import annotations
 
@@ -44,10 +44,10 @@ def _table(*modules: ModuleType) -> str:
 
 def metrics_tables() -> str:
     """One table per process: job, shard server, router."""
-    from jobs import metrics as job
-    from service.control import metrics as control
-    from service.router import metrics as router
-    from service.shard import metrics as shard
+    from qstate.control import metrics as control
+    from qstate.jobs import metrics as job
+    from qstate.router import metrics as router
+    from qstate.shard import metrics as shard
 
     return "\n\n".join(f"### {title}\n\n{_table(*m)}" for title, m in (
         ("Job (`qstate job`, /metrics on `QSTATE_JOB_METRICS_PORT`)", (job, control)),

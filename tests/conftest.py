@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from service.embedded.kafka import KafkaBroker
+from qstate.embedded.kafka import KafkaBroker
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -62,7 +62,7 @@ def topic() -> str:
 
 @pytest.fixture(scope="session")
 def spark(session_dir: Path):
-    from jobs.spark import spark_session
+    from qstate.jobs.spark import spark_session
 
     s = spark_session("qstate-tests", "local[2]")
     yield s
@@ -77,7 +77,7 @@ def storage_uri(session_dir: Path) -> str:
 @pytest.fixture(scope="session")
 def shards(session_dir: Path, storage_uri: str):
     """Two shard server processes over real sockets, shared by the session."""
-    from service.embedded.procs import ShardProcess
+    from qstate.embedded.procs import ShardProcess
 
     procs = [ShardProcess.make(f"s{i}", session_dir / "shards", storage_uri,
                                session_dir / "logs").start_and_wait() for i in range(2)]
@@ -103,7 +103,7 @@ def shop(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="session")
 def router(session_dir: Path, storage_uri: str, shards):
     """One router process (HTTP + gRPC) over the session's storage and shards."""
-    from service.embedded.procs import RouterProcess
+    from qstate.embedded.procs import RouterProcess
 
     r = RouterProcess.make(storage_uri, session_dir / "logs").start_and_wait()
     try:

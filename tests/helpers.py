@@ -11,13 +11,13 @@ from pathlib import Path
 
 from prometheus_client.samples import Sample
 
-from proto import shard_pb2 as pb
-from service.core.address import partition_of
-from service.core.assignment import ServerInfo, list_servers, load_assignment
-from service.core.shard_client import ShardClients
-from service.core.storage import Storage
-from service.embedded.procs import ShardProcess
-from service.partition.files import read_marker
+from qstate.core.address import partition_of
+from qstate.core.assignment import ServerInfo, list_servers, load_assignment
+from qstate.core.shard_client import ShardClients
+from qstate.core.storage import Storage
+from qstate.embedded.procs import ShardProcess
+from qstate.partition.files import read_marker
+from qstate.proto import shard_pb2 as pb
 
 
 def read_all_windows(storage_uri: str, job: str, operator: str, state: str, keys: list[str],
@@ -82,8 +82,8 @@ def grpc_windows(address: str, job: str, operator: str, state: str, keys: list[s
                  latest: bool = False) -> Windows:
     import grpc
 
-    from proto import qstate_pb2 as qpb
-    from proto import qstate_pb2_grpc as qpb_grpc
+    from qstate.proto import qstate_pb2 as qpb
+    from qstate.proto import qstate_pb2_grpc as qpb_grpc
 
     out: Windows = {}
     rng = {} if latest else {"from_ms": -FAR, "to_ms": FAR}
@@ -159,7 +159,7 @@ def wait_until(pred: Callable[[], object], timeout: float, what: str) -> object:
 
 def committed_batches(server_dir: Path, job: str, operator: str) -> dict[int, int]:
     """Partition -> last batch applied, from the commit markers a shard server keeps on its
-    disk (``service.partition.files``): readable while the server is down, e.g. right after
+    disk (``qstate.partition.files``): readable while the server is down, e.g. right after
     a fault point killed it."""
     out = {}
     folder = server_dir / job / operator

@@ -16,13 +16,13 @@ from pathlib import Path
 import httpx
 import pyarrow as pa
 
-from service.control.coordinator import Coordinator
-from service.core import delta as deltas
-from service.core.address import PartitionId, partition_of
-from service.core.operator import OperatorSpec, WindowSpec, save_spec
-from service.core.shard_client import ShardClients
-from service.core.storage import Storage
-from service.embedded.procs import RouterProcess, ShardProcess
+from qstate.control.coordinator import Coordinator
+from qstate.core import delta as deltas
+from qstate.core.address import PartitionId, partition_of
+from qstate.core.operator import OperatorSpec, WindowSpec, save_spec
+from qstate.core.shard_client import ShardClients
+from qstate.core.storage import Storage
+from qstate.embedded.procs import RouterProcess, ShardProcess
 from tests.helpers import metric, shard_metrics_url, wait_until
 
 P = 8

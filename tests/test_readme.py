@@ -1,11 +1,11 @@
 """README's settings table is the settings: every field, its variable, its default and its
-description (``python -m service.core.config`` prints the table to paste)."""
+description (``python -m qstate.core.config`` prints the table to paste)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from service.core.config import settings_table
+from qstate.core.config import settings_table
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
 

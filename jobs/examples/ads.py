@@ -12,14 +12,14 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from jobs import aggregates as A
-from jobs.examples.workloads import default_mapping_path, load_mapping
-from jobs.job import JobContext
-from jobs.parse import parse_events, parse_json
-from jobs.queryable import QueryableJob, SparkStateOperator, dlq_topic
-from jobs.source import read_kafka
-from jobs.windows import window
-from service.core.operator import WindowSpec
+from qstate.core.operator import WindowSpec
+from qstate.jobs import aggregates as A
+from qstate.jobs.examples.workloads import default_mapping_path, load_mapping
+from qstate.jobs.job import JobContext
+from qstate.jobs.parse import parse_events, parse_json
+from qstate.jobs.queryable import QueryableJob, SparkStateOperator, dlq_topic
+from qstate.jobs.source import read_kafka
+from qstate.jobs.windows import window
 
 __all__ = ["FIELDS", "JOB", "KEYS", "TOPIC", "WATERMARK", "build", "mapping_path",
            "spark_state_operators"]

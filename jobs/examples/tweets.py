@@ -13,13 +13,13 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from jobs import aggregates as A
-from jobs.job import JobContext
-from jobs.parse import parse_events, parse_json
-from jobs.queryable import QueryableJob, SparkStateOperator, dlq_topic
-from jobs.source import read_kafka
-from jobs.windows import window
-from service.core.operator import WindowSpec
+from qstate.core.operator import WindowSpec
+from qstate.jobs import aggregates as A
+from qstate.jobs.job import JobContext
+from qstate.jobs.parse import parse_events, parse_json
+from qstate.jobs.queryable import QueryableJob, SparkStateOperator, dlq_topic
+from qstate.jobs.source import read_kafka
+from qstate.jobs.windows import window
 
 __all__ = ["FIELDS", "JOB", "KEYS", "TOPIC", "WATERMARK", "build", "spark_state_operators"]
 

@@ -28,8 +28,8 @@ from typing import Any, Literal
 
 import orjson
 
-from service.core.config import settings
-from service.core.errors import InvalidRequest
+from qstate.core.config import settings
+from qstate.core.errors import InvalidRequest
 
 __all__ = [
     "AD_EVENT_TYPES",

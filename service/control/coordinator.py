@@ -4,13 +4,13 @@ It is the source of truth for which server owns which partition (docs/architectu
 it probes the registered shard servers (a lease: a server that has not answered for
 ``lease_s`` is dead), moves a dead server's partitions to live ones (to a follower that
 serves them, when an operator keeps replicas), gives a (re)joining server its share and
-moves a draining one's away, make-before-break (``service.control.placement``), and writes
+moves a draining one's away, make-before-break (``qstate.control.placement``), and writes
 every assignment to checkpoint storage with a new epoch. Starting a coordinator
 bumps the epoch too, so a stale driver that still runs is refused by every shard.
 
 Each epoch is created once (``save_assignment``) and signed by its writer. A coordinator
 that finds a newer epoch stands down (``fenced``), except a driver's that finds a standby's
-(``service.control.standby`` moves partitions while the driver is down): it goes on from that
+(``qstate.control.standby`` moves partitions while the driver is down): it goes on from that
 one. The driver's coordinator beats a lease in storage (``beat``) that keeps the standby waiting.
 """
 
@@ -25,12 +25,11 @@ from dataclasses import dataclass, field
 import grpc
 import orjson
 
-from proto import shard_pb2 as pb
-from service.control.metrics import ASSIGNMENT_EPOCH, REASSIGNMENTS
-from service.control.placement import Cluster, Progress, place
-from service.core import paths
-from service.core.address import PartitionId
-from service.core.assignment import (
+from qstate.control.metrics import ASSIGNMENT_EPOCH, REASSIGNMENTS
+from qstate.control.placement import Cluster, Progress, place
+from qstate.core import paths
+from qstate.core.address import PartitionId
+from qstate.core.assignment import (
     DRIVER,
     Assignment,
     list_servers,
@@ -38,9 +37,9 @@ from service.core.assignment import (
     now_ms,
     save_assignment,
 )
-from service.core.catalog import snapshot_batches
-from service.core.config import DEFAULTS, settings
-from service.core.errors import (
+from qstate.core.catalog import snapshot_batches
+from qstate.core.config import DEFAULTS, settings
+from qstate.core.errors import (
     CommitFailed,
     Fenced,
     NotOwner,
@@ -48,15 +47,16 @@ from service.core.errors import (
     Unavailable,
     from_grpc,
 )
-from service.core.manifest import (
+from qstate.core.manifest import (
     BatchManifest,
     Fragments,
     delete_manifests_through,
     write_manifest,
 )
-from service.core.operator import OperatorSpec, load_spec
-from service.core.shard_client import ShardClients
-from service.core.storage import Storage
+from qstate.core.operator import OperatorSpec, load_spec
+from qstate.core.shard_client import ShardClients
+from qstate.core.storage import Storage
+from qstate.proto import shard_pb2 as pb
 
 __all__ = ["CommitOutcome", "Coordinator", "coordinator_for", "release"]
 
@@ -98,7 +98,7 @@ class Coordinator:
     _started: bool = False
     fenced: bool = False  # another coordinator of the job wrote a newer epoch
     # what it signs the epochs it writes with: a driver's coordinator also beats a lease in
-    # storage (``beat``) that keeps a standby (`qstate coordinator`, ``service.control.standby``)
+    # storage (``beat``) that keeps a standby (`qstate coordinator`, ``qstate.control.standby``)
     # waiting
     writer: str = field(default_factory=lambda: f"{DRIVER}{uuid.uuid4().hex[:12]}")
     _beats: int = 0

@@ -39,22 +39,22 @@ from pathlib import Path
 import grpc
 from rocksdict import WriteBatch
 
-from service.control.placement import balance, servers_named
-from service.core import paths
-from service.core.address import PartitionId, partition_of
-from service.core.assignment import Assignment, list_servers, load_assignment, save_assignment
-from service.core.catalog import manifest_batches
-from service.core.errors import Fenced, InvalidRequest, Unavailable
-from service.core.operator import OperatorSpec, list_specs, save_spec
-from service.core.shard_client import ShardClients
-from service.core.storage import Storage
-from service.partition.files import partition_dir
-from service.partition.layout import DATA, INDEX, META, data_key_of_index, parse_data_key
-from service.partition.meta import encode_meta
-from service.shard.held import Held
-from service.shard.recovery import Recovery
-from service.shard.snapshot import Snapshotter
-from service.shard.store import PartitionStore
+from qstate.control.placement import balance, servers_named
+from qstate.core import paths
+from qstate.core.address import PartitionId, partition_of
+from qstate.core.assignment import Assignment, list_servers, load_assignment, save_assignment
+from qstate.core.catalog import manifest_batches
+from qstate.core.errors import Fenced, InvalidRequest, Unavailable
+from qstate.core.operator import OperatorSpec, list_specs, save_spec
+from qstate.core.shard_client import ShardClients
+from qstate.core.storage import Storage
+from qstate.partition.files import partition_dir
+from qstate.partition.layout import DATA, INDEX, META, data_key_of_index, parse_data_key
+from qstate.partition.meta import encode_meta
+from qstate.shard.held import Held
+from qstate.shard.recovery import Recovery
+from qstate.shard.snapshot import Snapshotter
+from qstate.shard.store import PartitionStore
 
 __all__ = ["RESCALE", "Rescale", "job_is_down", "rescale"]
 

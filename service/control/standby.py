@@ -23,13 +23,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from service.control.coordinator import Coordinator
-from service.control.metrics import STANDBY_ACTIVE
-from service.core import paths
-from service.core.assignment import STANDBY
-from service.core.config import Settings
-from service.core.process import start_process
-from service.core.storage import Storage
+from qstate.control.coordinator import Coordinator
+from qstate.control.metrics import STANDBY_ACTIVE
+from qstate.core import paths
+from qstate.core.assignment import STANDBY
+from qstate.core.config import Settings
+from qstate.core.process import start_process
+from qstate.core.storage import Storage
 
 __all__ = ["Standby", "run_standby", "stand_by"]
 

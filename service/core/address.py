@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import xxhash
 
-from service.core.errors import InvalidAddress
+from qstate.core.errors import InvalidAddress
 
 __all__ = ["MAX_KEY_BYTES", "NAME_PATTERN", "SEED", "PartitionId", "check_key", "check_name",
            "partition_of"]

@@ -89,7 +89,7 @@ class Series(RootModel[list[Point]]):
 
 
 class ErrorBody(BaseModel):
-    """Every 4xx/5xx body. ``error`` names the failure (a class of service.core.errors)."""
+    """Every 4xx/5xx body. ``error`` names the failure (a class of qstate.core.errors)."""
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
         "error": "NotFound", "message": "key 'tw-9' has no data in tweets/per_tweet_1h/"

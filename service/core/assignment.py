@@ -2,7 +2,7 @@
 
 Shard servers register themselves in checkpoint storage; each job's coordinator (in its
 driver) assigns the partitions of the job's operators to live servers (owners and
-followers: ``service.control.placement``) and writes the assignment to checkpoint storage,
+followers: ``qstate.control.placement``) and writes the assignment to checkpoint storage,
 where routers and shard servers read it without the driver. Every change bumps the job's
 epoch: a writer or reader with an older epoch is refused.
 
@@ -21,9 +21,9 @@ from dataclasses import asdict, dataclass, field, fields
 
 import orjson
 
-from service.core import paths
-from service.core.address import PartitionId
-from service.core.storage import Storage
+from qstate.core import paths
+from qstate.core.address import PartitionId
+from qstate.core.storage import Storage
 
 __all__ = ["DRIVER", "EPOCHS_KEPT", "STANDBY", "Assignment", "ServerInfo",
            "default_server_id", "list_servers", "load_assignment", "now_ms",
@@ -54,7 +54,7 @@ class Assignment:
     # who wrote it: "driver:<id>" (the job's coordinator) or "standby:<id>" (`qstate
     # coordinator`, which moves partitions while the job is down); "" before qstate 0.2
     writer: str = ""
-    # operator -> per partition the ids of its followers (service.control.placement): copies
+    # operator -> per partition the ids of its followers (qstate.control.placement): copies
     # that apply the same batches from storage and answer reads, but take no commits
     followers: dict[str, list[list[str]]] = field(default_factory=dict)
     # operator -> per partition the id of the server a planned move hands it to ("" where

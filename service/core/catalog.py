@@ -1,11 +1,11 @@
 """Which batches checkpoint storage holds, per operator and partition: manifests, delta
-files, snapshots (their paths are ``service.core.paths``)."""
+files, snapshots (their paths are ``qstate.core.paths``)."""
 
 from __future__ import annotations
 
-from service.core import paths
-from service.core.address import PartitionId
-from service.core.storage import Storage
+from qstate.core import paths
+from qstate.core.address import PartitionId
+from qstate.core.storage import Storage
 
 __all__ = ["delta_batches", "delta_files", "manifest_batches", "snapshot_batches"]
 

@@ -238,7 +238,7 @@ DEFAULTS: Final[Settings] = Settings.model_construct()
 
 
 def settings_table() -> str:
-    """README's table of every setting (``python -m service.core.config`` prints it)."""
+    """README's table of every setting (``python -m qstate.core.config`` prints it)."""
     rows = ["| setting | default | what |", "| --- | --- | --- |"]
     for name, f in Settings.model_fields.items():
         d = f.default

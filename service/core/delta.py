@@ -2,7 +2,7 @@
 (docs/architecture.md §3).
 
 Arrow IPC. Columns ``key, start, end`` (epoch ms; null for non-windowed state), ``tag`` (a
-sliding window's pane tag, ``service.core.windows``; null otherwise), then per aggregate:
+sliding window's pane tag, ``qstate.core.windows``; null otherwise), then per aggregate:
 
     count                    name            int64
     sum, min, max, value     name            int64 or double, null where no row had a value
@@ -21,11 +21,11 @@ from collections.abc import Iterable
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from service.core import paths
-from service.core.address import PartitionId
-from service.core.errors import DeltaMismatch
-from service.core.operator import OperatorSpec
-from service.core.storage import Storage
+from qstate.core import paths
+from qstate.core.address import PartitionId
+from qstate.core.errors import DeltaMismatch
+from qstate.core.operator import OperatorSpec
+from qstate.core.storage import Storage
 
 __all__ = ["delta_fields", "delta_schema", "read_delta", "read_deltas", "write_delta"]
 

@@ -3,7 +3,7 @@
 An error crosses a gRPC boundary as its code and message, with its class name and detail in
 trailing metadata (``grpc_trailers``), and comes back as the same class (``from_grpc``), so
 no caller decides what happened by reading a message. Over HTTP its body is
-``{"error": <class name>, "message": ..., **detail}`` (``service.core.answer.ErrorBody``
+``{"error": <class name>, "message": ..., **detail}`` (``qstate.core.answer.ErrorBody``
 documents it) and ``from_http`` reads it back.
 """
 

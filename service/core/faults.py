@@ -5,7 +5,7 @@ batch, so a chaos test knows exactly what was in flight when it died.
     QSTATE_FAULT=shard.after-write@12:per_tweet_1h     # only that operator's Commit(12)
     QSTATE_FAULT=driver.after-commit@7:per_tweet_1h
 
-The setting (``service.core.config``, ``fault``) is read once when ``qstate shard`` or
+The setting (``qstate.core.config``, ``fault``) is read once when ``qstate shard`` or
 ``qstate job`` starts (``arm``): a typo fails there, not at batch N. Off (the default), every
 fault point costs one function call and a ``None`` check. Only the process that arms it can
 die: Spark's Python workers never do (the driver steps run in the driver process).
@@ -21,8 +21,8 @@ import sys
 from dataclasses import dataclass
 from typing import Final, NoReturn
 
-from service.core.address import check_name
-from service.core.errors import InvalidRequest
+from qstate.core.address import check_name
+from qstate.core.errors import InvalidRequest
 
 __all__ = ["POINTS", "Fault", "arm", "armed", "at", "die", "hit", "parse"]
 

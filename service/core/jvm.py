@@ -6,7 +6,7 @@ import os
 import shutil
 from pathlib import Path
 
-from service.core.errors import StartFailed
+from qstate.core.errors import StartFailed
 
 __all__ = ["java"]
 

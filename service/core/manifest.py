@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import orjson
 
-from service.core import paths
-from service.core.catalog import manifest_batches
-from service.core.storage import Storage
+from qstate.core import paths
+from qstate.core.catalog import manifest_batches
+from qstate.core.storage import Storage
 
 __all__ = ["BatchManifest", "Fragments", "delete_manifests_through", "read_manifest",
            "write_manifest"]

@@ -19,12 +19,12 @@ from typing import Any, Literal
 
 import orjson
 
-from service.core import paths
-from service.core.address import check_name
-from service.core.config import DEFAULTS
-from service.core.errors import InvalidRequest
-from service.core.storage import Storage
-from service.core.windows import pane_ms
+from qstate.core import paths
+from qstate.core.address import check_name
+from qstate.core.config import DEFAULTS
+from qstate.core.errors import InvalidRequest
+from qstate.core.storage import Storage
+from qstate.core.windows import pane_ms
 
 __all__ = ["MAX_REPLICAS", "MERGEABLE", "AggKind", "Aggregate", "Mode", "OperatorSpec", "StateType",
            "WindowKind", "WindowSpec", "list_specs", "load_spec", "save_spec"]

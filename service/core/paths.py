@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from service.core.address import PartitionId
+from qstate.core.address import PartitionId
 
 __all__ = [
     "ARROW", "JSON", "assignment", "assignments_dir", "batch_name", "batch_of", "batches",

@@ -22,8 +22,8 @@ from typing import Any
 
 import grpc
 
-from service.core.config import Settings
-from service.core.errors import InvalidRequest, StartFailed
+from qstate.core.config import Settings
+from qstate.core.errors import InvalidRequest, StartFailed
 
 __all__ = ["AUTH_HEADER", "aio_channel", "bearer", "channel", "check_exposure",
            "clean_token", "cluster_interceptors", "cluster_token", "is_loopback", "server_port"]

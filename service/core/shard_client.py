@@ -6,11 +6,11 @@ import threading
 
 import grpc
 
-from proto import shard_pb2 as pb
-from proto import shard_pb2_grpc as pb_grpc
-from service.core import security
-from service.core.address import PartitionId
-from service.core.config import Settings, settings
+from qstate.core import security
+from qstate.core.address import PartitionId
+from qstate.core.config import Settings, settings
+from qstate.proto import shard_pb2 as pb
+from qstate.proto import shard_pb2_grpc as pb_grpc
 
 __all__ = ["CHANNEL_OPTIONS", "ShardClients", "held_partitions", "partition_state"]
 

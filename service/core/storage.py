@@ -1,6 +1,6 @@
 """Checkpoint storage: a local directory, or any pyarrow filesystem URI (s3://, hdfs://, gs://).
 
-Paths given to ``Storage`` are relative to its root (``service.core.paths`` builds them).
+Paths given to ``Storage`` are relative to its root (``qstate.core.paths`` builds them).
 Writes are atomic for readers: write to a temporary name in the same directory, then move,
 so a reader never sees half a file and a re-run of a batch simply replaces its files.
 ``create`` writes only if nothing is there yet, for objects two writers may race for (a

@@ -26,9 +26,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, ValidationError
 
-from service.core.address import NAME_PATTERN
-from service.core.errors import Forbidden, InvalidRequest, StartFailed, Unauthenticated
-from service.core.files import write_file
+from qstate.core.address import NAME_PATTERN
+from qstate.core.errors import Forbidden, InvalidRequest, StartFailed, Unauthenticated
+from qstate.core.files import write_file
 
 __all__ = ["ALL", "Principal", "TokenBook", "TokenEntry", "WatchedTokens", "add_token",
            "hash_token"]

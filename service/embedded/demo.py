@@ -21,14 +21,14 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
-from service.core.assignment import list_servers
-from service.core.files import write_file
-from service.core.storage import Storage
-from service.embedded import guide
-from service.embedded.kafka import KafkaBroker
-from service.embedded.ports import free_port, wait_for_port
-from service.embedded.procs import Child, RouterProcess, ShardProcess, qstate_command
-from service.embedded.prometheus import Target, targets_path, write_targets
+from qstate.core.assignment import list_servers
+from qstate.core.files import write_file
+from qstate.core.storage import Storage
+from qstate.embedded import guide
+from qstate.embedded.kafka import KafkaBroker
+from qstate.embedded.ports import free_port, wait_for_port
+from qstate.embedded.procs import Child, RouterProcess, ShardProcess, qstate_command
+from qstate.embedded.prometheus import Target, targets_path, write_targets
 
 __all__ = ["TOPICS", "Demo", "DemoConfig", "Status"]
 

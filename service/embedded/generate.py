@@ -33,9 +33,15 @@ from rich.progress import (
 )
 from rich.text import Text
 
-from jobs.examples.workloads import Ads, Event, default_mapping_path, live_events, make_workload
-from service.cli_options import S, option
-from service.core.kafka import ensure_topic
+from qstate.cli_options import S, option
+from qstate.core.kafka import ensure_topic
+from qstate.jobs.examples.workloads import (
+    Ads,
+    Event,
+    default_mapping_path,
+    live_events,
+    make_workload,
+)
 
 __all__ = [
     "DEFAULT_KEYS",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from service.embedded.prometheus import Target
+from qstate.embedded.prometheus import Target
 
 __all__ = ["GRAFANA_IMAGE", "endpoints", "queries"]
 

@@ -22,10 +22,10 @@ import orjson
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-from service.core.config import DEFAULTS
-from service.core.errors import BrokerError
-from service.core.jvm import java
-from service.embedded.ports import free_port
+from qstate.core.config import DEFAULTS
+from qstate.core.errors import BrokerError
+from qstate.core.jvm import java
+from qstate.embedded.ports import free_port
 
 __all__ = ["KafkaBroker", "broker_classpath", "cluster_id"]
 
@@ -170,7 +170,7 @@ class KafkaBroker:
             # restarted one may register: keep that short on one node
             "broker.heartbeat.interval.ms": "500",
             "broker.session.timeout.ms": "3000",
-            # topics are made on purpose (service.core.kafka.ensure_topic), never by a typo
+            # topics are made on purpose (qstate.core.kafka.ensure_topic), never by a typo
             "auto.create.topics.enable": "false",
             # two cores: fewer threads than Kafka's defaults
             "num.network.threads": "2",

@@ -6,7 +6,7 @@ import socket
 import subprocess
 import time
 
-from service.core.errors import StartFailed
+from qstate.core.errors import StartFailed
 
 __all__ = ["free_port", "wait_for_port"]
 

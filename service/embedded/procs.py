@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from service.embedded.ports import free_port, wait_for_port
+from qstate.embedded.ports import free_port, wait_for_port
 
 __all__ = ["Child", "RouterProcess", "ShardProcess", "qstate_command"]
 
@@ -62,7 +62,7 @@ class Child:
 
 
 def qstate_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "service", *args]
+    return [sys.executable, "-m", "qstate", *args]
 
 
 @dataclass

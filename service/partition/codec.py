@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 import pyarrow as pa
 
-from service.core.operator import Aggregate, OperatorSpec
+from qstate.core.operator import Aggregate, OperatorSpec
 
 __all__ = ["Codec"]
 

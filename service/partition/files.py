@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from service.core.address import PartitionId
+from qstate.core.address import PartitionId
 
 __all__ = ["MARKER", "Marker", "partition_dir", "read_marker", "remove_marker", "write_marker"]
 

@@ -1,6 +1,6 @@
 """Byte layout of one partition's RocksDB.
 
-``d | len(key):u16 | key | start:u64``            -> value (``service.partition.codec``)
+``d | len(key):u16 | key | start:u64``            -> value (``qstate.partition.codec``)
 ``d | len(key):u16 | key | pane:u64 | tag:u64``   -> value of a (sub-)pane of a sliding window
 ``e | end:u64 | <data key without d>``            -> b""   (time index, for retention)
 ``m``                                             -> orjson meta (last_batch, watermark, epoch)
@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from service.core.errors import CorruptState
+from qstate.core.errors import CorruptState
 
 __all__ = ["DATA", "INDEX", "META", "NO_WINDOW", "DataKey", "data_key", "data_key_of_index",
            "data_keys", "dec_time", "enc_time", "index_key", "index_keys", "key_prefix",
@@ -130,5 +130,5 @@ def pane_of(data: bytes) -> int:
 
 
 def tag_of(data: bytes) -> int:
-    """The tag of a pane's data key (``service.core.windows.pane_tag``)."""
+    """The tag of a pane's data key (``qstate.core.windows.pane_tag``)."""
     return dec_time(data[-8:])

@@ -9,7 +9,7 @@ from typing import Protocol
 
 import orjson
 
-from service.partition.layout import META
+from qstate.partition.layout import META
 
 __all__ = ["META", "Meta", "decode_meta", "encode_meta", "read_meta"]
 

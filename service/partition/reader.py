@@ -3,7 +3,7 @@ same-host router (a secondary instance) alike. One snapshot per read: read-commi
 a batch or none (docs/architecture.md §3).
 
 Windows are what a client asks for; for a sliding window they are made here from the
-stored panes (``service.core.windows``): window ``s`` combines the records of the panes in
+stored panes (``qstate.core.windows``): window ``s`` combines the records of the panes in
 ``[s, s + size)`` whose tag lets them count in ``s``.
 """
 
@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 import numpy as np
 from rocksdict import Rdict
 
-from service.core.windows import ALL_WINDOWS, first_window_of, last_window_of
-from service.partition import layout
-from service.partition.codec import Codec
-from service.partition.layout import META, NO_WINDOW
-from service.partition.meta import Meta, decode_meta
+from qstate.core.windows import ALL_WINDOWS, first_window_of, last_window_of
+from qstate.partition import layout
+from qstate.partition.codec import Codec
+from qstate.partition.layout import META, NO_WINDOW
+from qstate.partition.meta import Meta, decode_meta
 
 __all__ = ["Meta", "WindowValue", "page", "read_windows"]
 

@@ -16,10 +16,10 @@ from typing import Any
 
 import grpc
 
-from service.core.errors import QStateError
-from service.core.security import AUTH_HEADER, bearer
-from service.core.tokens import Principal, WatchedTokens
-from service.router.wire import send_error
+from qstate.core.errors import QStateError
+from qstate.core.security import AUTH_HEADER, bearer
+from qstate.core.tokens import Principal, WatchedTokens
+from qstate.router.wire import send_error
 
 __all__ = ["GrpcAuth", "target_of", "with_auth"]
 

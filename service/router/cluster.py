@@ -13,12 +13,12 @@ import time
 
 import grpc
 
-from proto import shard_pb2 as pb
-from service.core.address import PartitionId
-from service.core.answer import ClusterInfo, PartitionStatus, ShardStatus
-from service.core.shard_client import held_partitions, partition_state
-from service.router.coalesce import ShardCaller
-from service.router.routing import RoutingTable
+from qstate.core.address import PartitionId
+from qstate.core.answer import ClusterInfo, PartitionStatus, ShardStatus
+from qstate.core.shard_client import held_partitions, partition_state
+from qstate.proto import shard_pb2 as pb
+from qstate.router.coalesce import ShardCaller
+from qstate.router.routing import RoutingTable
 
 __all__ = ["cluster"]
 

@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from proto import shard_pb2 as pb
-from proto import shard_pb2_grpc as pb_grpc
-from service.core import security
-from service.core.address import PartitionId
-from service.core.config import DEFAULTS, Settings
-from service.core.errors import Overloaded
-from service.core.shard_client import CHANNEL_OPTIONS
+from qstate.core import security
+from qstate.core.address import PartitionId
+from qstate.core.config import DEFAULTS, Settings
+from qstate.core.errors import Overloaded
+from qstate.core.shard_client import CHANNEL_OPTIONS
+from qstate.proto import shard_pb2 as pb
+from qstate.proto import shard_pb2_grpc as pb_grpc
 
 __all__ = ["MAX_BATCH", "ShardCaller"]
 

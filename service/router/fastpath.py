@@ -12,10 +12,10 @@ import time
 from typing import Any
 from urllib.parse import parse_qsl
 
-from service.core.errors import QStateError
-from service.router.metrics import HTTP_LATENCY, HTTP_REQUESTS
-from service.router.query import QueryService, absent
-from service.router.wire import JSON, error_response, parse_limit, time_range
+from qstate.core.errors import QStateError
+from qstate.router.metrics import HTTP_LATENCY, HTTP_REQUESTS
+from qstate.router.query import QueryService, absent
+from qstate.router.wire import JSON, error_response, parse_limit, time_range
 
 __all__ = ["with_fast_get"]
 

@@ -6,17 +6,17 @@ import time
 
 import grpc
 
-from proto import qstate_pb2 as pb
-from proto import qstate_pb2_grpc as pb_grpc
-from service.core.answer import StateAnswer
-from service.core.errors import QStateError, grpc_trailers
-from service.core.values import set_value
-from service.router.auth import GrpcAuth
-from service.router.metrics import GRPC_LATENCY as RPC_LATENCY
-from service.router.metrics import GRPC_REQUESTS as RPCS
-from service.router.metrics import count_error
-from service.router.query import QueryService, absent
-from service.router.wire import FAR
+from qstate.core.answer import StateAnswer
+from qstate.core.errors import QStateError, grpc_trailers
+from qstate.core.values import set_value
+from qstate.proto import qstate_pb2 as pb
+from qstate.proto import qstate_pb2_grpc as pb_grpc
+from qstate.router.auth import GrpcAuth
+from qstate.router.metrics import GRPC_LATENCY as RPC_LATENCY
+from qstate.router.metrics import GRPC_REQUESTS as RPCS
+from qstate.router.metrics import count_error
+from qstate.router.query import QueryService, absent
+from qstate.router.wire import FAR
 
 __all__ = ["QueryableStateService"]
 

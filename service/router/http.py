@@ -1,7 +1,7 @@
 """HTTP front end (FastAPI): GET a key, batchGet many, list and describe jobs.
 
-Bodies are the models of ``service.core.answer``, serialized by those models; errors are
-``ErrorBody`` with the status of their class (``service.core.errors``) and, for a 503, a
+Bodies are the models of ``qstate.core.answer``, serialized by those models; errors are
+``ErrorBody`` with the status of their class (``qstate.core.errors``) and, for a 503, a
 Retry-After header.
 """
 
@@ -20,8 +20,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service.core.address import MAX_KEY_BYTES, NAME_PATTERN, check_key, check_name
-from service.core.answer import (
+from qstate.core.address import MAX_KEY_BYTES, NAME_PATTERN, check_key, check_name
+from qstate.core.answer import (
     BatchAnswer,
     ClusterInfo,
     JobInfo,
@@ -35,16 +35,16 @@ from service.core.answer import (
     WindowInfo,
     error_responses,
 )
-from service.core.errors import InvalidRequest, QStateError
-from service.router.cluster import cluster
-from service.router.metrics import (
+from qstate.core.errors import InvalidRequest, QStateError
+from qstate.router.cluster import cluster
+from qstate.router.metrics import (
     HTTP_LATENCY,
     HTTP_REQUESTS,
     http_method,
 )
-from service.router.query import OperatorStatus, QueryService, absent
-from service.router.ui import mount_ui
-from service.router.wire import JSON, TIME_PATTERN, error_response, parse_limit, time_range
+from qstate.router.query import OperatorStatus, QueryService, absent
+from qstate.router.ui import mount_ui
+from qstate.router.wire import JSON, TIME_PATTERN, error_response, parse_limit, time_range
 
 __all__ = ["create_app", "json_response"]
 
@@ -95,7 +95,7 @@ To = Annotated[str | None, Query(description=f"Windows starting before (exclusiv
 
 
 def _may_read(request: Request, job: str, operator: str | None = None) -> bool:
-    """Whether the request's token (``service.router.auth`` leaves it in the request's state
+    """Whether the request's token (``qstate.router.auth`` leaves it in the request's state
     when the router asks for tokens) may read ``job`` (``operator``)."""
     principal = getattr(request.state, "principal", None)
     return principal is None or principal.allows(job, operator)
@@ -145,7 +145,7 @@ def create_app(query: QueryService, ready: Callable[[], bool] = lambda: True) ->
     @app.exception_handler(RequestValidationError)
     async def on_invalid(_: Request, exc: RequestValidationError) -> Response:
         # A name or key that breaks its documented pattern gets the very answer the fast
-        # path gives (service.core.address words it), whichever route saw it.
+        # path gives (qstate.core.address words it), whichever route saw it.
         try:
             for e in exc.errors():
                 loc = e.get("loc", ())

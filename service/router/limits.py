@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from service.core.errors import Overloaded, TooLarge
-from service.router.wire import send_error
+from qstate.core.errors import Overloaded, TooLarge
+from qstate.router.wire import send_error
 
 __all__ = ["with_limits"]
 

@@ -21,14 +21,14 @@ from pathlib import Path
 
 from rocksdict import AccessType, Options, Rdict
 
-from service.core.address import PartitionId
-from service.core.assignment import ServerInfo
-from service.core.config import DEFAULTS
-from service.core.operator import OperatorSpec
-from service.partition.codec import Codec
-from service.partition.files import Marker, partition_dir, read_marker
-from service.partition.meta import Meta, read_meta
-from service.partition.reader import WindowValue, read_windows
+from qstate.core.address import PartitionId
+from qstate.core.assignment import ServerInfo
+from qstate.core.config import DEFAULTS
+from qstate.core.operator import OperatorSpec
+from qstate.partition.codec import Codec
+from qstate.partition.files import Marker, partition_dir, read_marker
+from qstate.partition.meta import Meta, read_meta
+from qstate.partition.reader import WindowValue, read_windows
 
 __all__ = ["LocalReader"]
 

@@ -12,23 +12,23 @@ from pathlib import Path
 import grpc
 import uvicorn
 
-from proto import qstate_pb2_grpc as pb_grpc
-from proto import shard_pb2 as pb
-from service.core import security
-from service.core.config import Settings
-from service.core.shard_client import held_partitions
-from service.core.storage import Storage
-from service.core.tokens import WatchedTokens
-from service.router.auth import GrpcAuth, with_auth
-from service.router.coalesce import ShardCaller
-from service.router.fastpath import with_fast_get
-from service.router.grpc_api import QueryableStateService
-from service.router.http import create_app
-from service.router.limits import with_limits
-from service.router.local import LocalReader
-from service.router.query import QueryService
-from service.router.reads import PartitionReads
-from service.router.routing import RoutingTable
+from qstate.core import security
+from qstate.core.config import Settings
+from qstate.core.shard_client import held_partitions
+from qstate.core.storage import Storage
+from qstate.core.tokens import WatchedTokens
+from qstate.proto import qstate_pb2_grpc as pb_grpc
+from qstate.proto import shard_pb2 as pb
+from qstate.router.auth import GrpcAuth, with_auth
+from qstate.router.coalesce import ShardCaller
+from qstate.router.fastpath import with_fast_get
+from qstate.router.grpc_api import QueryableStateService
+from qstate.router.http import create_app
+from qstate.router.limits import with_limits
+from qstate.router.local import LocalReader
+from qstate.router.query import QueryService
+from qstate.router.reads import PartitionReads
+from qstate.router.routing import RoutingTable
 
 __all__ = ["RouterOptions", "run", "serve"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Histogram
 
-from service.core.errors import (
+from qstate.core.errors import (
     Forbidden,
     Overloaded,
     QStateError,

@@ -1,6 +1,6 @@
 """The query core behind both the HTTP and the gRPC front ends: makes a request's
 ``StateQuery`` (``point``, ``batch``), reads each key from its partition (``reads``) and
-shapes the answer (``service.core.answer``)."""
+shapes the answer (``qstate.core.answer``)."""
 
 from __future__ import annotations
 
@@ -8,16 +8,16 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from proto import shard_pb2 as pb
-from service.core.address import PartitionId, check_name, partition_of
-from service.core.answer import StateAnswer
-from service.core.config import DEFAULTS
-from service.core.errors import NotFound, UnknownOperator
-from service.core.operator import OperatorSpec
-from service.core.shard_client import held_partitions
-from service.router.reads import Hit, PartitionReads
-from service.router.request import StateQuery
-from service.router.routing import RoutingTable
+from qstate.core.address import PartitionId, check_name, partition_of
+from qstate.core.answer import StateAnswer
+from qstate.core.config import DEFAULTS
+from qstate.core.errors import NotFound, UnknownOperator
+from qstate.core.operator import OperatorSpec
+from qstate.core.shard_client import held_partitions
+from qstate.proto import shard_pb2 as pb
+from qstate.router.reads import Hit, PartitionReads
+from qstate.router.request import StateQuery
+from qstate.router.routing import RoutingTable
 
 __all__ = ["OperatorStatus", "QueryService"]
 

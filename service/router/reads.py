@@ -1,7 +1,7 @@
 """Reading one key from the partition that owns it: in-process when the owner is on this
 host (``local``), else over the owner's internal API (``coalesce``), following the routing
 table when a partition moved. When the owner is down, restoring or no longer holds it, a
-follower (a copy: service.control.placement) answers if one serves it. The answer is a ``Hit``
+follower (a copy: qstate.control.placement) answers if one serves it. The answer is a ``Hit``
 as of one batch (a follower's may be a batch older), or ``Unavailable``.
 """
 
@@ -12,18 +12,18 @@ from dataclasses import dataclass
 
 import grpc
 
-from proto import shard_pb2 as pb
-from service.core.address import PartitionId
-from service.core.answer import Window
-from service.core.errors import QStateError, Unavailable, from_grpc
-from service.core.operator import OperatorSpec
-from service.core.values import value_of
-from service.partition.reader import page
-from service.router.coalesce import ShardCaller
-from service.router.local import LocalReader
-from service.router.metrics import FOLLOWER_READS, LOCAL_READS, REMOTE_READS
-from service.router.request import StateQuery
-from service.router.routing import RoutingTable
+from qstate.core.address import PartitionId
+from qstate.core.answer import Window
+from qstate.core.errors import QStateError, Unavailable, from_grpc
+from qstate.core.operator import OperatorSpec
+from qstate.core.values import value_of
+from qstate.partition.reader import page
+from qstate.proto import shard_pb2 as pb
+from qstate.router.coalesce import ShardCaller
+from qstate.router.local import LocalReader
+from qstate.router.metrics import FOLLOWER_READS, LOCAL_READS, REMOTE_READS
+from qstate.router.request import StateQuery
+from qstate.router.routing import RoutingTable
 
 __all__ = ["Hit", "PartitionReads"]
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from service.core.address import check_key, check_name
-from service.core.errors import InvalidRequest
+from qstate.core.address import check_key, check_name
+from qstate.core.errors import InvalidRequest
 
 __all__ = ["StateQuery", "check_limit", "check_range"]
 

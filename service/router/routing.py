@@ -10,12 +10,12 @@ import asyncio
 import logging
 import time
 
-from service.core.address import PartitionId
-from service.core.assignment import Assignment, ServerInfo, list_servers, load_assignment
-from service.core.config import DEFAULTS
-from service.core.errors import UnknownOperator
-from service.core.operator import OperatorSpec, list_specs
-from service.core.storage import Storage
+from qstate.core.address import PartitionId
+from qstate.core.assignment import Assignment, ServerInfo, list_servers, load_assignment
+from qstate.core.config import DEFAULTS
+from qstate.core.errors import UnknownOperator
+from qstate.core.operator import OperatorSpec, list_specs
+from qstate.core.storage import Storage
 
 __all__ = ["RoutingTable"]
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import orjson
 
-from service.core.errors import InvalidRequest, QStateError
-from service.router.metrics import count_error
-from service.router.request import check_limit
+from qstate.core.errors import InvalidRequest, QStateError
+from qstate.router.metrics import count_error
+from qstate.router.request import check_limit
 
 __all__ = ["FAR", "JSON", "TIME_PATTERN", "error_response", "parse_limit", "parse_time",
            "retry_after", "send_error", "time_range"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from service.shard.store import PartitionStore
+from qstate.shard.store import PartitionStore
 
 __all__ = ["Held"]
 

@@ -17,22 +17,22 @@ from pathlib import Path
 
 import grpc
 
-from proto import shard_pb2_grpc as pb_grpc
-from service.core import security
-from service.core.assignment import (
+from qstate.core import security
+from qstate.core.assignment import (
     ServerInfo,
     default_server_id,
     now_ms,
     register_server,
     unregister_server,
 )
-from service.core.config import Settings
-from service.core.probe import bound_port, probe_app, serve_probe
-from service.core.shard_client import CHANNEL_OPTIONS
-from service.core.storage import Storage
-from service.shard import metrics
-from service.shard.partitions import Partitions
-from service.shard.server import ShardService
+from qstate.core.config import Settings
+from qstate.core.probe import bound_port, probe_app, serve_probe
+from qstate.core.shard_client import CHANNEL_OPTIONS
+from qstate.core.storage import Storage
+from qstate.proto import shard_pb2_grpc as pb_grpc
+from qstate.shard import metrics
+from qstate.shard.partitions import Partitions
+from qstate.shard.server import ShardService
 
 __all__ = ["ShardOptions", "run", "serve"]
 

@@ -18,11 +18,11 @@ from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from service.core.errors import InvalidAddress, QStateError
+from qstate.core.errors import InvalidAddress, QStateError
 
 if TYPE_CHECKING:
-    from service.core.address import PartitionId
-    from service.shard.held import Held
+    from qstate.core.address import PartitionId
+    from qstate.shard.held import Held
 
 __all__ = ["APPLIED_ROWS", "APPLY_SECONDS", "CAUGHT_UP", "COMMITS", "COMMIT_SECONDS", "HELD",
            "LAST_SKIPPED", "LOOKUPS", "LOOKUP_SECONDS", "STATES", "STATE_WRITES",
@@ -86,7 +86,7 @@ def _data_bytes(folder: Path) -> int:
 
 def _partition_folders(server_dir: Path) -> dict[tuple[str, str, int], Path]:
     """(job, operator, partition) -> folder, for every partition folder on this disk
-    (``service.partition.files`` layout: ``{job}/{operator}/p{partition:05d}``)."""
+    (``qstate.partition.files`` layout: ``{job}/{operator}/p{partition:05d}``)."""
     out = {}
     for job in _dirs(server_dir):
         if job.name.startswith("."):  # .scratch: snapshots being taken

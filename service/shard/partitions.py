@@ -4,7 +4,7 @@ they move away (docs/architecture.md §3-4). Bringing one up to date is ``recove
 ``snapshot``.
 
 A partition that changes from follower to owner keeps its store: a planned move hands over
-a copy that is already caught up (service.control.placement)."""
+a copy that is already caught up (qstate.control.placement)."""
 
 from __future__ import annotations
 
@@ -15,21 +15,21 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from service.core import delta as deltas
-from service.core import paths
-from service.core.address import PartitionId
-from service.core.assignment import Assignment, load_assignment
-from service.core.catalog import manifest_batches
-from service.core.config import DEFAULTS
-from service.core.errors import DeltaMismatch, NotOwner, StaleEpoch, Unavailable, UnknownOperator
-from service.core.operator import OperatorSpec, load_spec
-from service.core.storage import Storage
-from service.partition.files import partition_dir
-from service.shard import metrics
-from service.shard.held import Held
-from service.shard.recovery import Recovery
-from service.shard.snapshot import Snapshotter
-from service.shard.store import PartitionStore
+from qstate.core import delta as deltas
+from qstate.core import paths
+from qstate.core.address import PartitionId
+from qstate.core.assignment import Assignment, load_assignment
+from qstate.core.catalog import manifest_batches
+from qstate.core.config import DEFAULTS
+from qstate.core.errors import DeltaMismatch, NotOwner, StaleEpoch, Unavailable, UnknownOperator
+from qstate.core.operator import OperatorSpec, load_spec
+from qstate.core.storage import Storage
+from qstate.partition.files import partition_dir
+from qstate.shard import metrics
+from qstate.shard.held import Held
+from qstate.shard.recovery import Recovery
+from qstate.shard.snapshot import Snapshotter
+from qstate.shard.store import PartitionStore
 
 __all__ = ["CommitResult", "PartitionCommit", "Partitions"]
 

@@ -14,16 +14,16 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from service.core import delta as deltas
-from service.core.address import PartitionId
-from service.core.catalog import manifest_batches, snapshot_batches
-from service.core.errors import DeltaMismatch
-from service.core.manifest import read_manifest
-from service.core.operator import OperatorSpec
-from service.core.storage import Storage
-from service.partition.files import partition_dir
-from service.shard import metrics, snapshot
-from service.shard.held import Held
+from qstate.core import delta as deltas
+from qstate.core.address import PartitionId
+from qstate.core.catalog import manifest_batches, snapshot_batches
+from qstate.core.errors import DeltaMismatch
+from qstate.core.manifest import read_manifest
+from qstate.core.operator import OperatorSpec
+from qstate.core.storage import Storage
+from qstate.partition.files import partition_dir
+from qstate.shard import metrics, snapshot
+from qstate.shard.held import Held
 
 __all__ = ["Recovery"]
 

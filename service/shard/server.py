@@ -1,7 +1,7 @@
 """The internal gRPC API of a shard server (proto/shard.proto).
 
 Every field is validated here; a qstate error leaves as its own gRPC code
-(``service.core.errors``), so callers never read messages to decide what happened.
+(``qstate.core.errors``), so callers never read messages to decide what happened.
 """
 
 from __future__ import annotations
@@ -13,17 +13,17 @@ from collections.abc import Iterable
 
 import grpc
 
-from proto import shard_pb2 as pb
-from proto import shard_pb2_grpc as pb_grpc
-from service.core import faults
-from service.core.address import PartitionId, check_key, check_name, partition_of
-from service.core.config import DEFAULTS
-from service.core.errors import InvalidRequest, QStateError, UnknownOperator, grpc_trailers
-from service.core.operator import OperatorSpec
-from service.core.values import set_value
-from service.partition.reader import WindowValue, page
-from service.shard import metrics
-from service.shard.partitions import PartitionCommit, Partitions
+from qstate.core import faults
+from qstate.core.address import PartitionId, check_key, check_name, partition_of
+from qstate.core.config import DEFAULTS
+from qstate.core.errors import InvalidRequest, QStateError, UnknownOperator, grpc_trailers
+from qstate.core.operator import OperatorSpec
+from qstate.core.values import set_value
+from qstate.partition.reader import WindowValue, page
+from qstate.proto import shard_pb2 as pb
+from qstate.proto import shard_pb2_grpc as pb_grpc
+from qstate.shard import metrics
+from qstate.shard.partitions import PartitionCommit, Partitions
 
 __all__ = ["ShardService"]
 

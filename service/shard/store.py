@@ -3,7 +3,7 @@
 A batch is applied in one WriteBatch that also records ``last_batch``, the watermark and the
 epoch (synced, docs/architecture.md §4), so a reader sees all of a batch or none and a re-run batch
 is
-skipped. How a delta meets what is stored depends on the operator (``service.partition.codec``):
+skipped. How a delta meets what is stored depends on the operator (``qstate.partition.codec``):
 merged aggregates combine with the stored value of the same (key, window) — or (key, pane,
 tag) for a sliding window — and session windows merge per key (``_merge_sessions``).
 """
@@ -21,13 +21,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from rocksdict import BlockBasedOptions, Options, Rdict, WriteBatch, WriteOptions
 
-from service.core.errors import StaleEpoch
-from service.core.operator import OperatorSpec
-from service.partition import files, layout
-from service.partition.codec import Codec
-from service.partition.layout import INDEX, META, NO_WINDOW
-from service.partition.meta import Meta, encode_meta, read_meta
-from service.partition.reader import WindowValue, read_windows
+from qstate.core.errors import StaleEpoch
+from qstate.core.operator import OperatorSpec
+from qstate.partition import files, layout
+from qstate.partition.codec import Codec
+from qstate.partition.layout import INDEX, META, NO_WINDOW
+from qstate.partition.meta import Meta, encode_meta, read_meta
+from qstate.partition.reader import WindowValue, read_windows
 
 __all__ = ["ApplyStats", "PartitionStore"]
 
@@ -72,7 +72,7 @@ class PartitionStore:
         self._mark()
 
     def _mark(self) -> None:
-        """Publish "incarnation batch" for same-host readers (service.partition.files)."""
+        """Publish "incarnation batch" for same-host readers (qstate.partition.files)."""
         files.write_marker(self.path, self.token, self.meta.last_batch)
 
     def retire(self) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.embedded.kafka import KafkaBroker
+from qstate.embedded.kafka import KafkaBroker
 from tests.chaos.harness import BOUNDARY, RESULTS, Deployment, Generator
 
 

@@ -7,7 +7,7 @@ the generator's delivery log: 0 lost, 0 counted twice. The time until every part
 answers again is printed (loadtest/chaos.py repeats the scenarios for the numbers).
 
 A shard or the driver dies deterministically: it is restarted with a fault point armed
-(``service.core.faults``) and kills itself with SIGKILL at a named step of a batch N a few
+(``qstate.core.faults``) and kills itself with SIGKILL at a named step of a batch N a few
 batches ahead. Each scenario asserts the process died by that signal, what batch N was at
 that moment (the shards' commit markers and Describe, Spark's logs), and what recovery did
 with N (the shards' commit counters: applied once, or skipped as already there). The same
@@ -27,7 +27,7 @@ import time
 
 import pytest
 
-from service.embedded.procs import RouterProcess
+from qstate.embedded.procs import RouterProcess
 from tests.chaos.harness import JOB, Deployment, P, died_by_sigkill, newest, scenario
 from tests.helpers import committed_batches, wait_until
 

@@ -20,9 +20,9 @@ import grpc
 import pytest
 from google.protobuf.json_format import MessageToDict
 
-from proto import qstate_pb2 as qpb
-from proto import qstate_pb2_grpc as qpb_grpc
-from service.embedded.ports import free_port
+from qstate.embedded.ports import free_port
+from qstate.proto import qstate_pb2 as qpb
+from qstate.proto import qstate_pb2_grpc as qpb_grpc
 from tests.shop import BATCHES, BIG, KEYS, ROUTES, WINDOW, Shop, avg_ms, views
 
 NODE_DIR = Path(__file__).resolve().parents[2] / "clients" / "node"

@@ -32,9 +32,9 @@ import httpx
 import pyspark
 
 from loadtest.netns import Host, Network
-from service.embedded.kafka import KafkaBroker
-from service.embedded.ports import wait_for_port
-from service.embedded.procs import Child, RouterProcess, ShardProcess, qstate_command
+from qstate.embedded.kafka import KafkaBroker
+from qstate.embedded.ports import wait_for_port
+from qstate.embedded.procs import Child, RouterProcess, ShardProcess, qstate_command
 from tests.chaos.harness import JOB, LEASE_S, Deployment, P
 from tests.helpers import wait_until
 

@@ -20,7 +20,7 @@ import httpx
 import pytest
 import yaml
 
-from service.embedded.ports import free_port, wait_for_port
+from qstate.embedded.ports import free_port, wait_for_port
 from tests.helpers import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -137,7 +137,7 @@ def test_the_dashboard_provider_finds_the_dashboards() -> None:
 
 @pytest.mark.parametrize("uid", ["qstate-prometheus", "qstate-router"])
 def test_datasources_point_at_what_make_run_serves(uid: str) -> None:
-    from service.core.config import DEFAULTS
+    from qstate.core.config import DEFAULTS
 
     ds = datasources()[uid]
     want = {"qstate-prometheus": "http://127.0.0.1:9090",  # prometheus's default port

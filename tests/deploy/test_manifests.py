@@ -10,7 +10,7 @@ import pytest
 import typer
 import yaml
 
-from service.cli import app
+from qstate.cli import app
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 CLI = typer.main.get_command(app)
@@ -86,7 +86,7 @@ def test_k8s_probes_and_services_point_at_declared_ports() -> None:
 
 
 def test_configmap_keys_are_real_settings() -> None:
-    from service.core.config import Settings
+    from qstate.core.config import Settings
 
     [cm] = [d for d in docs() if d.get("kind") == "ConfigMap"]
     fields = {f"QSTATE_{n.upper()}" for n in Settings.model_fields}

@@ -26,15 +26,15 @@ import httpx
 import pytest
 from confluent_kafka import Producer
 
-from proto import qstate_pb2 as qpb
-from proto import qstate_pb2_grpc as qpb_grpc
-from proto import shard_pb2 as pb
-from proto import shard_pb2_grpc as pb_grpc
-from service.core.assignment import list_servers
-from service.core.storage import Storage
-from service.embedded.ports import free_port
-from service.embedded.procs import RouterProcess, ShardProcess
-from service.embedded.prometheus import Target, write_targets
+from qstate.core.assignment import list_servers
+from qstate.core.storage import Storage
+from qstate.embedded.ports import free_port
+from qstate.embedded.procs import RouterProcess, ShardProcess
+from qstate.embedded.prometheus import Target, write_targets
+from qstate.proto import qstate_pb2 as qpb
+from qstate.proto import qstate_pb2_grpc as qpb_grpc
+from qstate.proto import shard_pb2 as pb
+from qstate.proto import shard_pb2_grpc as pb_grpc
 from tests.deploy.kit import (
     MISSING,
     Prometheus,
@@ -282,11 +282,11 @@ def test_every_query_answers_with_a_job_running(spark, broker, topic: str, tmp_p
     committing to the session's shards."""
     from prometheus_client import start_http_server
 
-    from jobs.examples.workloads import Tweets, events_over_span
-    from jobs.job import JobContext
-    from jobs.launch import start_job
-    from jobs.supervise import watch
-    from service.embedded.generate import produce
+    from qstate.embedded.generate import produce
+    from qstate.jobs.examples.workloads import Tweets, events_over_span
+    from qstate.jobs.job import JobContext
+    from qstate.jobs.launch import start_job
+    from qstate.jobs.supervise import watch
 
     job = f"kit{topic[-6:]}"
     cfg = JobContext(broker.bootstrap, storage_uri, tmp_path / "ckpt", 4, "0 seconds",

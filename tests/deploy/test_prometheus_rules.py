@@ -10,8 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from service.core.config import DEFAULTS
-from service.embedded.prometheus import targets_path
+from qstate.core.config import DEFAULTS
+from qstate.embedded.prometheus import targets_path
 from tests.deploy.kit import PROMETHEUS_DIR, ROOT, alert_rules, tool
 
 ALERTS = {"QStateFreshnessLow", "QStateShardDown", "QStatePartitionsRestoring",

@@ -17,18 +17,18 @@ import pandas as pd
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from jobs.examples.workloads import (
+from loadtest.truth import ads_campaign_views, load_events, window_counts
+from qstate.core.process import serve_metrics
+from qstate.embedded.generate import produce
+from qstate.jobs.examples.workloads import (
     Ads,
     Tweets,
     events_over_span,
     late_events,
     write_mapping,
 )
-from jobs.job import JobContext
-from jobs.launch import start_job
-from loadtest.truth import ads_campaign_views, load_events, window_counts
-from service.core.process import serve_metrics
-from service.embedded.generate import produce
+from qstate.jobs.job import JobContext
+from qstate.jobs.launch import start_job
 from tests.helpers import (
     Windows,
     grpc_windows,

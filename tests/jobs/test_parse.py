@@ -13,10 +13,10 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from jobs.dlq import DeadLetterWriter, close_dlq_producers
-from jobs.parse import ERROR_KIND, check_fields, parse_batches, parse_events, parse_value
-from jobs.source import read_kafka
-from service.core.errors import BadRecord, InvalidRequest
+from qstate.core.errors import BadRecord, InvalidRequest
+from qstate.jobs.dlq import DeadLetterWriter, close_dlq_producers
+from qstate.jobs.parse import ERROR_KIND, check_fields, parse_batches, parse_events, parse_value
+from qstate.jobs.source import read_kafka
 
 FIELDS = {"user": "string", "time": "long", "amount": "double", "ok": "boolean"}
 

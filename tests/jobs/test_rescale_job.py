@@ -7,14 +7,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from jobs.examples.workloads import Tweets, events_over_span
-from jobs.job import JobContext
 from loadtest.truth import load_events, window_counts
-from service.control.rescale import rescale
-from service.core.assignment import load_assignment
-from service.core.operator import load_spec
-from service.core.storage import Storage
-from service.embedded.generate import produce
+from qstate.control.rescale import rescale
+from qstate.core.assignment import load_assignment
+from qstate.core.operator import load_spec
+from qstate.core.storage import Storage
+from qstate.embedded.generate import produce
+from qstate.jobs.examples.workloads import Tweets, events_over_span
+from qstate.jobs.job import JobContext
 from tests.helpers import http_windows, read_all_windows
 from tests.jobs.test_exactness import BOUNDARY, HOUR, as_map, drain
 

@@ -10,15 +10,15 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from jobs import aggregates as A
-from jobs.job import JobContext
-from jobs.launch import start_job
-from jobs.parse import parse_events
-from jobs.queryable import QueryableJob, dlq_topic
-from jobs.source import read_kafka
-from jobs.windows import session_window
 from loadtest.truth import load_events, sessions
-from service.embedded.generate import produce
+from qstate.embedded.generate import produce
+from qstate.jobs import aggregates as A
+from qstate.jobs.job import JobContext
+from qstate.jobs.launch import start_job
+from qstate.jobs.parse import parse_events
+from qstate.jobs.queryable import QueryableJob, dlq_topic
+from qstate.jobs.source import read_kafka
+from qstate.jobs.windows import session_window
 from tests.helpers import read_all_windows
 
 P = 8

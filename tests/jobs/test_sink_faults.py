@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from jobs.partials import Plan
-from jobs.sinks import QStateSink
-from service.control.coordinator import release
-from service.core.catalog import manifest_batches
-from service.core.operator import save_spec
-from service.core.shard_client import ShardClients
-from service.core.storage import Storage
-from service.embedded.procs import ShardProcess
+from qstate.control.coordinator import release
+from qstate.core.catalog import manifest_batches
+from qstate.core.operator import save_spec
+from qstate.core.shard_client import ShardClients
+from qstate.core.storage import Storage
+from qstate.embedded.procs import ShardProcess
+from qstate.jobs.partials import Plan
+from qstate.jobs.sinks import QStateSink
 from tests.helpers import metric, read_all_windows, shard_metrics_url
 from tests.service.shard.test_recovery import KEYS, SPEC, P, write_batch
 
@@ -32,11 +32,11 @@ N = 3
 # The driver: batches 0..N, each finished as foreachBatch finishes it (commits pipelined).
 DRIVER = """
 import sys
-from jobs.partials import Plan
-from jobs.sinks import QStateSink
-from service.core import faults
-from service.core.config import settings
-from service.core.storage import Storage
+from qstate.jobs.partials import Plan
+from qstate.jobs.sinks import QStateSink
+from qstate.core import faults
+from qstate.core.config import settings
+from qstate.core.storage import Storage
 from tests.service.shard.test_recovery import SPEC, write_batch
 
 faults.arm(settings().fault)  # as `qstate job` does at start

@@ -12,10 +12,10 @@ from confluent_kafka import Producer
 from pyspark.sql import DataFrame
 from pyspark.sql.streaming import StreamingQuery
 
-from jobs.source import read_kafka
-from jobs.spark import connector_jars
-from service.core.errors import InvalidRequest
-from service.core.kafka import ensure_topic
+from qstate.core.errors import InvalidRequest
+from qstate.core.kafka import ensure_topic
+from qstate.jobs.source import read_kafka
+from qstate.jobs.spark import connector_jars
 
 
 def produce(bootstrap: str, topic: str, n: int, partitions: int, first: int = 0) -> None:

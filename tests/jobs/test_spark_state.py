@@ -11,10 +11,10 @@ import pandas as pd
 import pytest
 from pyspark.sql import functions as F
 
-from jobs.reports import Reports
-from jobs.spark_state import serve
-from service.control.coordinator import release
-from service.core.operator import WindowSpec
+from qstate.control.coordinator import release
+from qstate.core.operator import WindowSpec
+from qstate.jobs.reports import Reports
+from qstate.jobs.spark_state import serve
 from tests.helpers import read_all_windows
 
 pytestmark = pytest.mark.spark

@@ -1,5 +1,5 @@
 """`qstate job` with several jobs: one whose query fails is reported and dropped, the others
-keep running (unit test of ``jobs.supervise.watch`` with stand-in jobs; no Spark)."""
+keep running (unit test of ``qstate.jobs.supervise.watch`` with stand-in jobs; no Spark)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import threading
 from dataclasses import dataclass
 from typing import Any, cast
 
-from jobs.launch import RunningJob
-from jobs.metrics import JOB_UP
-from jobs.supervise import watch
+from qstate.jobs.launch import RunningJob
+from qstate.jobs.metrics import JOB_UP
+from qstate.jobs.supervise import watch
 
 
 @dataclass

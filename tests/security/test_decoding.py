@@ -16,19 +16,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proto import shard_pb2 as pb
-from proto import shard_pb2_grpc as pb_grpc
-from service.core import delta as deltas
-from service.core import paths
-from service.core.address import MAX_KEY_BYTES, PartitionId, partition_of
-from service.core.assignment import Assignment, save_assignment
-from service.core.errors import CorruptState, DeltaMismatch, from_grpc
-from service.core.manifest import BatchManifest, write_manifest
-from service.core.operator import OperatorSpec, WindowSpec, save_spec
-from service.core.shard_client import ShardClients
-from service.core.storage import Storage
-from service.embedded.procs import ShardProcess
-from service.partition import layout
+from qstate.core import delta as deltas
+from qstate.core import paths
+from qstate.core.address import MAX_KEY_BYTES, PartitionId, partition_of
+from qstate.core.assignment import Assignment, save_assignment
+from qstate.core.errors import CorruptState, DeltaMismatch, from_grpc
+from qstate.core.manifest import BatchManifest, write_manifest
+from qstate.core.operator import OperatorSpec, WindowSpec, save_spec
+from qstate.core.shard_client import ShardClients
+from qstate.core.storage import Storage
+from qstate.embedded.procs import ShardProcess
+from qstate.partition import layout
+from qstate.proto import shard_pb2 as pb
+from qstate.proto import shard_pb2_grpc as pb_grpc
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.security

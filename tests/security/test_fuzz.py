@@ -15,10 +15,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from loadtest.fuzz import fuzz
-from service.core.address import MAX_KEY_BYTES, NAME_PATTERN, check_key, check_name
-from service.core.config import DEFAULTS
-from service.core.errors import InvalidAddress, InvalidRequest
-from service.router.wire import TIME_PATTERN, parse_time
+from qstate.core.address import MAX_KEY_BYTES, NAME_PATTERN, check_key, check_name
+from qstate.core.config import DEFAULTS
+from qstate.core.errors import InvalidAddress, InvalidRequest
+from qstate.router.wire import TIME_PATTERN, parse_time
 from tests.shop import KEYS, ROUTES, SPEC, Shop
 
 pytestmark = pytest.mark.security

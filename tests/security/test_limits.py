@@ -22,14 +22,14 @@ import grpc
 import httpx
 import pytest
 
-from proto import qstate_pb2 as qpb
-from proto import qstate_pb2_grpc as qpb_grpc
-from service.control.coordinator import Coordinator
-from service.core.errors import Overloaded, from_grpc
-from service.core.operator import save_spec
-from service.core.shard_client import ShardClients
-from service.core.storage import Storage
-from service.embedded.procs import RouterProcess, ShardProcess
+from qstate.control.coordinator import Coordinator
+from qstate.core.errors import Overloaded, from_grpc
+from qstate.core.operator import save_spec
+from qstate.core.shard_client import ShardClients
+from qstate.core.storage import Storage
+from qstate.embedded.procs import RouterProcess, ShardProcess
+from qstate.proto import qstate_pb2 as qpb
+from qstate.proto import qstate_pb2_grpc as qpb_grpc
 from tests.helpers import metric, wait_until
 from tests.shop import BATCHES, KEYS, SPEC, commit_batch, views, window
 

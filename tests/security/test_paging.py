@@ -12,8 +12,8 @@ import grpc
 import httpx
 import pytest
 
-from proto import qstate_pb2 as qpb
-from proto import qstate_pb2_grpc as qpb_grpc
+from qstate.proto import qstate_pb2 as qpb
+from qstate.proto import qstate_pb2_grpc as qpb_grpc
 from tests.shop import BATCHES, KEYS, ROUTES, SPEC, Shop, views, window
 
 pytestmark = pytest.mark.security

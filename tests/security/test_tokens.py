@@ -16,10 +16,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from proto import qstate_pb2 as qpb
-from proto import qstate_pb2_grpc as qpb_grpc
-from service.embedded.ports import free_port
-from service.embedded.procs import RouterProcess, qstate_command
+from qstate.embedded.ports import free_port
+from qstate.embedded.procs import RouterProcess, qstate_command
+from qstate.proto import qstate_pb2 as qpb
+from qstate.proto import qstate_pb2_grpc as qpb_grpc
 from tests.clients.test_node_client import run_node
 from tests.helpers import Scrape, wait_until
 from tests.shop import BATCHES, KEYS, Shop, views
@@ -244,7 +244,7 @@ def test_grpc_lists_and_describes_only_what_a_token_may_read(guarded: Guarded) -
 
 
 def test_secrets_stay_out_of_settings_reprs() -> None:
-    from service.core.config import Settings
+    from qstate.core.config import Settings
 
     s = Settings(token="qs_secret-client", cluster_token="secret-cluster")
     assert "secret" not in repr(s) and "secret" not in str(s)

@@ -17,22 +17,22 @@ import httpx
 import pyarrow as pa
 import pytest
 
-from proto import qstate_pb2 as qpb
-from proto import qstate_pb2_grpc as qpb_grpc
-from proto import shard_pb2 as pb
-from proto import shard_pb2_grpc as pb_grpc
-from service.client import Client
-from service.control.coordinator import Coordinator
-from service.core import delta as deltas
-from service.core.address import PartitionId, partition_of
-from service.core.assignment import load_assignment
-from service.core.config import Settings
-from service.core.errors import StartFailed
-from service.core.operator import OperatorSpec, WindowSpec, save_spec
-from service.core.security import check_exposure, is_loopback
-from service.core.shard_client import ShardClients
-from service.core.storage import Storage
-from service.embedded.procs import RouterProcess, ShardProcess, qstate_command
+from qstate.client import Client
+from qstate.control.coordinator import Coordinator
+from qstate.core import delta as deltas
+from qstate.core.address import PartitionId, partition_of
+from qstate.core.assignment import load_assignment
+from qstate.core.config import Settings
+from qstate.core.errors import StartFailed
+from qstate.core.operator import OperatorSpec, WindowSpec, save_spec
+from qstate.core.security import check_exposure, is_loopback
+from qstate.core.shard_client import ShardClients
+from qstate.core.storage import Storage
+from qstate.embedded.procs import RouterProcess, ShardProcess, qstate_command
+from qstate.proto import qstate_pb2 as qpb
+from qstate.proto import qstate_pb2_grpc as qpb_grpc
+from qstate.proto import shard_pb2 as pb
+from qstate.proto import shard_pb2_grpc as pb_grpc
 from tests.clients.test_node_client import run_node
 from tests.helpers import wait_until
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from service.embedded.ports import free_port
+from qstate.embedded.ports import free_port
 from tests.shop import BATCHES, KEYS, Shop, views, window
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,7 +21,7 @@ LAST = BATCHES - 1
 def qstate(*args: str, env: dict[str, str] | None = None, cwd: Path = ROOT
            ) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("QSTATE_")}
-    return subprocess.run([sys.executable, "-m", "service", *args], env={**base, **(env or {})},
+    return subprocess.run([sys.executable, "-m", "qstate", *args], env={**base, **(env or {})},
                           cwd=cwd, capture_output=True, text=True, timeout=60)
 
 
@@ -96,9 +96,9 @@ def said(r: subprocess.CompletedProcess[str]) -> str:
 
 def test_state_rescale_refuses_a_count_that_is_not_a_multiple_and_a_running_job(
         tmp_path: Path) -> None:
-    from service.core import paths
-    from service.core.operator import OperatorSpec, load_spec, save_spec
-    from service.core.storage import Storage
+    from qstate.core import paths
+    from qstate.core.operator import OperatorSpec, load_spec, save_spec
+    from qstate.core.storage import Storage
 
     storage = Storage(str(tmp_path / "storage"))
     save_spec(storage, OperatorSpec("j", "op", "k", {"n": "long"}, partitions=4))

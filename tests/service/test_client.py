@@ -8,9 +8,9 @@ import asyncio
 
 import pytest
 
-from service.client import AsyncClient, Client
-from service.core.answer import JobInfo, StateAnswer
-from service.core.errors import InvalidAddress, NotFound, Unavailable, UnknownOperator
+from qstate.client import AsyncClient, Client
+from qstate.core.answer import JobInfo, StateAnswer
+from qstate.core.errors import InvalidAddress, NotFound, Unavailable, UnknownOperator
 from tests.shop import BATCHES, KEYS, ROUTES, WINDOW, Shop, avg_ms, views, window
 
 LAST = BATCHES - 1

@@ -17,16 +17,16 @@ import grpc
 import httpx
 import pytest
 
-from proto import qstate_pb2 as qpb
-from proto import qstate_pb2_grpc as qpb_grpc
-from proto import shard_pb2 as spb
-from proto import shard_pb2_grpc as spb_grpc
-from service.control.coordinator import Coordinator
-from service.core.address import PartitionId, partition_of
-from service.core.operator import OperatorSpec, WindowSpec, save_spec
-from service.core.storage import Storage
-from service.embedded.procs import ShardProcess
-from service.partition.files import partition_dir
+from qstate.control.coordinator import Coordinator
+from qstate.core.address import PartitionId, partition_of
+from qstate.core.operator import OperatorSpec, WindowSpec, save_spec
+from qstate.core.storage import Storage
+from qstate.embedded.procs import ShardProcess
+from qstate.partition.files import partition_dir
+from qstate.proto import qstate_pb2 as qpb
+from qstate.proto import qstate_pb2_grpc as qpb_grpc
+from qstate.proto import shard_pb2 as spb
+from qstate.proto import shard_pb2_grpc as spb_grpc
 from tests.helpers import Scrape, scrape, shard_metrics_url, wait_until
 from tests.shop import (
     BATCHES,

@@ -21,7 +21,7 @@ import pytest
 
 from loadtest import truth
 from loadtest.soak import DemoRun, Sample, Soak
-from service.core.config import DEFAULTS
+from qstate.core.config import DEFAULTS
 from tests.helpers import http_windows
 
 pytestmark = pytest.mark.spark

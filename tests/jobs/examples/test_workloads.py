@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jobs.examples.workloads import (
+from qstate.jobs.examples.workloads import (
     AD_EVENT_TYPES,
     AD_FIELDS,
     AD_TYPES,

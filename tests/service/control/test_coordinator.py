@@ -11,11 +11,11 @@ from types import SimpleNamespace
 import grpc
 import pytest
 
-from service.control.coordinator import Coordinator
-from service.core.assignment import load_assignment
-from service.core.errors import Fenced
-from service.core.operator import OperatorSpec, WindowSpec
-from service.core.storage import Storage
+from qstate.control.coordinator import Coordinator
+from qstate.core.assignment import load_assignment
+from qstate.core.errors import Fenced
+from qstate.core.operator import OperatorSpec, WindowSpec
+from qstate.core.storage import Storage
 
 SPEC = OperatorSpec("j", "op", "k", {"n": "long"}, partitions=4,
                     window=WindowSpec("tumbling", 10))
@@ -81,8 +81,8 @@ def test_a_driver_goes_on_from_a_standby_epoch_and_a_standby_yields_to_a_driver(
 
 
 def test_a_standby_acts_only_once_the_driver_lease_stops_changing(tmp_path: Path) -> None:
-    from service.control.standby import Standby
-    from service.core.config import Settings
+    from qstate.control.standby import Standby
+    from qstate.core.config import Settings
 
     s = Storage(str(tmp_path))
     cfg = Settings.model_construct(lease_s=0.6, heartbeat_s=0.1, heartbeat_timeout_s=0.1)

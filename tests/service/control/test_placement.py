@@ -1,4 +1,4 @@
-"""Placement (service.control.placement): owners balanced over the live servers; a planned
+"""Placement (qstate.control.placement): owners balanced over the live servers; a planned
 move is make-before-break (the new owner follows until caught up, then takes over); an
 unplanned one goes to a serving follower; ``replicas`` copies on distinct servers."""
 
@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.control.placement import Cluster, Progress, balance, place
-from service.core.assignment import Assignment
-from service.core.errors import Unavailable
+from qstate.control.placement import Cluster, Progress, balance, place
+from qstate.core.assignment import Assignment
+from qstate.core.errors import Unavailable
 
 FAST = settings(max_examples=30, deadline=None)
 SERVER_IDS = ["s0", "s1", "s2", "s3", "s4", "s5", "s6"]

@@ -14,9 +14,9 @@ import signal
 import time
 from pathlib import Path
 
-from service.control.coordinator import Coordinator
-from service.core.assignment import load_assignment
-from service.embedded.procs import Child, qstate_command
+from qstate.control.coordinator import Coordinator
+from qstate.core.assignment import load_assignment
+from qstate.embedded.procs import Child, qstate_command
 from tests.helpers import http_windows, metric, wait_until
 from tests.shop import BATCHES, KEYS, SPEC, start_shop, views, window
 

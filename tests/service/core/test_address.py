@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from service.core.address import InvalidAddress, check_key, check_name, partition_of
+from qstate.core.address import InvalidAddress, check_key, check_name, partition_of
 
 PINNED = [4, 12, 8]  # partition_of("", "a", "campaign-17") at P=64, as Spark 4.3 computes
 FIXED = ["", "a", "campaign-17", "tw-123456", "ünïcødé ✓ 中文 🚀", "x" * 1024,

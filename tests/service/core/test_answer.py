@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
-from service.core import answer
-from service.core.answer import (
+from qstate.core import answer
+from qstate.core.answer import (
     BatchAnswer,
     ClusterInfo,
     ErrorBody,
@@ -27,7 +27,7 @@ from service.core.answer import (
     WindowInfo,
     error_responses,
 )
-from service.core.errors import InvalidAddress, NotFound, Unavailable, UnknownOperator
+from qstate.core.errors import InvalidAddress, NotFound, Unavailable, UnknownOperator
 
 WINDOW = {"start": 0, "end": 60_000, "value": 3}
 STATE_ANSWER = {"job": "j", "operator": "op", "state": "n", "key": "k", "found": True,

@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from service.core import paths
-from service.core.address import PartitionId
-from service.core.catalog import delta_batches, delta_files, manifest_batches, snapshot_batches
-from service.core.storage import Storage
+from qstate.core import paths
+from qstate.core.address import PartitionId
+from qstate.core.catalog import delta_batches, delta_files, manifest_batches, snapshot_batches
+from qstate.core.storage import Storage
 
 P3 = PartitionId("j", "op", 3)
 

@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from service.core import config
-from service.core.config import DEFAULTS, Settings
+from qstate.core.config import DEFAULTS, Settings
 
 FIELDS = Settings.model_fields
 
@@ -87,11 +86,10 @@ def test_defaults_are_unaffected_by_env(env_file: Path, monkeypatch: pytest.Monk
 def test_defaults_at_import_ignore_env_and_config_file(env_file: Path) -> None:
     """In a fresh process with QSTATE_CONFIG and an env var set before import: ``settings()``
     reads them, DEFAULTS does not."""
-    code = ("import json; from service.core.config import DEFAULTS, settings; s = settings(); "
+    code = ("import json; from qstate.core.config import DEFAULTS, settings; s = settings(); "
             "print(json.dumps([DEFAULTS.http_port, DEFAULTS.grpc_port, DEFAULTS.kafka_bootstrap,"
             " s.http_port, s.grpc_port, s.kafka_bootstrap, settings() is s]))")
-    env = {**os.environ, "QSTATE_CONFIG": str(env_file), "QSTATE_GRPC_PORT": "6000",
-           "PYTHONPATH": str(Path(config.__file__).parents[2])}
+    env = {**os.environ, "QSTATE_CONFIG": str(env_file), "QSTATE_GRPC_PORT": "6000"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                          text=True, check=True, timeout=60)
     got = json.loads(out.stdout)

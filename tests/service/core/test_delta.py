@@ -6,13 +6,13 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
 
-from service.core import paths
-from service.core.address import PartitionId
-from service.core.catalog import delta_batches
-from service.core.delta import delta_schema, read_delta, read_deltas, write_delta
-from service.core.errors import DeltaMismatch
-from service.core.operator import Aggregate, OperatorSpec, WindowSpec
-from service.core.storage import Storage
+from qstate.core import paths
+from qstate.core.address import PartitionId
+from qstate.core.catalog import delta_batches
+from qstate.core.delta import delta_schema, read_delta, read_deltas, write_delta
+from qstate.core.errors import DeltaMismatch
+from qstate.core.operator import Aggregate, OperatorSpec, WindowSpec
+from qstate.core.storage import Storage
 
 PID = PartitionId("ads", "per_campaign", 5)
 SPEC = OperatorSpec("ads", "per_campaign", "campaign", {"impressions": "long", "spend": "double"},

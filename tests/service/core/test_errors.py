@@ -6,8 +6,8 @@ from typing import Any
 import grpc
 import pytest
 
-from service.core import errors
-from service.core.errors import (
+from qstate.core import errors
+from qstate.core.errors import (
     BadRecord,
     BrokerError,
     CommitFailed,

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from service.core import faults
-from service.core.errors import InvalidRequest
-from service.core.faults import POINTS, Fault, parse
+from qstate.core import faults
+from qstate.core.errors import InvalidRequest
+from qstate.core.faults import POINTS, Fault, parse
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -99,13 +99,13 @@ def test_inert_unless_armed_even_with_the_variable_set() -> None:
     """Importing the module (as Spark's Python workers import the sink's modules) arms
     nothing: only ``qstate shard``/``qstate job`` arm the setting when they start."""
     every_point = "; ".join(f"faults.hit({p!r}, 3, 'op')" for p in POINTS)
-    r = python(f"from service.core import faults; {every_point}; "
+    r = python(f"from qstate.core import faults; {every_point}; "
                "assert faults.armed() is None; print('alive')", QSTATE_FAULT="shard.received@3")
     assert (r.returncode, r.stdout.strip()) == (0, "alive"), r.stderr
 
 
 def test_a_hit_is_a_sigkill_after_one_log_line() -> None:
-    r = python("import logging; logging.basicConfig(); from service.core import faults; "
+    r = python("import logging; logging.basicConfig(); from qstate.core import faults; "
                "faults.arm('driver.after-record@3:op'); faults.hit('driver.after-record', 2, "
                "'op'); faults.hit('driver.after-record', 3, 'other'); print('still here', "
                "flush=True); faults.hit('driver.after-record', 3, 'op'); print('survived')")
@@ -117,7 +117,7 @@ def test_a_hit_is_a_sigkill_after_one_log_line() -> None:
 
 @pytest.mark.parametrize("command", [["shard", "--port", "0"], ["job", "tweets"]])
 def test_a_bad_setting_stops_the_process_at_start(command: list[str], tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, "-m", "service", *command, "--storage",
+    r = subprocess.run([sys.executable, "-m", "qstate", *command, "--storage",
                         str(tmp_path / "s")], capture_output=True, text=True, cwd=ROOT,
                        env={**os.environ, "QSTATE_FAULT": "shard.after-write@twelve",
                             "QSTATE_HOME": str(tmp_path)}, timeout=60)

@@ -8,15 +8,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.core import paths
-from service.core.catalog import manifest_batches
-from service.core.manifest import (
+from qstate.core import paths
+from qstate.core.catalog import manifest_batches
+from qstate.core.manifest import (
     BatchManifest,
     delete_manifests_through,
     read_manifest,
     write_manifest,
 )
-from service.core.storage import Storage
+from qstate.core.storage import Storage
 
 FAST = settings(max_examples=15, deadline=None)
 manifests = st.builds(

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from service.core.errors import Unauthenticated
-from service.core.tokens import WatchedTokens, add_token
+from qstate.core.errors import Unauthenticated
+from qstate.core.tokens import WatchedTokens, add_token
 
 
 def test_the_watched_file_revokes_keeps_and_fails_closed(
@@ -24,7 +24,7 @@ def test_the_watched_file_revokes_keeps_and_fails_closed(
 
     good = file.read_text()
     file.write_text("{not json")  # a bad edit: the last good tokens stay, said once
-    with caplog.at_level(logging.ERROR, logger="service.core.tokens"):
+    with caplog.at_level(logging.ERROR, logger="qstate.core.tokens"):
         for _ in range(5):
             assert watched.authenticate(a).name == "a"
     assert len([r for r in caplog.records if "keeping the tokens" in r.message]) == 1
@@ -42,9 +42,9 @@ def test_the_watched_file_revokes_keeps_and_fails_closed(
 
 def test_a_token_from_a_file_is_trimmed_and_one_no_header_can_carry_is_refused_unquoted(
 ) -> None:
-    from service.client import Client
-    from service.core.errors import InvalidRequest
-    from service.core.security import clean_token
+    from qstate.client import Client
+    from qstate.core.errors import InvalidRequest
+    from qstate.core.security import clean_token
 
     assert clean_token("qs_abc\n", "t") == "qs_abc"  # a secret mounted from a file
     assert clean_token("", "t") == ""
@@ -60,9 +60,9 @@ def test_a_token_from_a_file_is_trimmed_and_one_no_header_can_carry_is_refused_u
 
 def test_a_token_sent_in_plain_text_off_loopback_is_warned_of(
         caplog: pytest.LogCaptureFixture) -> None:
-    from service.client import Client
+    from qstate.client import Client
 
-    with caplog.at_level(logging.WARNING, logger="service.client"):
+    with caplog.at_level(logging.WARNING, logger="qstate.client"):
         Client("http://127.0.0.1:9", token="qs_ok").close()
         assert not caplog.records
         Client("http://192.0.2.1:9", token="qs_ok").close()  # TEST-NET-1: never dialled

@@ -1,13 +1,13 @@
 """A window's value keeps its declared type on every path: typed once by the aggregate
-(``Aggregate.typed``), carried unchanged by both protos (``service.core.values``)."""
+(``Aggregate.typed``), carried unchanged by both protos (``qstate.core.values``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from proto import qstate_pb2, shard_pb2
-from service.core.operator import Aggregate
-from service.core.values import set_value, value_of
+from qstate.core.operator import Aggregate
+from qstate.core.values import set_value, value_of
+from qstate.proto import qstate_pb2, shard_pb2
 
 
 @pytest.mark.parametrize("kind,declared,raw,want", [

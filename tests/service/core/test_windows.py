@@ -1,4 +1,4 @@
-"""Window arithmetic (``service.core.windows``) against brute force: Spark's ``window(t, size,
+"""Window arithmetic (``qstate.core.windows``) against brute force: Spark's ``window(t, size,
 slide)`` with no offset, half-open windows, starts aligned to the slide, negative times too."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from math import gcd
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from service.core.windows import (
+from qstate.core.windows import (
     ALL_WINDOWS,
     first_open_start,
     first_window_of,

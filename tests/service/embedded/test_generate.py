@@ -13,10 +13,16 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from typer.testing import CliRunner
 
-from jobs.examples.workloads import AD_FIELDS, TWEET_FIELDS, Tweets, events_over_span, load_mapping
-from service.embedded import generate as gen
-from service.embedded.generate import DeliveryError, app, produce
-from service.embedded.ports import free_port
+from qstate.embedded import generate as gen
+from qstate.embedded.generate import DeliveryError, app, produce
+from qstate.embedded.ports import free_port
+from qstate.jobs.examples.workloads import (
+    AD_FIELDS,
+    TWEET_FIELDS,
+    Tweets,
+    events_over_span,
+    load_mapping,
+)
 
 T0 = 1_700_000_000_000
 PARTITIONS = 4
@@ -204,7 +210,7 @@ def test_cli_ctrl_c_stops_cleanly(broker, topic, tmp_path) -> None:
     flushed and logged, and the exit code is 0."""
     log = tmp_path / "events.jsonl"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "service", "generate", "tweets", "--bootstrap", broker.bootstrap,
+        [sys.executable, "-m", "qstate", "generate", "tweets", "--bootstrap", broker.bootstrap,
          "--topic", topic, "--rate", "2000", "--log", str(log), "--no-progress"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=Path(__file__).parents[3],
     )

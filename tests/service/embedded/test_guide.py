@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from service.core.config import DEFAULTS
-from service.embedded import guide
-from service.embedded.prometheus import Target, targets_path, write_targets
+from qstate.core.config import DEFAULTS
+from qstate.embedded import guide
+from qstate.embedded.prometheus import Target, targets_path, write_targets
 
 ROOT = Path(__file__).resolve().parents[3]
 TARGETS = [Target("router", "router", "127.0.0.1:8000"),

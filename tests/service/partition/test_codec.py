@@ -1,4 +1,4 @@
-"""``service.partition.codec``: how a batch's partial aggregates combine with the stored ones,
+"""``qstate.partition.codec``: how a batch's partial aggregates combine with the stored ones,
 checked against expectations computed independently in plain Python."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from service.core.delta import delta_schema
-from service.core.operator import Aggregate, OperatorSpec, WindowSpec
-from service.partition.codec import Codec
+from qstate.core.delta import delta_schema
+from qstate.core.operator import Aggregate, OperatorSpec, WindowSpec
+from qstate.partition.codec import Codec
 from tests.service.shard.sim import sketch
 
 MERGED = OperatorSpec("j", "o", "k", {

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.core.address import PartitionId
-from service.partition.files import (
+from qstate.core.address import PartitionId
+from qstate.partition.files import (
     MARKER,
     partition_dir,
     read_marker,

@@ -1,4 +1,4 @@
-"""``service.partition.reader.read_windows`` on a real partition store: range reads ``[from, to)``
+"""``qstate.partition.reader.read_windows`` on a real partition store: range reads ``[from, to)``
 with limits, the latest window, sliding windows assembled from (sub-)panes, keys kept apart,
 against the brute-force Spark model of ``sim``."""
 
@@ -9,10 +9,10 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from service.core.operator import WindowSpec
-from service.partition.codec import Codec
-from service.partition.reader import Meta, WindowValue, read_windows
-from service.shard.store import PartitionStore
+from qstate.core.operator import WindowSpec
+from qstate.partition.codec import Codec
+from qstate.partition.reader import Meta, WindowValue, read_windows
+from qstate.shard.store import PartitionStore
 from tests.service.shard.sim import (
     FAR,
     KEYS,

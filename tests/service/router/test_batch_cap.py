@@ -12,10 +12,10 @@ import grpc
 import httpx
 import pytest
 
-from proto import qstate_pb2 as qpb
-from proto import qstate_pb2_grpc as qpb_grpc
-from service.core.config import DEFAULTS
-from service.embedded.procs import RouterProcess
+from qstate.core.config import DEFAULTS
+from qstate.embedded.procs import RouterProcess
+from qstate.proto import qstate_pb2 as qpb
+from qstate.proto import qstate_pb2_grpc as qpb_grpc
 from tests.shop import KEYS, Shop
 
 CAP = DEFAULTS.max_batch_keys + 500  # not the default: the default hid the bug

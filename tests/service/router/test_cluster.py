@@ -14,7 +14,7 @@ import httpx
 import orjson
 
 from loadtest.rescale import JOB, OP, World
-from service.embedded.procs import qstate_command
+from qstate.embedded.procs import qstate_command
 from tests.helpers import wait_until
 from tests.shop import BATCHES, SPEC, WINDOW, Shop
 

@@ -9,9 +9,9 @@ import asyncio
 import grpc
 import pytest
 
-from proto import shard_pb2 as pb
-from service.core.address import PartitionId
-from service.router.coalesce import MAX_BATCH, ShardCaller
+from qstate.core.address import PartitionId
+from qstate.proto import shard_pb2 as pb
+from qstate.router.coalesce import MAX_BATCH, ShardCaller
 
 PID = PartitionId("j", "op", 0)
 
@@ -92,7 +92,7 @@ def test_the_queue_bound_is_per_shard_over_every_range_and_frees_as_keys_leave()
     """Each request with a range relative to now is a group of its own; the bound counts
     every key waiting for the shard, whatever its group, and a key that left (sent, or its
     request gone) frees its place."""
-    from service.core.errors import Overloaded
+    from qstate.core.errors import Overloaded
 
     async def go() -> None:
         stub = FakeStub()

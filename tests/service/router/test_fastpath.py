@@ -9,15 +9,15 @@ from typing import Any
 import httpx
 import pytest
 
-from service.core.address import PartitionId, partition_of
-from service.core.answer import Window
-from service.core.errors import Unavailable, UnknownOperator
-from service.core.operator import OperatorSpec, WindowSpec
-from service.router.fastpath import with_fast_get
-from service.router.http import create_app
-from service.router.query import QueryService
-from service.router.reads import Hit
-from service.router.request import StateQuery
+from qstate.core.address import PartitionId, partition_of
+from qstate.core.answer import Window
+from qstate.core.errors import Unavailable, UnknownOperator
+from qstate.core.operator import OperatorSpec, WindowSpec
+from qstate.router.fastpath import with_fast_get
+from qstate.router.http import create_app
+from qstate.router.query import QueryService
+from qstate.router.reads import Hit
+from qstate.router.request import StateQuery
 
 SPEC = OperatorSpec("j", "op", "k", {"n": "long"}, partitions=4,
                     window=WindowSpec("tumbling", 10))

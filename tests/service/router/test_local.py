@@ -15,12 +15,12 @@ import pyarrow as pa
 import pytest
 from rocksdict import Checkpoint
 
-from service.core.address import PartitionId
-from service.core.assignment import ServerInfo
-from service.core.operator import OperatorSpec, WindowSpec
-from service.partition.files import partition_dir
-from service.router.local import LocalReader
-from service.shard.store import PartitionStore
+from qstate.core.address import PartitionId
+from qstate.core.assignment import ServerInfo
+from qstate.core.operator import OperatorSpec, WindowSpec
+from qstate.partition.files import partition_dir
+from qstate.router.local import LocalReader
+from qstate.shard.store import PartitionStore
 
 PID = PartitionId("j", "op", 3)
 ADDRESS = "127.0.0.1:7999"

@@ -7,8 +7,8 @@ import dataclasses
 
 import pytest
 
-from service.core.errors import InvalidAddress, InvalidRequest
-from service.router.request import StateQuery
+from qstate.core.errors import InvalidAddress, InvalidRequest
+from qstate.router.request import StateQuery
 
 OK = ("j", "op", "n")
 

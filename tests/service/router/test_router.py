@@ -18,11 +18,11 @@ import httpx
 import orjson
 import pytest
 
-from proto import qstate_pb2 as qpb
-from proto import qstate_pb2_grpc as qpb_grpc
-from service.client import Client
-from service.core.address import partition_of
-from service.core.errors import Unavailable
+from qstate.client import Client
+from qstate.core.address import partition_of
+from qstate.core.errors import Unavailable
+from qstate.proto import qstate_pb2 as qpb
+from qstate.proto import qstate_pb2_grpc as qpb_grpc
 from tests.helpers import metric
 from tests.shop import BATCHES, KEYS, MANY, ROUTES, WINDOW, P, Shop, avg_ms, views, window
 

@@ -9,8 +9,8 @@ import httpx
 import jsonschema
 import pytest
 
-from service.core.errors import InvalidRequest
-from service.router.wire import FAR, parse_limit, parse_time, time_range
+from qstate.core.errors import InvalidRequest
+from qstate.router.wire import FAR, parse_limit, parse_time, time_range
 from tests.shop import BATCHES, BIG, KEYS, WINDOW, Shop, avg_ms, views, window
 
 NOW = 1_767_225_600_000

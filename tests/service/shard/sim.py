@@ -3,7 +3,8 @@ side's per-batch partial aggregates, to drive a real ``PartitionStore`` in tests
 
 The model keeps, per (key, window), the raw events Spark would have counted, and per key the
 list of sessions; it knows nothing of panes, tags or the store's layout. The partials are
-computed the way ``jobs.windows.assign`` and ``jobs.queryable.MergeOperator.partials`` do
+computed the way ``qstate.jobs.windows.assign`` and
+``qstate.jobs.queryable.MergeOperator.partials`` do
 (tumbling start ``t - t % size``; sliding: pane ``t - t % pane_ms`` tagged with
 ``windows.pane_tag``; sessions sessionized per batch, merged by the store).
 """
@@ -23,12 +24,12 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
-from service.core.delta import delta_schema
-from service.core.operator import Aggregate, OperatorSpec, WindowSpec
-from service.core.windows import pane_tag
-from service.partition import layout
-from service.partition.reader import WindowValue
-from service.shard.store import PartitionStore
+from qstate.core.delta import delta_schema
+from qstate.core.operator import Aggregate, OperatorSpec, WindowSpec
+from qstate.core.windows import pane_tag
+from qstate.partition import layout
+from qstate.partition.reader import WindowValue
+from qstate.shard.store import PartitionStore
 
 FAR = 1 << 62
 KEYS = ["a", "ab", "b", "ü✓", ""]

@@ -18,11 +18,11 @@ from pathlib import Path
 import grpc
 import pytest
 
-from service.control.coordinator import Coordinator
-from service.core.operator import save_spec
-from service.core.shard_client import ShardClients
-from service.core.storage import Storage
-from service.embedded.procs import ShardProcess
+from qstate.control.coordinator import Coordinator
+from qstate.core.operator import save_spec
+from qstate.core.shard_client import ShardClients
+from qstate.core.storage import Storage
+from qstate.embedded.procs import ShardProcess
 from tests.helpers import (
     committed_batches,
     metric,

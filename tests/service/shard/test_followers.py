@@ -1,4 +1,4 @@
-"""A follower copy on a shard server (service.shard.partitions, in-process): it brings itself
+"""A follower copy on a shard server (qstate.shard.partitions, in-process): it brings itself
 up to date from the batches recorded in storage, answers reads, takes no commits, and
 becomes the owner without a restore; the owner it replaces drops its copy."""
 
@@ -9,14 +9,14 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from service.core import delta as deltas
-from service.core.address import PartitionId
-from service.core.assignment import Assignment, save_assignment
-from service.core.errors import NotOwner
-from service.core.manifest import BatchManifest, write_manifest
-from service.core.operator import OperatorSpec, WindowSpec, save_spec
-from service.core.storage import Storage
-from service.shard.partitions import PartitionCommit, Partitions
+from qstate.core import delta as deltas
+from qstate.core.address import PartitionId
+from qstate.core.assignment import Assignment, save_assignment
+from qstate.core.errors import NotOwner
+from qstate.core.manifest import BatchManifest, write_manifest
+from qstate.core.operator import OperatorSpec, WindowSpec, save_spec
+from qstate.core.storage import Storage
+from qstate.shard.partitions import PartitionCommit, Partitions
 
 SPEC = OperatorSpec("f", "counts", "k", {"n": "long"}, partitions=1,
                     window=WindowSpec("tumbling", 60_000))

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 from prometheus_client import CollectorRegistry
 
-from service.core.address import PartitionId
-from service.shard.held import Held
-from service.shard.metrics import HeldCollector
+from qstate.core.address import PartitionId
+from qstate.shard.held import Held
+from qstate.shard.metrics import HeldCollector
 
 OP = {"job": "j", "operator": "o"}
 

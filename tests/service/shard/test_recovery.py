@@ -18,13 +18,13 @@ import orjson
 import pyarrow as pa
 import pytest
 
-from service.control.coordinator import CommitFailed, Coordinator
-from service.core import delta as deltas
-from service.core.address import PartitionId, partition_of
-from service.core.catalog import delta_batches, snapshot_batches
-from service.core.operator import OperatorSpec, WindowSpec, save_spec
-from service.core.storage import Storage
-from service.embedded.procs import RouterProcess, ShardProcess
+from qstate.control.coordinator import CommitFailed, Coordinator
+from qstate.core import delta as deltas
+from qstate.core.address import PartitionId, partition_of
+from qstate.core.catalog import delta_batches, snapshot_batches
+from qstate.core.operator import OperatorSpec, WindowSpec, save_spec
+from qstate.core.storage import Storage
+from qstate.embedded.procs import RouterProcess, ShardProcess
 from tests.helpers import wait_until
 
 P = 4
@@ -128,7 +128,7 @@ def test_disk_loss_restores_on_the_other_server_and_rejoin_rebalances(cluster, t
     assert got == truth and batches == {13}
     assert lost  # (which partitions moved is the coordinator's call)
 
-    out = subprocess.run([sys.executable, "-m", "service", "state", "inspect", "rec",
+    out = subprocess.run([sys.executable, "-m", "qstate", "state", "inspect", "rec",
                           "--storage", storage.uri, "--json"], capture_output=True, cwd=ROOT,
                          timeout=60)
     rows = [orjson.loads(line) for line in out.stdout.splitlines()]

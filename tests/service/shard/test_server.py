@@ -9,16 +9,16 @@ import grpc
 import pyarrow as pa
 import pytest
 
-from proto import shard_pb2 as pb
-from service.core import delta as deltas
-from service.core.address import PartitionId, partition_of
-from service.core.assignment import Assignment, save_assignment
-from service.core.errors import StaleEpoch, from_grpc
-from service.core.manifest import BatchManifest, write_manifest
-from service.core.operator import OperatorSpec, WindowSpec, save_spec
-from service.core.shard_client import ShardClients
-from service.core.storage import Storage
-from service.embedded.procs import ShardProcess
+from qstate.core import delta as deltas
+from qstate.core.address import PartitionId, partition_of
+from qstate.core.assignment import Assignment, save_assignment
+from qstate.core.errors import StaleEpoch, from_grpc
+from qstate.core.manifest import BatchManifest, write_manifest
+from qstate.core.operator import OperatorSpec, WindowSpec, save_spec
+from qstate.core.shard_client import ShardClients
+from qstate.core.storage import Storage
+from qstate.embedded.procs import ShardProcess
+from qstate.proto import shard_pb2 as pb
 
 SPEC = OperatorSpec("j", "op", "k", {"n": "long", "avg": "double"}, partitions=4,
                     window=WindowSpec("tumbling", 10))

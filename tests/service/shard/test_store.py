@@ -11,10 +11,10 @@ import pyarrow as pa
 import pytest
 from hypothesis import given
 
-from service.core.delta import delta_schema
-from service.core.errors import StaleEpoch
-from service.core.operator import Aggregate, OperatorSpec, WindowSpec
-from service.shard.store import PartitionStore
+from qstate.core.delta import delta_schema
+from qstate.core.errors import StaleEpoch
+from qstate.core.operator import Aggregate, OperatorSpec, WindowSpec
+from qstate.shard.store import PartitionStore
 from tests.service.shard.sim import (
     FAR,
     SETTINGS,
