@@ -16,12 +16,14 @@ from typing import Protocol
 import orjson
 from pyspark.sql import DataFrame, Row
 
-from qstate.control.coordinator import CommitOutcome, coordinator_for
+from qstate.control.coordinator import coordinator_for
 from qstate.core import faults
+from qstate.core.config import settings
 from qstate.core.manifest import Fragments
 from qstate.core.operator import OperatorSpec, save_spec
 from qstate.core.storage import Storage
 from qstate.jobs import metrics
+from qstate.jobs.commit import CommitOutcome, Committer
 from qstate.jobs.partials import PART, RESULT, DeltaFiles, Discard, Plan, Target, final_writer
 from qstate.jobs.reports import OperatorReport
 
@@ -82,8 +84,9 @@ class QStateSink:
         storage = Storage(self.storage_uri)
         for spec in specs:
             save_spec(storage, spec)
-        self.coordinator = coordinator_for(storage, specs[0].job, self.shards,
-                                           self.commit_timeout_s)
+        self.coordinator = coordinator_for(storage, specs[0].job, self.shards)
+        self.committer = Committer(self.coordinator, self.commit_timeout_s,
+                                   settings().manifest_gc_every)
         for spec in specs:
             self.coordinator.register(spec)
 
@@ -100,7 +103,7 @@ class QStateSink:
         before = self.flush(spec.operator)
         waited = time.perf_counter() - t0
         faults.hit("driver.after-deltas", plan.batch, spec.operator)
-        self.coordinator.record(spec, plan.batch, watermark_ms, written)
+        self.committer.record(spec, plan.batch, watermark_ms, written)
         faults.hit("driver.after-record", plan.batch, spec.operator)
         with self._lock:
             self._pending[spec.operator] = self._pool.submit(
@@ -113,7 +116,7 @@ class QStateSink:
 
     def _deliver(self, spec: OperatorSpec, batch: int, watermark_ms: int,
                  written: dict[int, Fragments]) -> CommitOutcome:
-        done = self.coordinator.deliver(spec, batch, watermark_ms, written)
+        done = self.committer.deliver(spec, batch, watermark_ms, written)
         metrics.COMMIT_SECONDS.labels(spec.job, spec.operator).observe(done.seconds)
         return done
 
@@ -139,7 +142,7 @@ class QStateSink:
         batch, operator = plan.batch, plan.spec.operator
         faults.hit("driver.after-deltas", batch, operator)
         # delivered before the batch ends: spark-state mode is not pipelined
-        self.coordinator.record(plan.spec, batch, watermark_ms, written)
+        self.committer.record(plan.spec, batch, watermark_ms, written)
         faults.hit("driver.after-record", batch, operator)
         done = self._deliver(plan.spec, batch, watermark_ms, written)
         faults.hit("driver.after-commit", batch, operator)

@@ -34,6 +34,7 @@ from qstate.core.storage import Storage
 from qstate.embedded.kafka import KafkaBroker
 from qstate.embedded.ports import free_port, wait_for_port
 from qstate.embedded.procs import Child, RouterProcess, ShardProcess, qstate_command
+from qstate.jobs.commit import Committer
 from qstate.proto import qstate_pb2 as qpb
 from qstate.proto import qstate_pb2_grpc as qpb_grpc
 
@@ -63,7 +64,7 @@ def load(storage: Storage, shards: list[ShardProcess], keys: int) -> None:
                       "views": [int(k[5:]) for k in ks]}).cast(deltas.delta_schema(SPEC))
         deltas.write_delta(storage, PartitionId(SPEC.job, SPEC.operator, p), 0, t)
         written[p] = {0: t.num_rows}
-    coord.commit(SPEC, 0, 120_000, written)
+    Committer(coord).commit(SPEC, 0, 120_000, written)
 
 
 def wrk(url: str, keys: int, duration: int, tmp: Path) -> dict[str, float]:

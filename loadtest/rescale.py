@@ -50,6 +50,7 @@ from qstate.core.assignment import Assignment, load_assignment
 from qstate.core.operator import OperatorSpec, WindowSpec, load_spec, save_spec
 from qstate.core.storage import Storage
 from qstate.embedded.procs import RouterProcess, ShardProcess, qstate_command
+from qstate.jobs.commit import Committer
 
 __all__ = ["Outcome", "Tally", "World", "double_partitions", "join_drain", "replica_loss",
            "views"]
@@ -204,7 +205,7 @@ class World:
                          ).cast(deltas.delta_schema(self.spec))
             deltas.write_delta(self.storage, PartitionId(JOB, OP, p), batch, t)
             written[p] = {0: t.num_rows}
-        self.coordinator.commit(self.spec, batch, start, written)
+        Committer(self.coordinator).commit(self.spec, batch, start, written)
         self.committed = batch
 
     def _commit_loop(self) -> None:

@@ -23,6 +23,7 @@ from qstate.core.operator import OperatorSpec, WindowSpec, save_spec
 from qstate.core.shard_client import ShardClients
 from qstate.core.storage import Storage
 from qstate.embedded.procs import RouterProcess, ShardProcess
+from qstate.jobs.commit import Committer
 from tests.helpers import metric, shard_metrics_url, wait_until
 
 P = 8
@@ -121,7 +122,7 @@ def commit_batch(storage: Storage, coord: Coordinator, batch: int) -> None:
                       "avg_ms": [avg_ms(batch)] * len(mine)}).cast(deltas.delta_schema(SPEC))
         deltas.write_delta(storage, PartitionId(SPEC.job, SPEC.operator, p), batch, t)
         written[p] = {0: t.num_rows}
-    coord.commit(SPEC, batch, batch * WINDOW, written)
+    Committer(coord).commit(SPEC, batch, batch * WINDOW, written)
 
 
 def start_shop(tmp: Path) -> Shop:

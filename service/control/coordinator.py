@@ -1,4 +1,4 @@
-"""The driver-side coordinator of one job: owns its assignment and commits its batches.
+"""The driver-side coordinator of one job: owns its assignment (who owns which partition).
 
 It is the source of truth for which server owns which partition (docs/architecture.md §4):
 it probes the registered shard servers (a lease: a server that has not answered for
@@ -12,6 +12,10 @@ Each epoch is created once (``save_assignment``) and signed by its writer. A coo
 that finds a newer epoch stands down (``fenced``), except a driver's that finds a standby's
 (``qstate.control.standby`` moves partitions while the driver is down): it goes on from that
 one. The driver's coordinator beats a lease in storage (``beat``) that keeps the standby waiting.
+
+Delivering a batch's commit to the owners it names is the job's (``qstate.jobs.commit``): it
+asks ``owners_of`` for the current epoch and owners, and ``follow`` when a shard knows a newer
+epoch.
 """
 
 from __future__ import annotations
@@ -28,7 +32,6 @@ import orjson
 from qstate.control.metrics import ASSIGNMENT_EPOCH, REASSIGNMENTS
 from qstate.control.placement import Cluster, Progress, place
 from qstate.core import paths
-from qstate.core.address import PartitionId
 from qstate.core.assignment import (
     DRIVER,
     Assignment,
@@ -37,53 +40,26 @@ from qstate.core.assignment import (
     now_ms,
     save_assignment,
 )
-from qstate.core.catalog import snapshot_batches
 from qstate.core.config import DEFAULTS, settings
 from qstate.core.errors import (
-    CommitFailed,
     Fenced,
-    NotOwner,
-    StaleEpoch,
-    Unavailable,
-    from_grpc,
-)
-from qstate.core.manifest import (
-    BatchManifest,
-    Fragments,
-    delete_manifests_through,
-    write_manifest,
 )
 from qstate.core.operator import OperatorSpec, load_spec
-from qstate.core.shard_client import ShardClients
+from qstate.core.shard_client import ShardClients, held_partitions
 from qstate.core.storage import Storage
-from qstate.proto import shard_pb2 as pb
 
-__all__ = ["CommitOutcome", "Coordinator", "coordinator_for", "release"]
+__all__ = ["Coordinator", "coordinator_for", "release"]
 
 log = logging.getLogger(__name__)
-
-# A shard that is down, busy, or not yet aware of the newest assignment: try again.
-_TRANSPORT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
-
-
-@dataclass
-class CommitOutcome:
-    seconds: float = 0.0
-    applied: int = 0  # partitions that applied the batch now
-    skipped: int = 0  # partitions that already had it (a re-run batch)
-    caught_up: int = 0  # older batches replayed by servers that had a gap
-
 
 @dataclass
 class Coordinator:
     storage: Storage
     job: str
     shards: list[str] | None = None  # explicit addresses; None: servers registered in storage
-    commit_timeout_s: float = DEFAULTS.commit_timeout_s
     lease_s: float = DEFAULTS.lease_s
     heartbeat_s: float = DEFAULTS.heartbeat_s
     heartbeat_timeout_s: float = DEFAULTS.heartbeat_timeout_s
-    gc_every: int = DEFAULTS.manifest_gc_every  # batches between collections of manifests
     clients: ShardClients = field(default_factory=ShardClients)
     assignment: Assignment = field(init=False)
     operators: dict[str, int] = field(default_factory=dict)  # name -> partitions
@@ -125,8 +101,8 @@ class Coordinator:
             self._last_ok[d.server_id] = now
             self._addresses[d.server_id] = d.address
             self._progress[d.server_id] = {
-                (i.operator, i.partition): Progress(i.last_batch, not i.restoring)
-                for i in d.partitions if i.job == self.job}
+                (pid.operator, pid.partition): Progress(i.last_batch, not i.restoring)
+                for pid, i in held_partitions(d).items() if pid.job == self.job}
             if d.draining:
                 self._draining.add(d.server_id)
             else:
@@ -262,110 +238,24 @@ class Coordinator:
     def stop(self) -> None:
         self._stop.set()
 
-    # ---- commits ----------------------------------------------------------------
-    def commit(self, spec: OperatorSpec, batch: int, watermark_ms: int,
-               written: dict[int, Fragments]) -> CommitOutcome:
-        """Record batch ``batch`` and commit it on every owner (``record``, ``deliver``)."""
-        self.record(spec, batch, watermark_ms, written)
-        return self.deliver(spec, batch, watermark_ms, written)
+    # ---- what commit delivery asks (qstate.jobs.commit) ---------------------------
+    def owners_of(self, operator: str) -> tuple[int, dict[str, list[int]]]:
+        """The current epoch and, under it, each owner's partitions of ``operator``."""
+        with self._lock:
+            return self.assignment.epoch, self.assignment.partitions_of(operator)
 
-    def record(self, spec: OperatorSpec, batch: int, watermark_ms: int,
-               written: dict[int, Fragments]) -> None:
-        """Make batch ``batch`` durable for every shard: its manifest (its delta files are
-        written). From here on a shard that missed the commit catches up from storage."""
-        write_manifest(self.storage, spec.job, spec.operator,
-                       BatchManifest(batch, watermark_ms, dict(written)))
-
-    def deliver(self, spec: OperatorSpec, batch: int, watermark_ms: int,
-                written: dict[int, Fragments]) -> CommitOutcome:
-        """Commit a recorded batch on every owner. Returns once each partition acknowledged;
-        re-plans as partitions move; raises if fenced or out of time."""
+    def check_not_fenced(self) -> None:
+        """Raises ``Fenced`` once another coordinator of the job has written a newer epoch."""
         if self.fenced:
             raise Fenced(f"fenced: another coordinator of {self.job} took over (it wrote "
                          f"epoch {load_assignment(self.storage, self.job).epoch})")
-        t0 = time.perf_counter()
-        deadline = t0 + self.commit_timeout_s
-        outcome = CommitOutcome()
-        acked: set[int] = set()
-        delay = 0.05
-        errors: dict[str, str] = {}
-        while len(acked) < spec.partitions:
-            remaining = deadline - time.perf_counter()
-            if remaining <= 0:
-                missing = sorted(set(range(spec.partitions)) - acked)
-                raise CommitFailed(f"batch {batch} of {spec.job}/{spec.operator}: partitions "
-                                   f"{missing} not acknowledged within {self.commit_timeout_s}s"
-                                   f" (last errors by shard: {errors or 'none'})")
-            with self._lock:
-                epoch = self.assignment.epoch
-                plan = {addr: [p for p in parts if p not in acked]
-                        for addr, parts in self.assignment.partitions_of(spec.operator).items()}
-            futures = {
-                addr: (parts, self.clients.stub(addr).Commit.future(pb.CommitRequest(
-                    job=spec.job, operator=spec.operator, batch=batch,
-                    watermark_ms=watermark_ms, epoch=epoch,
-                    partitions=[pb.PartitionDelta(
-                        partition=p, has_delta=p in written,
-                        rows=sum(written.get(p, {}).values()),
-                        fragments=sorted(written.get(p, {}))) for p in parts]),
-                    # a hung server holds a call no longer than its lease: by then its
-                    # partitions have moved, and the next round asks their new owners
-                    timeout=min(remaining, self.lease_s)))
-                for addr, parts in plan.items() if parts}
-            errors = {}
-            for addr, (parts, fut) in futures.items():
-                try:
-                    reply = fut.result()
-                except grpc.RpcError as exc:
-                    err = from_grpc(exc)
-                    if isinstance(err, StaleEpoch):
-                        self.follow()  # a standby's epoch: the next round commits under it
-                        if self.fenced:
-                            raise Fenced(f"fenced: another coordinator of {self.job} took "
-                                         f"over ({err.message})") from exc
-                    if err is not None and not isinstance(err, NotOwner | StaleEpoch |
-                                                          Unavailable):
-                        raise CommitFailed(f"shard {addr} refused batch {batch}: "
-                                           f"{type(err).__name__}: {err.message}") from exc
-                    if err is None and exc.code() not in _TRANSPORT:  # type: ignore[attr-defined]
-                        raise CommitFailed(f"shard {addr} failed batch {batch}: "
-                                           f"{exc.code().name} {exc.details()}") from exc  # type: ignore[attr-defined]
-                    errors[addr] = (f"{type(err).__name__ if err else exc.code().name} "  # type: ignore[attr-defined]
-                                    f"for partitions {parts}")
-                    continue
-                acked.update(parts)
-                outcome.applied += len(reply.applied)
-                outcome.skipped += len(reply.skipped)
-                outcome.caught_up += reply.caught_up_batches
-            if len(acked) < spec.partitions:
-                log.warning("batch %d of %s/%s: retrying %s", batch, spec.job, spec.operator,
-                            errors)
-                time.sleep(min(delay, max(0.0, deadline - time.perf_counter())))
-                delay = min(delay * 2, 1.0)
-        outcome.seconds = time.perf_counter() - t0
-        if batch % self.gc_every == 0:
-            self.collect_manifests(spec)
-        return outcome
-
-    def collect_manifests(self, spec: OperatorSpec) -> int:
-        """Delete batch manifests no restore can need: those at or before the oldest kept
-        snapshot of every partition (a partition with no snapshot yet keeps them all)."""
-        oldest = []
-        for p in range(spec.partitions):
-            pid = PartitionId(spec.job, spec.operator, p)
-            snaps = snapshot_batches(self.storage, pid)
-            if not snaps:
-                return 0
-            oldest.append(snaps[0])
-        return delete_manifests_through(self.storage, spec.job, spec.operator, min(oldest))
 
 
 _coordinators: dict[tuple[str, str], Coordinator] = {}
 _registry_lock = threading.Lock()
 
 
-def coordinator_for(storage: Storage, job: str, shards: list[str] | None,
-                    commit_timeout_s: float) -> Coordinator:
+def coordinator_for(storage: Storage, job: str, shards: list[str] | None) -> Coordinator:
     """One coordinator per job and storage in a driver, shared by the job's operators."""
     with _registry_lock:
         key = (storage.uri, job)
@@ -373,9 +263,8 @@ def coordinator_for(storage: Storage, job: str, shards: list[str] | None,
         if c is None or c._stop.is_set():
             cfg = settings()  # the process's settings (flags were applied to the context)
             c = _coordinators[key] = Coordinator(
-                storage, job, shards, commit_timeout_s, lease_s=cfg.lease_s,
-                heartbeat_s=cfg.heartbeat_s, heartbeat_timeout_s=cfg.heartbeat_timeout_s,
-                gc_every=cfg.manifest_gc_every)
+                storage, job, shards, lease_s=cfg.lease_s, heartbeat_s=cfg.heartbeat_s,
+                heartbeat_timeout_s=cfg.heartbeat_timeout_s)
         return c
 
 

@@ -29,6 +29,7 @@ from qstate.core.security import check_exposure, is_loopback
 from qstate.core.shard_client import ShardClients
 from qstate.core.storage import Storage
 from qstate.embedded.procs import RouterProcess, ShardProcess, qstate_command
+from qstate.jobs.commit import Committer
 from qstate.proto import qstate_pb2 as qpb
 from qstate.proto import qstate_pb2_grpc as qpb_grpc
 from qstate.proto import shard_pb2 as pb
@@ -88,7 +89,7 @@ def _commit(storage: Storage, coord: Coordinator, batch: int) -> None:
         ).cast(deltas.delta_schema(SPEC))
         deltas.write_delta(storage, PartitionId(SPEC.job, SPEC.operator, p), batch, t)
         written[p] = {0: t.num_rows}
-    coord.commit(SPEC, batch, 0, written)
+    Committer(coord).commit(SPEC, batch, 0, written)
 
 
 def _served(clients: ShardClients, address: str) -> set[int]:

@@ -16,6 +16,7 @@ from qstate.core.assignment import load_assignment
 from qstate.core.errors import Fenced
 from qstate.core.operator import OperatorSpec, WindowSpec
 from qstate.core.storage import Storage
+from qstate.jobs.commit import Committer
 
 SPEC = OperatorSpec("j", "op", "k", {"n": "long"}, partitions=4,
                     window=WindowSpec("tumbling", 10))
@@ -43,7 +44,7 @@ def test_a_running_coordinator_that_finds_its_epoch_taken_is_fenced(tmp_path: Pa
     assert old.fenced and old._stop.is_set()
     assert load_assignment(s, "j") == new.assignment  # nothing of the old one's written
     with pytest.raises(Fenced, match="another coordinator"):
-        old.deliver(SPEC, 0, 0, {})
+        Committer(old).deliver(SPEC, 0, 0, {})
 
 
 def test_a_starting_coordinator_takes_over_past_an_epoch_written_meanwhile(
@@ -115,7 +116,7 @@ def test_each_round_follows_a_newer_epoch_or_stands_down(tmp_path: Path) -> None
     driver.follow()
     assert driver.fenced
     with pytest.raises(Fenced):
-        driver.deliver(SPEC, 0, 0, {})
+        Committer(driver).deliver(SPEC, 0, 0, {})
 
 
 class OneDeaf:

@@ -19,10 +19,12 @@ import grpc
 import pytest
 
 from qstate.control.coordinator import Coordinator
-from qstate.core.operator import save_spec
+from qstate.core.manifest import Fragments
+from qstate.core.operator import OperatorSpec, save_spec
 from qstate.core.shard_client import ShardClients
 from qstate.core.storage import Storage
 from qstate.embedded.procs import ShardProcess
+from qstate.jobs.commit import CommitOutcome, Committer
 from tests.helpers import (
     committed_batches,
     metric,
@@ -41,6 +43,13 @@ class World:
     coord: Coordinator
     start: Callable[[str], ShardProcess]  # fault ("" none) -> the one shard, serving
     server_dir: Path
+
+    def commit(self, spec: OperatorSpec, batch: int, watermark_ms: int,
+               written: dict[int, Fragments]) -> CommitOutcome:
+        # the committer keeps retrying while the one shard is down (each call bounded by
+        # the lease)
+        return Committer(self.coord, commit_timeout_s=60).commit(spec, batch, watermark_ms,
+                                                                  written)
 
     def metric(self, shard: ShardProcess, name: str, **labels: str) -> float:
         return metric(shard_metrics_url(self.storage.uri, shard), name, job=SPEC.job,
@@ -79,7 +88,7 @@ def world(tmp_path: Path) -> Iterator[World]:
     first = start("")
     # one server: while it is down no other can take its partitions, and the committer
     # keeps retrying (each call bounded by the lease) until it is back
-    coord = Coordinator(storage, SPEC.job, [first.address], commit_timeout_s=60, lease_s=30,
+    coord = Coordinator(storage, SPEC.job, [first.address], lease_s=30,
                         heartbeat_s=0.2)
     coord.register(SPEC)
     first.stop()
@@ -98,10 +107,10 @@ def test_killed_mid_commit_then_the_retried_commit(world: World, point: str,
     shard = world.start(f"{point}@{N}:{SPEC.operator}")
     truth: dict = {}
     for b in range(N):
-        world.coord.commit(SPEC, b, b * 100, write_batch(world.storage, b, truth))
+        world.commit(SPEC, b, b * 100, write_batch(world.storage, b, truth))
     written = write_batch(world.storage, N, truth)
     with ThreadPoolExecutor(1) as pool:
-        retrying = pool.submit(world.coord.commit, SPEC, N, N * 100, written)
+        retrying = pool.submit(world.commit, SPEC, N, N * 100, written)
         assert shard.proc is not None
         assert shard.proc.wait(30) == -signal.SIGKILL
         # what the kill interrupted: N written on every partition, or none
@@ -127,9 +136,9 @@ def test_killed_after_the_ack_nothing_is_replayed(world: World) -> None:
     shard = world.start(f"shard.after-ack@{N}")
     truth: dict = {}
     for b in range(N):
-        world.coord.commit(SPEC, b, b * 100, write_batch(world.storage, b, truth))
+        world.commit(SPEC, b, b * 100, write_batch(world.storage, b, truth))
     with ThreadPoolExecutor(1) as pool:
-        acked = pool.submit(world.coord.commit, SPEC, N, N * 100,
+        acked = pool.submit(world.commit, SPEC, N, N * 100,
                             write_batch(world.storage, N, truth))
         assert shard.proc is not None
         assert shard.proc.wait(30) == -signal.SIGKILL
@@ -143,7 +152,7 @@ def test_killed_after_the_ack_nothing_is_replayed(world: World) -> None:
     # manifest the bring-up would replay)
     wait_until(lambda: world.ready(again) == dict.fromkeys(range(P), N), 30, "partitions up")
     assert world.metric(again, "qstate_shard_caught_up_batches_total") == 0
-    out = world.coord.commit(SPEC, N + 1, (N + 1) * 100,
+    out = world.commit(SPEC, N + 1, (N + 1) * 100,
                              write_batch(world.storage, N + 1, truth))
     assert (out.applied, out.skipped, out.caught_up) == (P, 0, 0)
     for result, want in (("applied", P), ("skipped", 0)):

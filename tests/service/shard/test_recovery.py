@@ -18,13 +18,15 @@ import orjson
 import pyarrow as pa
 import pytest
 
-from qstate.control.coordinator import CommitFailed, Coordinator
+from qstate.control.coordinator import Coordinator
 from qstate.core import delta as deltas
 from qstate.core.address import PartitionId, partition_of
 from qstate.core.catalog import delta_batches, snapshot_batches
+from qstate.core.errors import CommitFailed
 from qstate.core.operator import OperatorSpec, WindowSpec, save_spec
 from qstate.core.storage import Storage
 from qstate.embedded.procs import RouterProcess, ShardProcess
+from qstate.jobs.commit import Committer
 from tests.helpers import wait_until
 
 P = 4
@@ -67,7 +69,7 @@ def cluster(tmp_path: Path):
     shards = [ShardProcess.make(f"s{i}", tmp_path / "data", storage.uri, tmp_path / "logs",
                                 env=env).start_and_wait() for i in range(2)]
     coord = Coordinator(storage, "rec", [s.address for s in shards], lease_s=1.0,
-                        heartbeat_s=0.2, gc_every=3)
+                        heartbeat_s=0.2)
     coord.register(SPEC)
     router = RouterProcess.make(storage.uri, tmp_path / "logs").start_and_wait()
     yield storage, shards, coord, router
@@ -81,7 +83,7 @@ def test_disk_loss_restores_on_the_other_server_and_rejoin_rebalances(cluster, t
     storage, shards, coord, router = cluster
     truth: dict = {}
     for b in range(10):
-        coord.commit(SPEC, b, b * 100, write_batch(storage, b, truth))
+        Committer(coord, gc_every=3).commit(SPEC, b, b * 100, write_batch(storage, b, truth))
     assert served(router)[0] == truth
     # every partition was snapshotted; deltas and manifests before the oldest kept are gone
     for p in range(P):
@@ -113,7 +115,7 @@ def test_disk_loss_restores_on_the_other_server_and_rejoin_rebalances(cluster, t
     assert recovered_s < 15
     # new batches commit on the survivor, which now owns every partition
     for b in range(10, 13):
-        out = coord.commit(SPEC, b, b * 100, write_batch(storage, b, truth))
+        out = Committer(coord, gc_every=3).commit(SPEC, b, b * 100, write_batch(storage, b, truth))
         assert out.applied == P
     got, batches = served(router)
     assert got == truth, (batches, sorted({partition_of(k, P) for (k, s), v in got.items()
@@ -123,7 +125,7 @@ def test_disk_loss_restores_on_the_other_server_and_rejoin_rebalances(cluster, t
     wait_until(lambda: len(coord.assignment.partitions_of("counts")) == 2, 10, "rebalance")
     wait_until(lambda: served(router)[0] == truth, 20, "answers after the rebalance")
     b = 13
-    coord.commit(SPEC, b, b * 100, write_batch(storage, b, truth))
+    Committer(coord, gc_every=3).commit(SPEC, b, b * 100, write_batch(storage, b, truth))
     got, batches = served(router)
     assert got == truth and batches == {13}
     assert lost  # (which partitions moved is the coordinator's call)
@@ -140,15 +142,15 @@ def test_disk_loss_restores_on_the_other_server_and_rejoin_rebalances(cluster, t
 def test_a_stale_coordinator_is_fenced(cluster):
     storage, shards, coord, router = cluster
     truth: dict = {}
-    coord.commit(SPEC, 0, 0, write_batch(storage, 0, truth))
+    Committer(coord).commit(SPEC, 0, 0, write_batch(storage, 0, truth))
     newer = Coordinator(storage, "rec", [s.address for s in shards], lease_s=1.0)
     newer.register(SPEC)  # a restarted driver: next epoch
     try:
         assert newer.assignment.epoch > coord.assignment.epoch
-        newer.commit(SPEC, 1, 100, write_batch(storage, 1, truth))
+        Committer(newer).commit(SPEC, 1, 100, write_batch(storage, 1, truth))
         through_1 = dict(truth)
         with pytest.raises(CommitFailed, match="fenced"):
-            coord.commit(SPEC, 2, 200, write_batch(storage, 2, truth))
+            Committer(coord).commit(SPEC, 2, 200, write_batch(storage, 2, truth))
         assert truth != through_1  # batch 2 would have changed every key's window 0
         # the fenced batch changed nothing: what is served is batches 0 and 1, read back
         got = wait_until(lambda: (lambda s: s if s[1] == {1} else None)(served(router)), 10,
