@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import os
 import re
 import statistics
 import subprocess
@@ -27,7 +28,8 @@ from loadtest import results
 __all__ = ["repeat"]
 
 
-def repeat(module: str, tests: list[str], tag: str, setup: str, description: str) -> None:
+def repeat(module: str, tests: list[str], tag: str, setup: str, description: str,
+           env: dict[str, str] | None = None) -> None:
     """``module``'s command line: run ``tests`` (pytest, ``-s``) ``--repeats`` times, collect
     the lines ``<tag> NAME: {lost, doubled, windows}, answering again after Xs`` they print,
     append the table to ``--out`` (default loadtest/results/<tag>.md)."""
@@ -35,13 +37,15 @@ def repeat(module: str, tests: list[str], tag: str, setup: str, description: str
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", type=Path, default=Path(f"loadtest/results/{tag}.md"))
     args = ap.parse_args()
+    env = env or {}
     # pytest's progress dots may precede the first line on the same line: search, not match
     line_re = re.compile(rf"{tag} (.+?): (\{{.*?\}}), answering again after ([\d.]+)s")
     runs: dict[str, list[tuple[dict, float]]] = defaultdict(list)
     failed = 0
     for i in range(args.repeats):
         p = subprocess.run([sys.executable, "-m", "pytest", *tests, "-s", "-q", "-p",
-                            "no:cacheprovider"], capture_output=True, text=True)
+                            "no:cacheprovider"], capture_output=True, text=True,
+                           env={**os.environ, **env})
         failed += p.returncode != 0
         for line in p.stdout.splitlines():
             m = line_re.search(line)
@@ -67,7 +71,7 @@ def main() -> None:
     repeat("loadtest.chaos", ["tests/chaos/test_chaos.py", "tests/chaos/random_timing.py"],
            "chaos",
            "~5K tweet events/s over 100K ids, ≤3 s out of order, 1% late; P=8, 2 shards, "
-           "local[2]", __doc__.split("\n")[0])
+           "local[2]", __doc__.split("\n")[0], env={"CHAOS_KEYS": "100000"})
 
 
 if __name__ == "__main__":

@@ -53,14 +53,17 @@ FAR = 1 << 62
 
 
 def http_windows(url: str, job: str, operator: str, state: str, keys: list[str],
-                 latest: bool = False) -> Windows:
-    """(key, start) -> value via the router's batchGet: every window, or only the latest."""
+                 latest: bool = False, since: int | None = None, chunk: int = 0) -> Windows:
+    """(key, start) -> value via the router's batchGet: every window (those starting at
+    ``since`` or later, when given), or only the latest. ``chunk`` keys a request (default:
+    1000 for the latest window, 250 for ranges: a request a shard answers within the
+    router's ``shard_timeout_s`` even where keys have hundreds of windows)."""
     from concurrent.futures import ThreadPoolExecutor
 
     import httpx
 
     out: Windows = {}
-    params = {} if latest else {"from": str(-FAR), "to": str(FAR)}
+    params = {} if latest else {"from": str(-FAR if since is None else since), "to": str(FAR)}
 
     def fetch(c: httpx.Client, chunk: list[str]) -> list[dict]:
         r = c.post(f"/v1/state/{job}/{operator}/{state}:batchGet", json={"keys": chunk},
@@ -70,7 +73,8 @@ def http_windows(url: str, job: str, operator: str, state: str, keys: list[str],
 
     # a few batches in flight: the router, the shards and this process work at once
     with httpx.Client(base_url=url, timeout=60) as c, ThreadPoolExecutor(4) as pool:
-        chunks = [keys[i:i + 1000] for i in range(0, len(keys), 1000)]
+        size = chunk or (1000 if latest else 250)
+        chunks = [keys[i:i + size] for i in range(0, len(keys), size)]
         for results in pool.map(lambda chunk: fetch(c, chunk), chunks):
             for item in results:
                 for w in item["windows"]:

@@ -24,6 +24,7 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
@@ -80,6 +81,8 @@ class Coordinator:
     _beats: int = 0
     _beat_at: float = float("-inf")
     _stop: threading.Event = field(default_factory=threading.Event)
+    # leases are measured on this process's monotonic clock (tests move their own)
+    clock: Callable[[], float] = field(default_factory=lambda: time.monotonic)
 
     def __post_init__(self) -> None:
         self.assignment = load_assignment(self.storage, self.job)
@@ -90,7 +93,7 @@ class Coordinator:
         """One heartbeat round: Describe every known server."""
         candidates = self.shards or [s.address for s in list_servers(self.storage)]
         candidates = sorted(set(candidates) | set(self.assignment.servers.values()))
-        now = time.monotonic()
+        now = self.clock()
         for addr in candidates:
             try:
                 d = self.clients.describe(
@@ -113,13 +116,13 @@ class Coordinator:
         over a running job (a standby) gives each a full ``lease_s`` before it moves its
         partitions, as the coordinator before it did; a busy server that misses the first
         Describe is not a dead one."""
-        now = time.monotonic()
+        now = self.clock()
         for sid, address in self.assignment.servers.items():
             self._last_ok.setdefault(sid, now)
             self._addresses.setdefault(sid, address)
 
     def live(self) -> dict[str, str]:
-        now = time.monotonic()
+        now = self.clock()
         return {sid: self._addresses[sid] for sid, t in self._last_ok.items()
                 if now - t < self.lease_s}
 
@@ -192,12 +195,12 @@ class Coordinator:
         """A driver's coordinator: rewrite the job's lease every third of ``lease_s``. A
         standby acts only once the lease has not changed for ``lease_s`` by its own clock."""
         if not self.is_driver or \
-                time.monotonic() - self._beat_at < self.lease_s / 3:
+                self.clock() - self._beat_at < self.lease_s / 3:
             return
         self._beats += 1
         self.storage.write_bytes(paths.driver_lease(self.job), orjson.dumps(
             {"writer": self.writer, "beat": self._beats, "at_ms": now_ms()}))
-        self._beat_at = time.monotonic()
+        self._beat_at = self.clock()
 
     def _fence(self, newer: Assignment) -> None:
         self.fenced = True

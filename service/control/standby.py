@@ -21,6 +21,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from qstate.control.coordinator import Coordinator
@@ -46,7 +47,12 @@ class Standby:
     writer: str = field(default_factory=lambda: f"{STANDBY}{socket.gethostname()}-{os.getpid()}")
     active: Coordinator | None = None
     _seen: bytes | None = None
-    _changed_at: float = field(default_factory=time.monotonic)
+    # the lease is watched on this process's monotonic clock (tests move their own)
+    clock: Callable[[], float] = field(default_factory=lambda: time.monotonic)
+    _changed_at: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._changed_at = self.clock()
 
     def _lease(self) -> bytes | None:
         try:
@@ -60,8 +66,8 @@ class Standby:
         has beaten by then."""
         lease = self._lease()
         if lease != self._seen:
-            self._seen, self._changed_at = lease, time.monotonic()
-        return time.monotonic() - self._changed_at >= self.cfg.lease_s
+            self._seen, self._changed_at = lease, self.clock()
+        return self.clock() - self._changed_at >= self.cfg.lease_s
 
     def step(self) -> None:
         if not self.driver_down():
@@ -78,7 +84,7 @@ class Standby:
             self.active = Coordinator(
                 self.storage, self.job, lease_s=self.cfg.lease_s,
                 heartbeat_s=self.cfg.heartbeat_s, heartbeat_timeout_s=self.cfg.heartbeat_timeout_s,
-                writer=self.writer)
+                writer=self.writer, clock=self.clock)
             self.active.presume_live()
         self.active.round()
 

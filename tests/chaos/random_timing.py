@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.harness import Deployment, newest, scenario
+from tests.chaos.harness import Deployment, every_window_exact, newest, scenario
 
 pytestmark = [pytest.mark.chaos, pytest.mark.spark]
 
@@ -45,3 +45,9 @@ def test_kill9_driver_mid_batch_and_restart(world):
         d.start_job()
         return t
     scenario(world, "driver kill -9 mid-batch, restart", inject)
+
+
+def test_every_window_exact_after_every_scenario(world):
+    """Last in the module: each scenario compared the windows it touched; this compares
+    every window once more (what a restore could have changed in older windows too)."""
+    every_window_exact(world)

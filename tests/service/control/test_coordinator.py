@@ -22,6 +22,20 @@ SPEC = OperatorSpec("j", "op", "k", {"n": "long"}, partitions=4,
                     window=WindowSpec("tumbling", 10))
 
 
+class Clock:
+    """A monotonic clock the test moves: leases expire when the test says, not after a
+    sleep."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
 def coordinator(storage: Storage, servers: dict[str, str]) -> Coordinator:
     """A coordinator that sees ``servers`` live (as if they had answered a heartbeat now)."""
     c = Coordinator(storage, "j", shards=[])
@@ -87,16 +101,19 @@ def test_a_standby_acts_only_once_the_driver_lease_stops_changing(tmp_path: Path
 
     s = Storage(str(tmp_path))
     cfg = Settings.model_construct(lease_s=0.6, heartbeat_s=0.1, heartbeat_timeout_s=0.1)
+    clock = Clock()
     driver = coordinator(s, {})
-    driver.lease_s = cfg.lease_s
+    driver.lease_s, driver.clock = cfg.lease_s, clock
     driver.beat()
-    standby = Standby(s, "j", cfg)
+    standby = Standby(s, "j", cfg, clock=clock)
     assert not standby.driver_down()  # a lease it has not watched for lease_s yet
     for _ in range(5):  # the driver beats every third of the lease: never down
-        time.sleep(cfg.lease_s / 3 + 0.01)
+        clock.advance(cfg.lease_s / 3 + 0.01)
         driver.beat()
         assert not standby.driver_down()
-    time.sleep(cfg.lease_s + 0.05)  # the driver stops beating
+    clock.advance(cfg.lease_s - 0.01)  # the driver stops beating: not yet a lease
+    assert not standby.driver_down()
+    clock.advance(0.02)
     assert standby.driver_down()
     driver.beat()  # back
     assert not standby.driver_down()
@@ -133,13 +150,17 @@ def test_a_coordinator_taking_over_gives_each_server_a_lease_before_moving(
     s = Storage(str(tmp_path))
     driver = coordinator(s, {"s0": "h:1", "s1": "h:2"})
     driver._rebalance(bump=True)  # epoch 1 over both; then the driver stops
-    taker = Coordinator(s, "j", lease_s=0.5, writer="standby:test")
+    clock = Clock()
+    taker = Coordinator(s, "j", lease_s=0.5, writer="standby:test", clock=clock)
     taker.operators = {SPEC.operator: SPEC.partitions}
     taker.clients = OneDeaf()  # type: ignore[assignment]
     taker.presume_live()
     taker.round()  # s1 missed its first Describe: not dead yet
     assert load_assignment(s, "j") == driver.assignment
-    time.sleep(0.6)  # a lease without an answer: now it is
+    clock.advance(0.49)
+    taker.round()  # not a whole lease yet
+    assert load_assignment(s, "j") == driver.assignment
+    clock.advance(0.02)  # a lease without an answer: now it is
     taker.round()
     moved = load_assignment(s, "j")
     assert moved.epoch == 2 and moved.servers == {"s0": "h:1"} and moved.by_standby()

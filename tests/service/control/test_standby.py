@@ -14,13 +14,22 @@ import signal
 import time
 from pathlib import Path
 
+import orjson
+
 from qstate.control.coordinator import Coordinator
+from qstate.core import paths
 from qstate.core.assignment import load_assignment
+from qstate.core.storage import Storage
 from qstate.embedded.procs import Child, qstate_command
 from tests.helpers import http_windows, metric, wait_until
 from tests.shop import BATCHES, KEYS, SPEC, start_shop, views, window
 
 LEASE_S = 2.0
+
+
+def beats(storage: Storage) -> int:
+    """How many times the driver's coordinator has beaten its lease."""
+    return int(orjson.loads(storage.read_bytes(paths.driver_lease(SPEC.job)))["beat"])
 
 
 def test_a_standby_moves_a_dead_shards_partitions_while_the_job_is_down(
@@ -71,7 +80,10 @@ def test_a_standby_moves_a_dead_shards_partitions_while_the_job_is_down(
         wait_until(shared, 60, "the restarted shard given its share back")
         back = load_assignment(shop.storage, SPEC.job)
         assert back.writer == driver.writer and back.epoch > moved.epoch
-        time.sleep(3 * LEASE_S)  # the standby, watching the driver's lease, writes nothing
+        # three leases of driver beats (one every third of a lease), which the standby
+        # watches: meanwhile it writes nothing
+        first = beats(shop.storage)
+        wait_until(lambda: beats(shop.storage) >= first + 9, 60, "nine more driver beats")
         assert load_assignment(shop.storage, SPEC.job) == back and not driver.fenced
         wait_until(exact, 60, "every key exact across both shards again")
         assert "standing by" in standby.log_path.read_text()
