@@ -12,13 +12,14 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
+from qstate.core.errors import InvalidRequest
 from qstate.core.process import start_process
 from qstate.jobs.job import JobContext
-from qstate.jobs.launch import RunningJob, start_job
+from qstate.jobs.launch import EXAMPLES, RunningJob, start_job
 from qstate.jobs.metrics import JOB_UP
 from qstate.jobs.spark import spark_session
 
-__all__ = ["checkpoint_name", "run_jobs", "watch"]
+__all__ = ["checkpoint_name", "checkpoint_names", "run_jobs", "watch"]
 
 console = Console(stderr=True)
 log = logging.getLogger(__name__)
@@ -54,8 +55,25 @@ def _lag(job: RunningJob) -> dict[str, int]:
 
 
 def checkpoint_name(builder: str) -> str:
-    """The checkpoint folder of a job module: ``tweets`` for the example, else the module."""
-    return builder.split(":", 1)[0].rsplit(".", 1)[-1]
+    """The checkpoint folder of a job: the module's own name (``tweets`` for the example,
+    ``myjob`` for ``mypkg.myjob:build``), followed by the function's where it is not
+    ``build`` (``myjob.build_b``), so that two jobs of one module keep apart."""
+    module, _, func = EXAMPLES.get(builder, builder).partition(":")
+    name = module.rsplit(".", 1)[-1]
+    return name if func in ("", "build") else f"{name}.{func}"
+
+
+def checkpoint_names(builders: list[str]) -> list[str]:
+    """Each job's checkpoint folder; refuses two jobs that would share one (their queries
+    would stop each other: Spark runs one query per checkpoint)."""
+    names = [checkpoint_name(b) for b in builders]
+    for name in set(names):
+        same = [b for b, n in zip(builders, names, strict=True) if n == name]
+        if len(same) > 1:
+            raise InvalidRequest(f"jobs {' and '.join(same)} would share the checkpoint folder "
+                                 f"{name!r}: run them from modules of different names, or "
+                                 "under separate --checkpoints")
+    return names
 
 
 def run_jobs(builders: list[str], ctx: JobContext, metrics_port: int = 0,
@@ -67,7 +85,7 @@ def run_jobs(builders: list[str], ctx: JobContext, metrics_port: int = 0,
     ``metrics_host:metrics_port`` (0: any free port), printed at start; the Spark driver
     binds and advertises ``driver_host`` (its host's address when executors run elsewhere)."""
     stop = start_process("job", metrics_port, metrics_host, console.print)
-    names = [checkpoint_name(b) for b in builders]
+    names = checkpoint_names(builders)
     spark = spark_session("qstate-" + "-".join(names), master, shuffle_partitions, spark_conf,
                           driver_host)
     running = [start_job(spark, b, replace(ctx, checkpoint=ctx.checkpoint / n))

@@ -112,13 +112,14 @@ def job(
     from qstate.core.errors import InvalidRequest
     from qstate.jobs.job import JobContext
     from qstate.jobs.launch import load_builder
-    from qstate.jobs.supervise import run_jobs
+    from qstate.jobs.supervise import checkpoint_names, run_jobs
 
-    for name in names:
-        try:
+    try:
+        for name in names:
             load_builder(name)
-        except InvalidRequest as exc:
-            raise typer.BadParameter(exc.message) from None
+        checkpoint_names(names)
+    except InvalidRequest as exc:
+        raise typer.BadParameter(exc.message) from None
     _arm_fault()
     ctx = JobContext(bootstrap, storage, checkpoints, partitions, trigger,
                      max_rows_per_trigger or None,

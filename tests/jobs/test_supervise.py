@@ -7,9 +7,12 @@ import threading
 from dataclasses import dataclass
 from typing import Any, cast
 
+import pytest
+
+from qstate.core.errors import InvalidRequest
 from qstate.jobs.launch import RunningJob
 from qstate.jobs.metrics import JOB_UP
-from qstate.jobs.supervise import watch
+from qstate.jobs.supervise import checkpoint_name, checkpoint_names, watch
 
 
 @dataclass
@@ -54,3 +57,12 @@ def test_watch_returns_when_every_job_failed() -> None:
     jobs = cast(list[RunningJob], [StandIn("a", fail_at=1), StandIn("b", fail_at=3)])
     failed = watch(jobs, threading.Event(), every_s=0.01)
     assert [j.name for j in failed] == ["a", "b"] and jobs == []
+
+
+def test_each_job_gets_its_own_checkpoint_folder_and_a_shared_one_is_refused() -> None:
+    assert [checkpoint_name(b) for b in ("tweets", "ads", "mypkg.myjob:build",
+                                         "mypkg.myjob:build_b", "qstate.jobs.examples.tweets:build")
+            ] == ["tweets", "ads", "myjob", "myjob.build_b", "tweets"]
+    assert checkpoint_names(["mod:build_a", "mod:build_b"]) == ["mod.build_a", "mod.build_b"]
+    with pytest.raises(InvalidRequest, match="share the checkpoint folder 'jobs'"):
+        checkpoint_names(["a.jobs:build", "b.jobs:build"])
