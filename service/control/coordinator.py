@@ -42,9 +42,7 @@ from qstate.core.assignment import (
     save_assignment,
 )
 from qstate.core.config import DEFAULTS, settings
-from qstate.core.errors import (
-    Fenced,
-)
+from qstate.core.errors import Fenced
 from qstate.core.operator import OperatorSpec, load_spec
 from qstate.core.shard_client import ShardClients, held_partitions
 from qstate.core.storage import Storage
