@@ -54,7 +54,7 @@ MARKER_EVENTS = 3
 TWEET_KEYS = 100_000  # `qstate run`'s default --tweet-keys
 OPERATORS = {"tweets": ("per_tweet_1h", "per_tweet_1m"), "ads": ("campaign_views_10s",)}
 # what `qstate run` starts, told apart by command line (the roles a Ctrl-C must stop)
-ROLES = {"broker": "kafka.Kafka", "shard": "service shard", "router": "service router",
+ROLES = {"broker": "kafka.Kafka", "shard": "qstate shard", "router": "qstate router",
          "generate-tweets": "generate tweets", "generate-ads": "generate ads",
          "jobs": "job tweets ads", "spark": "SparkSubmit"}
 
