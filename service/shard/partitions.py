@@ -15,6 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from rocksdict import DbClosedError
+
 from qstate.core import delta as deltas
 from qstate.core import paths
 from qstate.core.address import PartitionId
@@ -162,22 +164,29 @@ class Partitions:
             # retryable: the committer backs off and asks again (a slow restore is not a
             # failure of the batch)
             raise Unavailable(f"{pid} is still restoring on {self.server_id}")
-        caught_up = self.recovery.catch_up(pid, held, batch - 1)
-        table = None
-        if pc.fragments:
-            table = deltas.read_deltas(self.storage, pid, batch, pc.fragments, spec)
-            if table.num_rows != pc.rows:
-                raise DeltaMismatch(f"delta for {pid} batch {batch} has {table.num_rows} rows, "
-                                    f"committer announced {pc.rows}")
-        retention = spec.retention_ms if spec.windowed else None
-        t0 = time.perf_counter()
-        applied = held.store.apply(batch, watermark_ms, epoch, table, retention)
-        if applied:
-            labels = (spec.job, spec.operator)
-            metrics.APPLY_SECONDS.labels(*labels).inc(time.perf_counter() - t0)
-            metrics.APPLIED_ROWS.labels(*labels).inc(held.store.last_apply.rows)
-            metrics.STATE_WRITES.labels(*labels).inc(held.store.last_apply.writes)
-            self.snapshots.after_commit(pid, held)
+        try:
+            caught_up = self.recovery.catch_up(pid, held, batch - 1)
+            table = None
+            if pc.fragments:
+                table = deltas.read_deltas(self.storage, pid, batch, pc.fragments, spec)
+                if table.num_rows != pc.rows:
+                    raise DeltaMismatch(f"delta for {pid} batch {batch} has {table.num_rows} rows, "
+                                        f"committer announced {pc.rows}")
+            retention = spec.retention_ms if spec.windowed else None
+            t0 = time.perf_counter()
+            applied = held.store.apply(batch, watermark_ms, epoch, table, retention)
+            if applied:
+                labels = (spec.job, spec.operator)
+                metrics.APPLY_SECONDS.labels(*labels).inc(time.perf_counter() - t0)
+                metrics.APPLIED_ROWS.labels(*labels).inc(held.store.last_apply.rows)
+                metrics.STATE_WRITES.labels(*labels).inc(held.store.last_apply.writes)
+                self.snapshots.after_commit(pid, held)
+        except DbClosedError as exc:
+            # handed off meanwhile (a drain, or a newer assignment dropped it here): the
+            # committer asks the owner it names now, which catches this batch up from its
+            # manifest; applying it twice is refused by batch number (docs/architecture.md §3)
+            raise NotOwner(f"{pid} left {self.server_id} while batch {batch} was "
+                           f"committing") from exc
         return applied, caught_up
 
     # ---- followers --------------------------------------------------------------

@@ -80,3 +80,26 @@ def test_a_follower_catches_up_takes_no_commit_and_is_promoted_without_restore(
     finally:
         a.close()
         b.close()
+
+
+def test_a_commit_racing_the_hand_off_of_its_partition_is_retryable(tmp_path: Path) -> None:
+    """The store of a partition being handed off closes while a Commit that found it owned
+    is still applying: the answer is NotOwner (the committer asks the new owner), never an
+    unexpected error that fails the job (seen in CI as DbClosedError during a drain)."""
+    storage = Storage(str(tmp_path / "storage"))
+    save_spec(storage, SPEC)
+    save_assignment(storage, Assignment("f", 1, {"a": "h:1"}, {"counts": ["a"]}))
+    a = Partitions(tmp_path / "a", storage, "a", snapshot_every=10**6)
+    try:
+        a.sync()
+        record(storage, 0)
+        a.commit("f", "counts", 0, 0, 1, [PartitionCommit(0, (0,), len(KEYS))])
+        held = a.lookup(PID)
+        assert held is not None
+        held.store.close()  # what a hand-off does to it, here between lookup and apply
+        record(storage, 1)
+        with pytest.raises(NotOwner, match="while batch 1 was committing"):
+            a.commit("f", "counts", 1, 1, 1, [PartitionCommit(0, (0,), len(KEYS))])
+        a._held.pop(PID)  # the rest of a hand-off: closed and forgotten
+    finally:
+        a.close()
