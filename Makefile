@@ -48,9 +48,10 @@ test: setup
 test-fast: setup
 	$(BIN)/pytest -m "not spark and not kafka" $(PYTEST_ARGS)
 
-# the five-minute soak of `make run` (CPU hog, truth comparison); longer: python -m loadtest.soak
+# the tests marked long: the five-minute soak of `make run` (CPU hog, truth comparison) and the
+# chaos and multi-host scenarios make test leaves out; longer: python -m loadtest.soak
 soak: setup
-	QSTATE_SOAK=1 $(BIN)/pytest tests/soak $(PYTEST_ARGS)
+	QSTATE_LONG=1 $(BIN)/pytest -m long $(PYTEST_ARGS)
 
 # mypy and lint-imports read qstate through .lint/, the installed tree drawn with symlinks
 # (tests/mirror.py): they walk folders, and qstate.jobs is not under service/

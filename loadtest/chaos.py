@@ -45,7 +45,7 @@ def repeat(module: str, tests: list[str], tag: str, setup: str, description: str
     for i in range(args.repeats):
         p = subprocess.run([sys.executable, "-m", "pytest", *tests, "-s", "-q", "-p",
                             "no:cacheprovider"], capture_output=True, text=True,
-                           env={**os.environ, **env})
+                           env={**os.environ, "QSTATE_LONG": "1", **env})
         failed += p.returncode != 0
         for line in p.stdout.splitlines():
             m = line_re.search(line)

@@ -7,6 +7,7 @@ marked ``kafka``, whatever its file says, so ``make test-fast`` (neither) needs 
 
 from __future__ import annotations
 
+import os
 import random
 import uuid
 from collections.abc import Iterator
@@ -31,13 +32,22 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"hypothesis seed {seed} (replay this run's examples: --hypothesis-seed={seed})"
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         names = getattr(item, "fixturenames", ())
         if "spark" in names:
             item.add_marker(pytest.mark.spark)
         if "broker" in names:
             item.add_marker(pytest.mark.kafka)
+    # tests marked ``long`` (soaks, the chaos and multi-host scenarios beyond one of each kind)
+    # run under ``make soak``, ``python -m loadtest.chaos`` and ``loadtest.cluster``, which set
+    # QSTATE_LONG=1; ``make test`` deselects them and says how many (docs/architecture.md §9)
+    if os.environ.get("QSTATE_LONG") == "1":
+        return
+    long = [i for i in items if i.get_closest_marker("long")]
+    if long:
+        items[:] = [i for i in items if not i.get_closest_marker("long")]
+        config.hook.pytest_deselected(items=long)
 
 
 @pytest.fixture(scope="session")

@@ -63,14 +63,14 @@ def build(spark: SparkSession, ctx: JobContext) -> QueryableJob:
                      max_offsets_per_trigger=ctx.max_rows_per_trigger)
     if ctx.options.get("mode") == "spark-state":
         events = parse_json(raw, FIELDS, keys=KEYS, dlq_topic=dlq_topic(topic),
-                            bootstrap=ctx.bootstrap)
+                            bootstrap=ctx.bootstrap, event_time="event_time")
         job = QueryableJob(ctx.job or JOB, events, event_time="event_time",
                            watermark=WATERMARK, topic=topic)
         for op in spark_state_operators(events, mapping):
             job.serve_spark_state(op)
         return job
     events = parse_events(raw, FIELDS, keys=KEYS, dlq_topic=dlq_topic(topic),
-                          bootstrap=ctx.bootstrap)
+                          bootstrap=ctx.bootstrap, event_time="event_time")
     # a left join keeps every record (dead letters are counted from the same stream)
     job = QueryableJob(ctx.job or JOB, _with_campaigns(events, mapping, "left"),
                        event_time="event_time", watermark=WATERMARK, topic=topic)

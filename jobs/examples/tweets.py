@@ -59,14 +59,15 @@ def build(spark: SparkSession, ctx: JobContext) -> QueryableJob:
                           max_offsets_per_trigger=ctx.max_rows_per_trigger)
 
     events = parse_events(read(), FIELDS, keys=KEYS, dlq_topic=dlq_topic(topic),
-                          bootstrap=ctx.bootstrap)
+                          bootstrap=ctx.bootstrap, event_time="time")
     job = QueryableJob(ctx.job or JOB, events, event_time="time", watermark=WATERMARK,
                        topic=topic)
     if ctx.options.get("mode") == "spark-state":
         # each stateful operator is its own query over the topic; the first dead-letters
         for i in range(2):
             stream = parse_json(read(), FIELDS, keys=KEYS, bootstrap=ctx.bootstrap,
-                                dlq_topic=dlq_topic(topic) if i == 0 else None)
+                                dlq_topic=dlq_topic(topic) if i == 0 else None,
+                                event_time="time")
             job.serve_spark_state(spark_state_operators(stream)[i])
         return job
     job.operator("per_tweet_1h").groupBy(window("1 hour"), "tweet_id").agg(

@@ -68,6 +68,11 @@ class Settings(BaseSettings):
         100_000, ge=0, description="Cap on the records a micro-batch reads "
         "(maxOffsetsPerTrigger; 0: no cap). Bounded batches drain a backlog in steps of a few "
         "seconds each here instead of one batch that takes minutes.")
+    max_future_ms: int = Field(
+        300_000, ge=0, description="An event whose time is more than this many ms ahead of "
+        "its Kafka record's timestamp is dead-lettered `future_time`, so one clock gone wrong "
+        "cannot move the watermark and turn every later event late (docs/architecture.md "
+        "§3). The record's timestamp, not the job's wall clock: a replay decides the same.")
     job_metrics_port: int = Field(
         9464, ge=0, description="HTTP /metrics port of `qstate job` (and of `qstate run`'s "
         "jobs); 0: any free port. The job prints its /metrics address when it starts; "

@@ -3,6 +3,7 @@ orjson record by record), dead letters with their reasons and source coordinates
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections import Counter
@@ -12,10 +13,21 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from qstate.core.errors import BadRecord, InvalidRequest
 from qstate.jobs.dlq import DeadLetterWriter, close_dlq_producers
-from qstate.jobs.parse import ERROR_KIND, check_fields, parse_batches, parse_events, parse_value
+from qstate.jobs.parse import (
+    ERROR_KIND,
+    KINDS,
+    MAX_EVENT_MS,
+    EventTime,
+    check_fields,
+    parse_batches,
+    parse_events,
+    parse_value,
+)
 from qstate.jobs.source import read_kafka
 
 FIELDS = {"user": "string", "time": "long", "amount": "double", "ok": "boolean"}
@@ -119,21 +131,48 @@ VALUES = [
     b'{"user": "h", "time": 99999999999999999999, "amount": 1, "ok": true}',
     b'{"user": "i", "time": 1, "time": 2, "amount": 1, "ok": true}',
     b"[1]", b"7", b"{bad", None,
+    # what a careless producer sends (issue 25): each one verdict, whatever its neighbours
+    b'{"user": "j\xff\xfe", "time": 1, "amount": 1, "ok": true}',
+    b'{"user": "k", "time": 1, "amount": 1, "ok": true, "x": "\xc3"}',
+    b'{"user": "l", "time": 1, "amount": NaN, "ok": true}',
+    b'{"user": "m", "time": 1, "amount": 1, "ok": true, "x": -Infinity}',
+    b'{"user": "n", "time": 1, "amount": 1, "ok": true, "x": ' + b"[" * 5000 + b"]" * 5000
+    + b"}",
+    b'{"user": "o", "time": 1, "amount": 1e400, "ok": true}',
+    b'{"user": "p", "time": 1, "amount": 123456789012345678901234567890, "ok": true}',
+    b'{"user": "q", "time": 123456789012345678901234567890, "amount": 1, "ok": true}',
+    b'\xef\xbb\xbf{"user": "r", "time": 1, "amount": 1, "ok": true}',
+    b'{"user": "s\\ud800", "time": 1, "amount": 1, "ok": true}',
+    b"{}",
+    b'{"user": "t", "time": 1, "amount": 1, "ok": true, "pad": "' + b"x" * 2_000_000 + b'"}',
 ]
 
 
-def batch_of(values: list[bytes | None]) -> pa.RecordBatch:
+def batch_of(values: list[bytes | None], stamps_ms: list[int | None] | None = None
+             ) -> pa.RecordBatch:
     n = len(values)
+    stamps = [None if t is None else t * 1000 for t in (stamps_ms or [None] * n)]
     return pa.RecordBatch.from_arrays(
         [pa.array([b"k"] * n, pa.binary()), pa.array(values, pa.binary()),
          pa.array(["t"] * n), pa.array([0] * n, pa.int32()), pa.array(range(n), pa.int64()),
-         pa.array([None] * n, pa.timestamp("us", tz="UTC"))],
+         pa.array(stamps, pa.timestamp("us", tz="UTC"))],
         ["key", "value", "topic", "partition", "offset", "timestamp"])
 
 
-def parsed(values: list[bytes | None]) -> list[dict]:
-    [out] = list(parse_batches(iter([batch_of(values)]), FIELDS, ["user"], None, "-", 1 << 20))
+def parsed(values: list[bytes | None], event_time: EventTime | None = None,
+           stamps: list[int | None] | None = None) -> list[dict]:
+    batch = batch_of(values, stamps)
+    [out] = list(parse_batches(iter([batch]), FIELDS, ["user"], None, "-", 1 << 20,
+                               event_time=event_time))
+    out.validate(full=True)  # what the shard's delta check does: valid UTF-8, sane buffers
     return out.to_pylist()
+
+
+def verdict(row: dict) -> tuple:
+    """A row's verdict: its typed fields, or its dead-letter reason and kind."""
+    if row[ERROR_KIND] is None:
+        return tuple(row[f] for f in FIELDS)
+    return row["_error"], row[ERROR_KIND]
 
 
 @pytest.mark.parametrize("value", VALUES)
@@ -151,6 +190,105 @@ def test_a_batch_and_each_record_alone_are_judged_alike(value: bytes | None) -> 
     else:
         for row in (alone, among_good):
             assert tuple(row[f] for f in FIELDS) == want and row["_error"] is None
+
+
+# JSON a careless producer writes: every kind of number, deep nesting, odd strings, duplicate
+# and missing fields, sometimes the declared ones
+_SCALARS = st.one_of(
+    st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=8),
+    st.sampled_from(["NaN", "Infinity", "-Infinity", "1e400", "-0", "1E2", "0.5e-400"]))
+
+
+def _fragment(v: object) -> bytes:
+    if isinstance(v, str) and v in ("NaN", "Infinity", "-Infinity", "1e400", "-0", "1E2",
+                                     "0.5e-400"):
+        return v.encode()  # a bare token, not a string
+    return orjson.dumps(v, option=orjson.OPT_NON_STR_KEYS) if not isinstance(v, int) \
+        else str(v).encode()
+
+
+@st.composite
+def _records(draw: st.DrawFn) -> bytes:
+    names = draw(st.lists(st.sampled_from([*FIELDS, "x", "user"]), max_size=7))
+    parts = [orjson.dumps(n) + b": " + _fragment(draw(_SCALARS)) for n in names]
+    if draw(st.booleans()):  # the declared ones, often right
+        parts += [b'"user": ' + orjson.dumps(draw(st.text(min_size=0, max_size=4))),
+                  b'"time": ' + str(draw(st.integers(-(2**64), 2**64))).encode(),
+                  b'"amount": ' + _fragment(draw(_SCALARS)), b'"ok": true']
+    depth = draw(st.sampled_from([0, 0, 3, 1023, 1025]))
+    if depth:
+        parts.append(b'"deep": ' + b"[" * depth + b"]" * depth)
+    body = b"{" + b", ".join(draw(st.permutations(parts))) + b"}"
+    prefix = draw(st.sampled_from([b"", b"", b" ", b"\xef\xbb\xbf", b"\xff"]))
+    return prefix + body
+
+
+_VALUES = st.one_of(st.binary(max_size=64), _records(), st.sampled_from(VALUES[:24]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_VALUES, min_size=1, max_size=6))
+def test_any_bytes_get_one_verdict_whatever_their_neighbours(values: list[bytes | None]
+                                                            ) -> None:
+    """Arbitrary bytes and crafted JSON (invalid UTF-8, NaN, Infinity, huge numbers, deep
+    nesting, duplicate fields, BOMs): a record's verdict in a batch is its verdict alone and
+    the per-record rule's; what passes is what a shard takes (valid UTF-8, finite doubles)."""
+    among = parsed(values)
+    for value, row in zip(values, among, strict=True):
+        assert verdict(row) == verdict(parsed([value])[0])
+        try:
+            want: tuple = parse_value(value, FIELDS, ["user"])
+        except BadRecord as exc:
+            want = (exc.reason, exc.kind)
+            assert exc.kind in KINDS
+        assert verdict(row) == want
+        if row[ERROR_KIND] is None:
+            assert math.isfinite(row["amount"])
+
+
+def test_the_dead_letter_reasons_a_careless_producer_meets() -> None:
+    def kind(value: bytes) -> str | None:
+        return parsed([VALUES[0], value, VALUES[0]])[1][ERROR_KIND]
+
+    assert kind(b'{"user": "a\xff", "time": 1, "amount": 1, "ok": true}') == "bad_encoding"
+    assert kind(b'\xef\xbb\xbf{"user": "a", "time": 1, "amount": 1, "ok": true}') == \
+        "bad_encoding"
+    assert kind(b'{"user": "a", "time": 1, "amount": NaN, "ok": true}') == "bad_number"
+    assert kind(b'{"user": "a", "time": 1, "amount": 1, "ok": true, "x": Infinity}') == \
+        "bad_number"
+    assert kind(b'{"user": "a", "time": 1, "amount": 1e400, "ok": true}') == "bad_number"
+    assert kind(b'{"user": "a", "time": 1, "amount": 1, "ok": true, "x": '
+                + b"[" * 5000 + b"]" * 5000 + b"}") == "too_deep"
+    assert kind(b'{"user": "a", "time": 123456789012345678901234567890, "amount": 1, '
+                b'"ok": true}') == "out_of_range"
+    assert kind(b'{"user": "a", "time": 1, "amount": 1, "ok": true, "pad": "'
+                + b"x" * 2_000_000 + b'"}') == "too_large"
+
+
+def test_event_time_beyond_its_bounds_is_a_dead_letter() -> None:
+    """A time far ahead of its record's Kafka timestamp is future_time (it would move the
+    watermark and turn every later event late); one Spark's timestamps cannot hold is bad_time;
+    without a record timestamp only the second bound applies. Same verdict on both paths."""
+    bound = EventTime("time", max_future_ms=60_000)
+    now = 1_700_000_000_000
+
+    def row(t: int, stamp: int | None = now) -> dict:
+        v = orjson.dumps({"user": "u", "time": t, "amount": 1, "ok": True})
+        rows = parsed([VALUES[0], v], bound, [now, stamp])
+        assert verdict(rows[1]) == verdict(parsed([v], bound, [stamp])[0])
+        return rows[1]
+
+    assert row(now + 60_000)[ERROR_KIND] is None  # a minute ahead: a clock a little fast
+    assert row(now - 10 * 365 * 86_400_000)[ERROR_KIND] is None  # long ago: late, not bad
+    future = row(now + 10 * 365 * 86_400_000)
+    assert future[ERROR_KIND] == "future_time" and "more than max_future_ms 60000" in \
+        future["_error"]
+    assert row(now + 60_001)[ERROR_KIND] == "future_time"
+    assert row(2**63 - 1)[ERROR_KIND] == "bad_time"
+    assert row(-(2**63))[ERROR_KIND] == "bad_time"
+    assert row(MAX_EVENT_MS, stamp=None)[ERROR_KIND] is None
+    assert row(MAX_EVENT_MS + 1, stamp=None)[ERROR_KIND] == "bad_time"
 
 
 def test_an_all_good_batch_takes_the_fast_path_with_the_same_answer() -> None:

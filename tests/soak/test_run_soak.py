@@ -24,7 +24,7 @@ from loadtest.soak import DemoRun, Sample, Soak
 from qstate.core.config import DEFAULTS
 from tests.helpers import http_windows
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.long]
 STOP_BOUND_S = 10.0  # issue 9: every child gone within 10 s of a group signal
 SAMPLE_MIN = 4.0  # after start-up, which takes another minute or so
 HOG_AT, HOG_MIN = 1.0, 1.0
