@@ -56,7 +56,7 @@ OPERATORS = {"tweets": ("per_tweet_1h", "per_tweet_1m"), "ads": ("campaign_views
 # what `qstate run` starts, told apart by command line (the roles a Ctrl-C must stop)
 ROLES = {"broker": "kafka.Kafka", "shard": "qstate shard", "router": "qstate router",
          "generate-tweets": "generate tweets", "generate-ads": "generate ads",
-         "jobs": "job tweets ads", "spark": "SparkSubmit"}
+         "jobs": "job tweets ads", "spark": "SparkSubmit", "spark-python": "pyspark.daemon"}
 
 
 def _cmdline(pid: int) -> str:
@@ -148,11 +148,25 @@ class DemoRun:
         return self.roles
 
     def ctrl_c(self, bound_s: float = 10.0) -> tuple[int | None, float, dict[int, str]]:
-        """SIGINT to the whole group; returns (exit code, seconds until every process seen was
-        gone, processes still alive after ``bound_s``: those are killed, they are ours)."""
+        """SIGINT to the whole group, as a terminal sends it; returns (exit code, seconds until
+        every process seen was gone, processes still alive after ``bound_s``: those are
+        killed, they are ours)."""
+        assert self.proc is not None
+        pid = self.proc.pid
+        return self._stop(lambda: os.killpg(pid, signal.SIGINT), bound_s)
+
+    def kill9(self, bound_s: float = 10.0) -> tuple[int | None, float, dict[int, str]]:
+        """SIGKILL to ``qstate run`` alone (the OOM killer, a closed session): what
+        ``ctrl_c`` returns; its children must go by themselves."""
+        assert self.proc is not None
+        proc = self.proc
+        return self._stop(proc.kill, bound_s)
+
+    def _stop(self, send: Callable[[], None], bound_s: float
+              ) -> tuple[int | None, float, dict[int, str]]:
         assert self.proc is not None
         seen = descendants(self.proc.pid) | set(self.roles)
-        os.killpg(self.proc.pid, signal.SIGINT)
+        send()
         t0 = time.monotonic()
         try:
             rc: int | None = self.proc.wait(max(bound_s, 90))

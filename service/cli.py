@@ -247,7 +247,11 @@ def run(
 ) -> None:
     """The demo: broker, generators, both example jobs, 2 shard servers and the router.
 
-    Ctrl-C or SIGTERM stops every process it started.
+    Ctrl-C or SIGTERM stops every process it started; if it is killed outright (kill -9, the
+    OOM killer) they die with it.
+
+    Exit codes: 0 stopped by Ctrl-C/SIGTERM or --duration over; 1 a process it started died
+    (its log named); 2 a port it needs is held by another process (each named with its PID).
     """
     from qstate.embedded.demo import Demo, DemoConfig
 

@@ -15,6 +15,7 @@ import orjson
 
 from qstate.core import paths
 from qstate.core.catalog import manifest_batches
+from qstate.core.errors import DeltaMismatch
 from qstate.core.storage import Storage
 
 __all__ = ["BatchManifest", "Fragments", "delete_manifests_through", "read_manifest",
@@ -39,10 +40,25 @@ def write_manifest(storage: Storage, job: str, operator: str, m: BatchManifest) 
 
 
 def read_manifest(storage: Storage, job: str, operator: str, batch: int) -> BatchManifest:
-    raw = orjson.loads(storage.read_bytes(paths.manifest(job, operator, batch)))
-    return BatchManifest(raw["batch"], raw["watermark_ms"],
-                         {int(p): {int(f): n for f, n in fs.items()}
-                          for p, fs in raw["deltas"].items()})
+    """Manifest ``batch``; DeltaMismatch naming it if it is not what ``write_manifest`` writes
+    (storage is outside this process: a crafted one names no file, only numbers)."""
+    path = paths.manifest(job, operator, batch)
+    raw = orjson.loads(storage.read_bytes(path))
+    try:
+        m = BatchManifest(_int(raw["batch"]), _int(raw["watermark_ms"]),
+                          {_int(int(p)): {_int(int(f)): _int(n) for f, n in fs.items()}
+                           for p, fs in raw["deltas"].items()})
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise DeltaMismatch(f"manifest {path} is not a batch manifest: {exc!r}") from None
+    if m.batch != batch:
+        raise DeltaMismatch(f"manifest {path} names batch {m.batch}")
+    return m
+
+
+def _int(v: object) -> int:
+    if type(v) is not int:
+        raise TypeError(f"{v!r} is not an integer")
+    return v
 
 
 def delete_manifests_through(storage: Storage, job: str, operator: str, batch: int) -> int:

@@ -19,6 +19,10 @@ One room for it (docs/architecture.md §3-4). Paths are relative to the storage 
 
 ``{N}`` is a batch id and ``{E}`` an epoch, both zero-padded to 20 digits, ``{p}`` and ``{f}``
 numbers padded to 5, so names sort as numbers do.
+
+Storage is outside this process (docs/architecture.md §7): a name read back from it (a
+snapshot's file list) is used only once ``plain_path``/``plain_name`` have checked it stays
+under its folder, and ``Storage`` checks every path it is given the same way.
 """
 
 from __future__ import annotations
@@ -26,11 +30,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from qstate.core.address import PartitionId
+from qstate.core.errors import CorruptState
 
 __all__ = [
     "ARROW", "JSON", "assignment", "assignments_dir", "batch_name", "batch_of", "batches",
     "delta", "deltas_dir", "driver_lease", "jobs_dir", "legacy_assignment", "manifest",
-    "manifests_dir", "operator_dir", "server", "servers_dir", "snapshot", "snapshot_member",
+    "manifests_dir", "operator_dir", "plain_name", "plain_path", "server", "servers_dir",
+    "snapshot", "snapshot_member",
     "snapshots_dir", "spec", "sst_member",
 ]
 
@@ -38,6 +44,24 @@ JSON = ".json"
 ARROW = ".arrow"
 SPEC_FILE = "operator.json"
 _BATCH_DIGITS = 20
+
+
+def plain_path(path: str, what: str = "storage path") -> str:
+    """``path`` if it is relative and stays under its root: no empty, ``.`` or ``..``
+    component, no backslash, NUL or control character; else CorruptState naming it."""
+    parts = path.split("/")
+    if not path or any(p in ("", ".", "..") for p in parts) or any(
+            c == "\\" or ord(c) < 32 for c in path):
+        raise CorruptState(f"{what} {path[:200]!r} is not a plain relative path under its "
+                           "root: refused")
+    return path
+
+
+def plain_name(name: str, what: str = "file name") -> str:
+    """``name`` if it is one plain path component (see ``plain_path``)."""
+    if "/" in name:
+        raise CorruptState(f"{what} {name[:200]!r} is not a plain file name: refused")
+    return plain_path(name, what)
 
 
 def batch_name(batch: int, suffix: str = "") -> str:

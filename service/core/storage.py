@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from qstate.core import paths
+
 __all__ = ["Storage"]
 
 
@@ -35,8 +37,9 @@ class Storage:
         self.fs.create_dir(self.root, recursive=True)
 
     def full(self, path: str) -> str:
-        """The filesystem path of ``path`` (relative to the root)."""
-        return f"{self.root}/{path}" if path else self.root
+        """The filesystem path of ``path`` (relative to the root, and staying under it:
+        CorruptState otherwise, before anything is read, written or deleted)."""
+        return f"{self.root}/{paths.plain_path(path)}" if path else self.root
 
     def write_bytes(self, path: str, data: bytes) -> None:
         full = self.full(path)

@@ -26,6 +26,7 @@ from qstate.core.files import write_file
 from qstate.core.storage import Storage
 from qstate.embedded import guide
 from qstate.embedded.kafka import KafkaBroker
+from qstate.embedded.lifeline import holders
 from qstate.embedded.ports import free_port, wait_for_port
 from qstate.embedded.procs import Child, RouterProcess, ShardProcess, qstate_command
 from qstate.embedded.prometheus import Target, targets_path, write_targets
@@ -67,6 +68,16 @@ class Demo:
     def _spawn(self, child: Child) -> Child:
         self.children.append(child)
         return child
+
+    def ports(self) -> list[int]:
+        """The fixed ports the demo binds (0s are free ones, found at start)."""
+        cfg = self.cfg
+        fixed = [int(cfg.bootstrap.rsplit(":", 1)[1])] if cfg.embedded_broker else []
+        fixed += [cfg.shard_base_port, cfg.shard_base_port + 1, cfg.http_port, cfg.grpc_port,
+                  cfg.job_metrics_port]
+        if cfg.shard_metrics_base_port:
+            fixed += [cfg.shard_metrics_base_port, cfg.shard_metrics_base_port + 1]
+        return [p for p in fixed if p]
 
     def start(self) -> None:
         cfg, logs = self.cfg, self.cfg.home / "logs"
@@ -155,6 +166,15 @@ class Demo:
     def run(self) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: self.stop_event.set())
+        held = holders(self.ports())
+        if held:  # e.g. an earlier run's processes: say which, not "shard-0 exited (3)"
+            console.print("[red]cannot start: ports it needs are in use[/red]")
+            for h in held:
+                console.print(f"  {h}", markup=False, highlight=False)
+            console.print("Stop those processes (an earlier `qstate run`?), or give other "
+                          "ports (QSTATE_HTTP_PORT, QSTATE_GRPC_PORT, QSTATE_SHARD_PORT, ...: "
+                          "qstate run --help).", markup=False, highlight=False)
+            return 2
         try:
             self.start()
             return self._watch()

@@ -25,6 +25,7 @@ from confluent_kafka.admin import AdminClient
 from qstate.core.config import DEFAULTS
 from qstate.core.errors import BrokerError
 from qstate.core.jvm import java
+from qstate.embedded.lifeline import die_with_parent
 from qstate.embedded.ports import free_port
 
 __all__ = ["KafkaBroker", "broker_classpath", "cluster_id"]
@@ -99,7 +100,7 @@ class KafkaBroker:
             self.proc = subprocess.Popen(
                 [*self._java(classpath), "kafka.Kafka", str(config)],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True)
+                start_new_session=True, preexec_fn=die_with_parent())
         self._wait_ready(timeout, log_path)
         log.info("Kafka broker on %s ready in %.1fs", self.bootstrap, time.monotonic() - t0)
         return self

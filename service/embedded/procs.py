@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
+from qstate.embedded.lifeline import die_with_parent
 from qstate.embedded.ports import free_port, wait_for_port
 
 __all__ = ["Child", "RouterProcess", "ShardProcess", "qstate_command"]
@@ -26,10 +27,11 @@ class Child:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             # own session: a terminal's Ctrl-C reaches only the parent, which stops
-            # children in order
+            # children in order; a parent killed outright takes them with it (lifeline)
             self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, env=self.env,
-                                         start_new_session=True)
+                                         start_new_session=True,
+                                         preexec_fn=die_with_parent())
         return self
 
     @property

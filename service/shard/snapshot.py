@@ -23,6 +23,7 @@ from rocksdict import Checkpoint
 from qstate.core import paths
 from qstate.core.address import PartitionId
 from qstate.core.catalog import delta_files, snapshot_batches
+from qstate.core.errors import CorruptState
 from qstate.core.storage import Storage
 from qstate.shard.held import Held
 from qstate.shard.store import PartitionStore
@@ -40,8 +41,18 @@ class SnapshotInfo:
 
 
 def read_snapshot(storage: Storage, pid: PartitionId, batch: int) -> SnapshotInfo:
-    raw = orjson.loads(storage.read_bytes(paths.snapshot(pid, batch)))
-    return SnapshotInfo(raw["batch"], raw["watermark_ms"], raw["files"])
+    """The snapshot's record; CorruptState naming it if any file it lists would land outside
+    the restored folder or be read or deleted outside the partition's snapshots."""
+    path = paths.snapshot(pid, batch)
+    raw = orjson.loads(storage.read_bytes(path))
+    files = raw["files"]
+    if not isinstance(files, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
+        raise CorruptState(f"snapshot {path}: its file list is not names to paths")
+    for name, rel in files.items():
+        paths.plain_name(name, f"snapshot {path}: local file name")
+        paths.plain_path(rel, f"snapshot {path}: stored file")
+    return SnapshotInfo(raw["batch"], raw["watermark_ms"], files)
 
 
 def _sha(path: Path) -> str:

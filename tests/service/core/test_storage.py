@@ -168,3 +168,22 @@ def test_uri_storage_uses_the_uri_filesystem(tmp_path: Path) -> None:
     assert mem.list_dirs("jobs") == ["j"]
     mem.delete("jobs/j/assignment.json")
     assert not mem.exists("jobs/j/assignment.json")
+
+
+@pytest.mark.parametrize("path", ["../outside", "a/../../outside", "/etc/passwd", "a//b",
+                                  "a/./b", "a\\..\\b", "a/\x00b", "a/b/", ".."])
+def test_a_path_that_would_leave_the_root_is_refused_before_any_io(tmp_path: Path,
+                                                                   path: str) -> None:
+    """Names come back from storage (a snapshot's file list): none may reach outside."""
+    from qstate.core.errors import CorruptState
+
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"mine")
+    s = Storage(str(tmp_path / "store"))
+    for op in (lambda: s.read_bytes(path), lambda: s.write_bytes(path, b"x"),
+               lambda: s.delete(path), lambda: s.exists(path), lambda: s.create(path, b"x"),
+               lambda: s.list_names(path)):
+        with pytest.raises(CorruptState, match="not a plain relative path under its root"):
+            op()
+    assert outside.read_bytes() == b"mine"
+    assert all_files(tmp_path) == ["outside"]
