@@ -155,6 +155,11 @@ class Settings(BaseSettings):
     max_windows: int = Field(
         10_000, ge=1, description="Most windows per key in one time-range answer, and the "
         "default `limit`; an answer cut short says where to go on (`next_from`).")
+    max_request_windows: int = Field(
+        100_000, ge=1, description="Router: the work one request may ask for, keys × "
+        "`limit` windows of a time-range read. A batch range read without a `limit` gets "
+        "limit = min(max_windows, this ÷ keys); one that asks more is refused with a 400 "
+        "naming this budget.")
     router_url: str = Field("http://127.0.0.1:8000", description="Where `qstate get` asks.")
 
     # ---- security ---------------------------------------------------------------------

@@ -39,24 +39,28 @@ def absent(a: StateAnswer) -> NotFound:
 class QueryService:
     def __init__(self, routing: RoutingTable, reads: PartitionReads,
                  max_batch_keys: int = DEFAULTS.max_batch_keys,
-                 max_windows: int = DEFAULTS.max_windows) -> None:
+                 max_windows: int = DEFAULTS.max_windows,
+                 max_request_windows: int = DEFAULTS.max_request_windows) -> None:
         self.routing = routing
         self.reads = reads
         self.max_batch_keys = max_batch_keys
         self.max_windows = max_windows
+        self.max_request_windows = max_request_windows
 
     def point(self, job: str, operator: str, state: str, key: str,
               rng: tuple[int, int] | None = None, limit: int | None = None) -> StateQuery:
         """One key's query under this router's bounds. ``limit``: most windows of a range
         answer (None: ``max_windows``); one cut short says where the next page starts."""
         return StateQuery.of(job, operator, state, (key,), rng, limit,
-                             max_windows=self.max_windows)
+                             max_windows=self.max_windows,
+                             max_request_windows=self.max_request_windows)
 
     def batch(self, job: str, operator: str, state: str, keys: Sequence[str],
               rng: tuple[int, int] | None = None, limit: int | None = None) -> StateQuery:
         """Many keys' query: at most ``max_batch_keys`` of them (QSTATE_MAX_BATCH_KEYS)."""
         return StateQuery.of(job, operator, state, keys, rng, limit,
-                             max_windows=self.max_windows, max_keys=self.max_batch_keys)
+                             max_windows=self.max_windows, max_keys=self.max_batch_keys,
+                             max_request_windows=self.max_request_windows)
 
     @staticmethod
     def _answer(spec: OperatorSpec, q: StateQuery, key: str, h: Hit) -> StateAnswer:

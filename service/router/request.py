@@ -41,9 +41,12 @@ class StateQuery:
     @classmethod
     def of(cls, job: str, operator: str, state: str, keys: Sequence[str],
            range_ms: tuple[int, int] | None = None, limit: int | None = None, *,
-           max_windows: int, max_keys: int = 1) -> StateQuery:
+           max_windows: int, max_keys: int = 1, max_request_windows: int | None = None
+           ) -> StateQuery:
         """The query, or the InvalidRequest (400) that says what to fix: too many keys, a
-        name or key outside docs/architecture.md §2, an empty range, a limit out of bounds."""
+        name or key outside docs/architecture.md §2, an empty range, a limit out of bounds,
+        more windows than one request may read (keys × limit beyond
+        ``max_request_windows``: without a limit, a batch gets the most that fits)."""
         if len(keys) > max_keys:
             raise InvalidRequest(f"{len(keys)} keys: at most {max_keys} per request")
         check_name("job", job)
@@ -52,4 +55,13 @@ class StateQuery:
         for k in keys:
             check_key(k)
         check_range(range_ms)
+        budget = max_request_windows
+        if budget is not None and range_ms is not None and keys:
+            if limit is None:
+                limit = max(1, min(max_windows, budget // len(keys)))
+            elif len(keys) * limit > budget:
+                raise InvalidRequest(
+                    f"{len(keys)} keys × limit {limit} = {len(keys) * limit} windows: one "
+                    f"request reads at most {budget} (QSTATE_MAX_REQUEST_WINDOWS); ask fewer "
+                    "keys or a smaller limit, and page on with 'next_from'")
         return cls(job, operator, state, tuple(keys), range_ms, check_limit(limit, max_windows))

@@ -63,11 +63,11 @@ def wait_ready(stub, n: int, timeout: float = 10.0) -> None:
         time.sleep(0.05)
 
 
-def write_batch(storage: Storage, batch: int, parts=range(4)) -> dict[int, int]:
+def write_batch(storage: Storage, batch: int, parts=range(4), keys=KEYS) -> dict[int, int]:
     """What the job's executors and driver write before a commit: deltas + the manifest."""
     written = {}
     for p in parts:
-        t = delta_for(p, batch, KEYS)
+        t = delta_for(p, batch, keys)
         deltas.write_delta(storage, PartitionId(SPEC.job, SPEC.operator, p), batch, t)
         written[p] = t.num_rows
     write_manifest(storage, "j", "op", BatchManifest(
@@ -75,8 +75,8 @@ def write_batch(storage: Storage, batch: int, parts=range(4)) -> dict[int, int]:
     return written
 
 
-def commit(stub, storage: Storage, batch: int, parts=range(4), rows=None, epoch=1):
-    written = write_batch(storage, batch, parts)
+def commit(stub, storage: Storage, batch: int, parts=range(4), rows=None, epoch=1, keys=KEYS):
+    written = write_batch(storage, batch, parts, keys)
     req = pb.CommitRequest(job="j", operator="op", batch=batch, watermark_ms=batch * 10,
                            epoch=epoch)
     for p in parts:
