@@ -179,6 +179,7 @@ def get(
     url: Annotated[str, option("router_url", "--url")] = S.router_url,
     ca: Annotated[str, option("tls_ca", "--ca")] = S.tls_ca,
     token: Annotated[str, option("token", "--token", show_default=False)] = S.token,
+    token_file: Annotated[str, option("token_file", "--token-file")] = S.token_file,
 ) -> None:
     """Print one key's latest window (or windows in --from/--to) as JSON.
 
@@ -198,7 +199,8 @@ def get(
     )
 
     try:
-        with Client(url, ca=ca or None, token=token or None) as c:
+        with Client(url, ca=ca or None, token=token or None, token_file=token_file or None,
+                    insecure_token=S.allow_insecure) as c:
             v = c.get(job, operator, state, key, from_=from_, to=to)
     except QStateError as exc:
         typer.echo(f"error: {exc.message}", err=True)

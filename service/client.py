@@ -8,7 +8,10 @@ Answers are ``qstate.core.answer`` models, the ones the router serializes. Error
 classes of ``qstate.core.errors`` (``NotFound``, ``InvalidRequest``, ``Unavailable`` ...).
 A 503 (shard unavailable or restoring) is retried with backoff, honouring Retry-After.
 Over HTTPS, ``ca`` names the CA bundle that signed the router's certificate (``qstate
-certs`` makes one); ``token`` is sent as ``Authorization: Bearer``.
+certs`` makes one); ``token`` (or the content of ``token_file``, e.g. a mounted secret) is
+sent as ``Authorization: Bearer``, and never in plain text off loopback: over ``http://`` to
+another host the client refuses (InvalidRequest) unless ``insecure_token=True`` says the
+network is protected otherwise (a service mesh).
 """
 
 from __future__ import annotations
@@ -18,13 +21,14 @@ import logging
 import ssl
 import time
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 
 from qstate.core.answer import BatchAnswer, JobInfo, JobList, StateAnswer
-from qstate.core.errors import QStateError, from_http
+from qstate.core.errors import InvalidRequest, QStateError, from_http
 from qstate.core.security import clean_token, is_loopback
 
 __all__ = ["AsyncClient", "Client", "QStateError", "StateAnswer", "TimeArg"]
@@ -54,15 +58,27 @@ def _key_path(job: str, operator: str, state: str, key: str) -> str:
     return f"{_state_path(job, operator, state)}/{quote(key, safe='')}"
 
 
-def _connection(url: str, ca: str | None, token: str | None) -> dict[str, Any]:
-    """httpx client arguments: trust ``ca`` (else the system's CAs), send ``token``."""
+def _connection(url: str, ca: str | None, token: str | None, token_file: str | None = None,
+                insecure_token: bool = False) -> dict[str, Any]:
+    """httpx client arguments: trust ``ca`` (else the system's CAs), send ``token`` (else
+    the content of ``token_file``), never in plain text off loopback unless told so."""
     kw: dict[str, Any] = {}
+    if not token and token_file:
+        try:
+            token = Path(token_file).read_text()
+        except OSError as exc:
+            raise InvalidRequest(f"client token file {token_file}: {exc.strerror}") from None
+    token = clean_token(token or "", "the client token (QSTATE_TOKEN, --token)")
     parsed = httpx.URL(url)
     if token and parsed.scheme == "http" and not is_loopback(parsed.host):
-        log.warning("the client token goes to %s in plain text: use https", parsed.host)
+        if not insecure_token:
+            raise InvalidRequest(
+                f"refusing to send the client token to {parsed.host} in plain text: use an "
+                "https:// URL (and ca=), or insecure_token=True (QSTATE_ALLOW_INSECURE) where "
+                "the network protects it")
+        log.warning("the client token goes to %s in plain text (insecure_token)", parsed.host)
     if ca:
         kw["verify"] = ssl.create_default_context(cafile=ca)
-    token = clean_token(token or "", "the client token (QSTATE_TOKEN, --token)")
     if token:
         kw["headers"] = {"authorization": f"Bearer {token}"}
     return kw
@@ -102,9 +118,11 @@ class _Base:
 class Client(_Base):
     def __init__(self, url: str = "http://127.0.0.1:8000", timeout: float = 5.0,
                  retries: int = 3, backoff_s: float = 0.2, *, ca: str | None = None,
-                 token: str | None = None) -> None:
+                 token: str | None = None, token_file: str | None = None,
+                 insecure_token: bool = False) -> None:
         super().__init__(retries, backoff_s)
-        self._http = httpx.Client(base_url=url, timeout=timeout, **_connection(url, ca, token))
+        self._http = httpx.Client(base_url=url, timeout=timeout, **_connection(
+            url, ca, token, token_file, insecure_token))
 
     def __enter__(self) -> Client:
         return self
@@ -152,9 +170,11 @@ class Client(_Base):
 class AsyncClient(_Base):
     def __init__(self, url: str = "http://127.0.0.1:8000", timeout: float = 5.0,
                  retries: int = 3, backoff_s: float = 0.2, *, ca: str | None = None,
-                 token: str | None = None) -> None:
+                 token: str | None = None, token_file: str | None = None,
+                 insecure_token: bool = False) -> None:
         super().__init__(retries, backoff_s)
-        self._http = httpx.AsyncClient(base_url=url, timeout=timeout, **_connection(url, ca, token))
+        self._http = httpx.AsyncClient(base_url=url, timeout=timeout, **_connection(
+            url, ca, token, token_file, insecure_token))
 
     async def __aenter__(self) -> AsyncClient:
         return self

@@ -6,7 +6,10 @@
 //
 // Address: --addr, else $QSTATE_GRPC, else 127.0.0.1:50051. TLS: --ca FILE (else
 // $QSTATE_TLS_CA), the CA bundle that signed the router's certificate; plain text without it.
-// Token: --token (else $QSTATE_TOKEN), sent as "authorization: Bearer ..." metadata.
+// Token: --token (else $QSTATE_TOKEN, else the content of --token-file or $QSTATE_TOKEN_FILE),
+// sent as "authorization: Bearer ..." metadata; never in plain text off loopback: without
+// --ca to another host it refuses (exit 64) unless --allow-insecure or
+// QSTATE_ALLOW_INSECURE=true says the network protects it (a service mesh).
 // int64 fields (batch, watermark_ms, start_ms, end_ms, int_value) are printed as decimal
 // strings, so counts beyond 2^53 stay exact; double values are JSON numbers.
 // Exit codes: 0 ok, 2 NOT_FOUND, 3 UNAVAILABLE, 4 INVALID_ARGUMENT, 5 UNAUTHENTICATED or
@@ -20,7 +23,7 @@ import protoLoader from "@grpc/proto-loader";
 const PROTO = fileURLToPath(new URL("../../proto/qstate.proto", import.meta.url));
 const EXIT = { NOT_FOUND: 2, UNAVAILABLE: 3, INVALID_ARGUMENT: 4, UNAUTHENTICATED: 5,
   PERMISSION_DENIED: 5 };
-const USAGE = "usage: query.mjs get JOB OPERATOR STATE KEY [--from MS --to MS] [--addr HOST:PORT] [--ca FILE] [--token T]\n" +
+const USAGE = "usage: query.mjs get JOB OPERATOR STATE KEY [--from MS --to MS] [--addr HOST:PORT] [--ca FILE] [--token T | --token-file F] [--allow-insecure]\n" +
   "       query.mjs multiget JOB OPERATOR STATE KEY... [--from MS --to MS] [--addr HOST:PORT]";
 
 function usage(msg) {
@@ -33,7 +36,8 @@ try {
   args = parseArgs({
     allowPositionals: true,
     options: { from: { type: "string" }, to: { type: "string" }, addr: { type: "string" },
-               ca: { type: "string" }, token: { type: "string" } },
+               ca: { type: "string" }, token: { type: "string" },
+               "token-file": { type: "string" }, "allow-insecure": { type: "boolean" } },
   });
 } catch (e) {
   usage(e.message);
@@ -54,9 +58,25 @@ const pkg = grpc.loadPackageDefinition(protoLoader.loadSync(PROTO, {
 const addr = opts.addr ?? process.env.QSTATE_GRPC ?? "127.0.0.1:50051";
 const ca = opts.ca ?? process.env.QSTATE_TLS_CA;
 // trimmed: a secret read from a file ends in a line break; never echoed back
-const token = (opts.token ?? process.env.QSTATE_TOKEN ?? "").trim();
+const tokenFile = opts["token-file"] ?? process.env.QSTATE_TOKEN_FILE;
+let token = opts.token ?? process.env.QSTATE_TOKEN ?? "";
+if (!token && tokenFile) {
+  try {
+    token = readFileSync(tokenFile, "utf8");
+  } catch (e) {
+    usage(`client token file ${tokenFile}: ${e.code ?? e.message}`);
+  }
+}
+token = token.trim();
 if (token && !/^[\x21-\x7e]+$/.test(token)) {
   usage("the token holds a space, a control or a non-ASCII character (the token is not shown)");
+}
+const host = addr.replace(/:\d+$/, "").replace(/^\[|\]$/g, "");
+const loopback = host === "localhost" || host === "::1" || /^127\.\d+\.\d+\.\d+$/.test(host);
+const insecureOk = opts["allow-insecure"] || process.env.QSTATE_ALLOW_INSECURE === "true";
+if (token && !ca && !loopback && !insecureOk) {
+  usage(`refusing to send the client token to ${host} in plain text: give --ca (TLS), or ` +
+        "--allow-insecure (QSTATE_ALLOW_INSECURE=true) where the network protects it");
 }
 const creds = ca ? grpc.credentials.createSsl(readFileSync(ca)) : grpc.credentials.createInsecure();
 const client = new pkg.qstate.v1.QueryableState(addr, creds);

@@ -197,10 +197,16 @@ class Settings(BaseSettings):
     allow_insecure: bool = Field(
         False, description="Let a router or shard server on a non-loopback address run "
         "without TLS, tokens or a cluster token (e.g. behind a service mesh that encrypts and "
-        "authenticates). Off: such a server refuses to start and says what is missing.")
+        "authenticates), and let `qstate get` and the Node client send a token there in plain "
+        "text. Off: such a server refuses to start and says what is missing, such a client "
+        "refuses to send.")
     token: str = Field(
         "", repr=False, description="Client token `qstate get` and the Node client send "
-        "(never logged); the Python client takes ``token=``.")
+        "(never logged); the Python client takes ``token=``. Never sent in plain text off "
+        "loopback unless allow_insecure.")
+    token_file: str = Field(
+        "", description="File holding the client token (e.g. a mounted secret), read when "
+        "token is empty; the Python client takes ``token_file=``.")
 
     # ---- limits -----------------------------------------------------------------------
     max_body_bytes: int = Field(

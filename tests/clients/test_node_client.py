@@ -95,9 +95,9 @@ def stub(cluster):
 
 
 def run_node(node: str, addr: str, *args: str, via_env: bool = True,
-             ) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "QSTATE_GRPC": addr} if via_env else {
-        k: v for k, v in os.environ.items() if k != "QSTATE_GRPC"}
+             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**({**os.environ, "QSTATE_GRPC": addr} if via_env else {
+        k: v for k, v in os.environ.items() if k != "QSTATE_GRPC"}), **(env or {})}
     cmd = [node, str(SCRIPT), *args] + ([] if via_env else ["--addr", addr])
     # run from elsewhere: the script must find the .proto relative to itself
     return subprocess.run(cmd, env=env, cwd="/", capture_output=True, text=True, timeout=60)

@@ -16,6 +16,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from qstate.client import Client
+from qstate.core.errors import InvalidRequest
 from qstate.embedded.ports import free_port
 from qstate.embedded.procs import RouterProcess, qstate_command
 from qstate.proto import qstate_pb2 as qpb
@@ -259,3 +261,35 @@ def test_a_token_removed_from_the_file_is_refused_without_a_restart(guarded: Gua
     wait_until(lambda: httpx.get(url, headers=guarded.headers("leaving"),
                                  timeout=10).status_code == 401, 10, "the token revoked")
     assert httpx.get(url, headers=guarded.headers("shop"), timeout=10).status_code == 200
+
+
+def test_tokens_come_from_a_file_and_never_go_off_loopback_in_plain_text(
+        node: str, guarded: Guarded, tmp_path: Path) -> None:
+    """`qstate get`, the Python client and the Node client read the token from a file (a
+    mounted secret) as well; none sends it in plain text to another host unless told the
+    network protects it (issue 25)."""
+    secret = tmp_path / "token"
+    secret.write_text(guarded.tokens["views"] + "\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QSTATE_")}
+    got = subprocess.run(qstate_command("get", "shop", "views_1m", "views", KEY, "--url",
+                                        guarded.router.url, "--token-file", str(secret)),
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert got.returncode == 0 and json.loads(got.stdout)["windows"][-1]["value"] == \
+        views(KEY, LAST), got.stderr
+    with Client(guarded.router.url, token_file=str(secret)) as c:
+        assert c.get("shop", "views_1m", "views", KEY).windows[-1].value == views(KEY, LAST)
+    by_env = run_node(node, guarded.router.grpc_address, "get", "shop", "views_1m", "views",
+                      KEY, env={"QSTATE_TOKEN_FILE": str(secret)})
+    assert by_env.returncode == 0, by_env.stderr
+    # off loopback (an address nobody is asked: the refusal comes first)
+    with pytest.raises(InvalidRequest, match=r"refusing to send the client token to 10\.1\.2\.3"):
+        Client("http://10.1.2.3:8000", token_file=str(secret))
+    Client("http://10.1.2.3:8000", token="t", insecure_token=True).close()
+    Client("http://10.1.2.3:8000").close()  # no token: nothing to protect
+    off = subprocess.run(qstate_command("get", "shop", "views_1m", "views", KEY, "--url",
+                                        "http://10.1.2.3:8000", "--token-file", str(secret)),
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert off.returncode == 2 and "in plain text" in off.stderr, off.stderr
+    refused = run_node(node, "10.1.2.3:50051", "get", "shop", "views_1m", "views", KEY,
+                       "--token-file", str(secret))
+    assert refused.returncode == 64 and "in plain text" in refused.stderr, refused.stderr
