@@ -25,7 +25,7 @@ import grpc
 from qstate.core.config import Settings
 from qstate.core.errors import InvalidRequest, StartFailed
 
-__all__ = ["AUTH_HEADER", "aio_channel", "bearer", "channel", "check_exposure",
+__all__ = ["AUTH_HEADER", "NO_REUSEPORT", "aio_channel", "bearer", "channel", "check_exposure",
            "clean_token", "cluster_interceptors", "cluster_token", "is_loopback", "server_port"]
 
 log = logging.getLogger(__name__)
@@ -112,16 +112,27 @@ def _read(path: str, what: str) -> bytes:
         raise StartFailed(f"cannot read {what} {path}: {exc.strerror}") from None
 
 
+# grpc binds with SO_REUSEPORT unless told not to: a second server on a port in use would
+# start without a word and take part of its traffic (a shard of an earlier run taking
+# commits). Every qstate gRPC server is built with this option, so a port in use is an error.
+NO_REUSEPORT = ("grpc.so_reuseport", 0)
+
+
 def server_port(server: grpc.aio.Server, address: str, cfg: Settings) -> int:
-    """Add ``address`` to ``server``: TLS with ``tls_cert``/``tls_key`` when set, plain text
-    otherwise. The bound port."""
+    """Add ``address`` to ``server`` (built with ``NO_REUSEPORT``): TLS with
+    ``tls_cert``/``tls_key`` when set, plain text otherwise. The bound port; StartFailed
+    when the address is in use or not this host's."""
     if bool(cfg.tls_cert) != bool(cfg.tls_key):
         raise StartFailed("TLS needs both QSTATE_TLS_CERT and QSTATE_TLS_KEY")
-    if not cfg.tls_cert:
-        return server.add_insecure_port(address)
-    creds = grpc.ssl_server_credentials(
-        [(_read(cfg.tls_key, "TLS key"), _read(cfg.tls_cert, "TLS certificate"))])
-    return server.add_secure_port(address, creds)
+    try:
+        if not cfg.tls_cert:
+            return server.add_insecure_port(address)
+        creds = grpc.ssl_server_credentials(
+            [(_read(cfg.tls_key, "TLS key"), _read(cfg.tls_cert, "TLS certificate"))])
+        return server.add_secure_port(address, creds)
+    except RuntimeError:  # grpc says only "Failed to bind"
+        raise StartFailed(f"cannot listen on {address}: the port is in use (another server "
+                          "there?) or the address is not this host's") from None
 
 
 def _channel_credentials(cfg: Settings) -> grpc.ChannelCredentials | None:

@@ -88,7 +88,8 @@ async def serve(o: RouterOptions, scratch: Path | None = None) -> None:
 
     # beyond max_concurrent_requests in flight, gRPC itself answers RESOURCE_EXHAUSTED at once
     grpc_server = grpc.aio.server(
-        options=[*SERVER_OPTIONS, ("grpc.max_receive_message_length", cfg.max_body_bytes)],
+        options=[*SERVER_OPTIONS, ("grpc.max_receive_message_length", cfg.max_body_bytes),
+                 security.NO_REUSEPORT],
         maximum_concurrent_rpcs=cfg.max_concurrent_requests)
     pb_grpc.add_QueryableStateServicer_to_server(QueryableStateService(query, GrpcAuth(book)),
                                                  grpc_server)

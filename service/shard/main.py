@@ -108,7 +108,7 @@ async def serve(o: ShardOptions) -> None:
                             cfg.snapshots_kept, cfg.commit_workers, cfg.restore_timeout_s,
                             cfg.restore_retry_s)
     metrics.HELD.watch(partitions.server_dir, partitions.held_now)
-    server = grpc.aio.server(options=CHANNEL_OPTIONS,
+    server = grpc.aio.server(options=[*CHANNEL_OPTIONS, security.NO_REUSEPORT],
                              interceptors=security.cluster_interceptors(cfg))
     service = ShardService(partitions, server_id, "", cfg.max_windows)
     pb_grpc.add_ShardServicer_to_server(service, server)

@@ -56,11 +56,14 @@ def test_http_gives_a_batch_the_windows_that_fit_and_refuses_more(budgeted: Rout
 def test_grpc_refuses_the_same_request_in_the_same_words(budgeted: RouterProcess) -> None:
     with grpc.insecure_channel(budgeted.grpc_address) as ch:
         stub = qpb_grpc.QueryableStateStub(ch)
-        ask = {"job": "shop", "operator": "views_1m", "state": "views", "keys": FIVE,
-               "from_ms": RANGE["from"], "to_ms": RANGE["to"]}
-        fit = stub.MultiGet(qpb.MultiGetRequest(**ask), timeout=30)
+        def ask(limit: int | None = None) -> qpb.MultiGetRequest:
+            return qpb.MultiGetRequest(job="shop", operator="views_1m", state="views",
+                                       keys=FIVE, from_ms=RANGE["from"], to_ms=RANGE["to"],
+                                       limit=limit)
+
+        fit = stub.MultiGet(ask(), timeout=30)
         assert [len(r.windows) for r in fit.results] == [2] * 5
         with pytest.raises(grpc.RpcError) as over:
-            stub.MultiGet(qpb.MultiGetRequest(**ask, limit=3), timeout=30)
+            stub.MultiGet(ask(3), timeout=30)
     assert over.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
     assert "= 15 windows: one request reads at most 10" in over.value.details()  # type: ignore[attr-defined]

@@ -171,3 +171,16 @@ def test_gap_is_closed_from_deltas_and_kill9_keeps_committed_state(env, tmp_path
     stub = ShardClients().stub(shard.address)
     wait_ready(stub, 4)
     assert windows() == truth
+
+
+def test_a_second_server_on_a_port_in_use_refuses_to_start(env, tmp_path) -> None:
+    """grpc would share the port (SO_REUSEPORT) and the newcomer would take part of the
+    first one's commits and reads; it must stop at once and say why."""
+    storage, shard, stub = env
+    second = ShardProcess.make("t1", tmp_path / "data2", storage.uri, tmp_path / "logs",
+                               port=shard.port).start()
+    assert second.proc is not None
+    assert second.proc.wait(30) == 2
+    log = second.log_path.read_text()
+    assert f"cannot listen on 127.0.0.1:{shard.port}: the port is in use" in log, log[-2000:]
+    assert stub.Describe(pb.DescribeRequest(), timeout=5).server_id == "t0"
