@@ -27,6 +27,7 @@ from qstate.core.address import PartitionId
 from qstate.core.operator import OperatorSpec
 from qstate.core.storage import Storage
 from qstate.core.windows import ALL_WINDOWS, first_open_start
+from qstate.partition.codec import INT64_MAX, INT64_MIN
 
 __all__ = ["INPUT", "KEY", "PART", "RESULT", "TIME", "DeltaFiles", "Discard", "Plan", "Target",
            "aggregate", "columns", "final_writer", "run_operators", "split_by_partition"]
@@ -104,6 +105,18 @@ def _sketches(rows: pa.Table, groups: list[str], column: str, lg_k: int) -> pa.T
                                                                                    pa.binary()))
 
 
+def _saturated(wrapped: pa.ChunkedArray, witness: pa.ChunkedArray) -> pa.Array:
+    """A long sum as the shard keeps it (qstate.partition.codec): at the int64 bound it
+    crossed where Arrow's sum wrapped, which the float64 sum of the same values shows (a wrap
+    is 2**64 away from it; rounding, many orders of magnitude less)."""
+    s = wrapped.fill_null(0).to_numpy()
+    f = witness.fill_null(0.0).to_numpy()
+    valid = pc.is_valid(wrapped).to_numpy(zero_copy_only=False)
+    over = np.abs(f - s.astype(np.float64)) > 2.0**62
+    out = np.where(over, np.where(f > 0, INT64_MAX, INT64_MIN), s)
+    return pa.array(out, pa.int64(), mask=~valid)
+
+
 def aggregate(rows: pa.Table, plan: Plan) -> pa.Table:
     """The partial rows of ``rows`` (one task's): ``PART``, key, start, end, tag and the
     partial columns ``qstate.core.delta.delta_fields`` names."""
@@ -127,13 +140,17 @@ def aggregate(rows: pa.Table, plan: Plan) -> pa.Table:
         col = INPUT(i)
         if a.kind == "avg":
             rows = rows.set_column(rows.schema.get_field_index(col), col,
-                                   rows.column(col).cast(pa.float64()))
+                                   rows.column(col).cast(pa.float64(), safe=False))
             aggs += [(col, "sum"), (col, "count")]
         elif a.kind == "approx_count_distinct":
             sketch_cols.append((col, a.lg_k))
         else:
             aggs.append((col, {"count": "count", "sum": "sum", "min": "min",
                                "max": "max"}[a.kind]))
+            if a.kind == "sum" and a.type == "long":  # Arrow's int64 sum wraps: a witness
+                rows = rows.append_column(f"{col}__f",
+                                          rows.column(col).cast(pa.float64(), safe=False))
+                aggs.append((f"{col}__f", "sum"))
     out = rows.group_by(groups, use_threads=False).aggregate(aggs)
     for col, lg_k in sketch_cols:
         sk = _sketches(rows, groups, col, lg_k)
@@ -152,6 +169,8 @@ def aggregate(rows: pa.Table, plan: Plan) -> pa.Table:
             columns[f"{name}__n"] = out.column(f"{col}_count")
         elif a.kind == "approx_count_distinct":
             columns[name] = out.column(col)
+        elif a.kind == "sum" and a.type == "long":
+            columns[name] = _saturated(out.column(f"{col}_sum"), out.column(f"{col}__f_sum"))
         else:
             columns[name] = out.column(f"{col}_{a.kind}")
     schema = deltas.delta_schema(spec)

@@ -66,10 +66,18 @@ def http_windows(url: str, job: str, operator: str, state: str, keys: list[str],
     params = {} if latest else {"from": str(-FAR if since is None else since), "to": str(FAR)}
 
     def fetch(c: httpx.Client, chunk: list[str]) -> list[dict]:
-        r = c.post(f"/v1/state/{job}/{operator}/{state}:batchGet", json={"keys": chunk},
-                   params=params)
-        assert r.status_code == 200, r.text
-        return list(r.json()["results"])
+        out, ask = [], dict(params)
+        while chunk:  # pages: answers cut at the request's window budget say where to go on
+            r = c.post(f"/v1/state/{job}/{operator}/{state}:batchGet", json={"keys": chunk},
+                       params=ask)
+            assert r.status_code == 200, r.text
+            results = list(r.json()["results"])
+            out += results
+            more = [a for a in results if a.get("next_from") is not None]
+            chunk = [a["key"] for a in more]
+            if more:
+                ask = {**ask, "from": str(min(a["next_from"] for a in more))}
+        return out
 
     # a few batches in flight: the router, the shards and this process work at once
     with httpx.Client(base_url=url, timeout=60) as c, ThreadPoolExecutor(4) as pool:
@@ -94,12 +102,19 @@ def grpc_windows(address: str, job: str, operator: str, state: str, keys: list[s
     with grpc.insecure_channel(address) as ch:
         stub = qpb_grpc.QueryableStateStub(ch)
         for i in range(0, len(keys), 1000):
-            rep = stub.MultiGet(qpb.MultiGetRequest(job=job, operator=operator, state=state,
-                                                    keys=keys[i:i + 1000], **rng), timeout=60)
-            for r in rep.results:
-                for w in r.windows:
-                    out[(r.key, w.start_ms)] = (w.int_value if w.HasField("int_value")
-                                                else w.double_value)
+            chunk, ask = keys[i:i + 1000], dict(rng)
+            while chunk:  # pages, as in http_windows
+                rep = stub.MultiGet(qpb.MultiGetRequest(job=job, operator=operator,
+                                                        state=state, keys=chunk, **ask),
+                                    timeout=60)
+                for r in rep.results:
+                    for w in r.windows:
+                        out[(r.key, w.start_ms)] = (w.int_value if w.HasField("int_value")
+                                                    else w.double_value)
+                more = [r for r in rep.results if r.HasField("next_from_ms")]
+                chunk = [r.key for r in more]
+                if more:
+                    ask = {**ask, "from_ms": min(r.next_from_ms for r in more)}
     return out
 
 

@@ -24,9 +24,26 @@ import pyarrow as pa
 
 from qstate.core.operator import Aggregate, OperatorSpec
 
-__all__ = ["Codec"]
+__all__ = ["INT64_MAX", "INT64_MIN", "OVERFLOWED", "Codec", "add_saturating"]
 
 _U32 = struct.Struct("<I")
+# A long sum never wraps (docs/architecture.md §3): past int64 it saturates at the bound it
+# crossed and stays there, marked in its ``__has`` byte, whatever comes after; a partial
+# at a bound (the executors saturate theirs the same way) counts as one that overflowed.
+INT64_MAX, INT64_MIN = np.iinfo(np.int64).max, np.iinfo(np.int64).min
+OVERFLOWED = 2  # ``__has``: 0 no value, 1 a value, 2 a long sum saturated at its bound
+
+
+def add_saturating(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """a + b for int64 arrays, saturated where it overflows, a side already at a bound
+    winning (the first: ``a``); and where either happened."""
+    with np.errstate(over="ignore"):
+        s = a + b  # wraps; two's complement tells where
+    wrapped = ((a ^ s) & (b ^ s)) < 0
+    s = np.where(wrapped, np.where(a > 0, INT64_MAX, INT64_MIN), s)
+    a_at = (a == INT64_MAX) | (a == INT64_MIN)
+    b_at = (b == INT64_MAX) | (b == INT64_MIN)
+    return np.where(a_at, a, np.where(b_at, b, s)), wrapped | a_at | b_at
 
 
 def _num(agg: Aggregate) -> str:
@@ -123,9 +140,18 @@ class Codec:
                     out[part] = old[part] + new[part]
             else:
                 has = f"{name}__has"
-                o_has = (old[has] == 1) & present
-                n_has = new[has] == 1
+                o_has = (old[has] >= 1) & present
+                n_has = new[has] >= 1
                 o, v = old[name], new[name]
+                if a.kind == "sum" and a.type == "long":
+                    o_sat = o_has & (old[has] == OVERFLOWED)
+                    s, over = add_saturating(np.where(o_has, o, 0), np.where(n_has, v, 0))
+                    # sticky: a sum that left int64 keeps the bound it crossed
+                    s = np.where(o_sat, o, s)
+                    out[name] = s
+                    out[has] = np.where(o_sat | over, OVERFLOWED, (o_has | n_has).astype(
+                        np.uint8))
+                    continue
                 if a.kind == "sum":
                     out[name] = np.where(o_has, o, 0) + np.where(n_has, v, 0)
                 else:
@@ -150,10 +176,24 @@ class Codec:
                 for part in (f"{name}__sum", f"{name}__n"):
                     acc[part] = records[part].sum()
             elif a.kind in ("sum", "min", "max"):
-                has = records[f"{name}__has"] == 1
+                flags = records[f"{name}__has"]
+                has = flags >= 1
                 vals = records[name][has]
                 acc[f"{name}__has"] = bool(has.any())
-                if a.kind == "sum":
+                if a.kind == "sum" and a.type == "long":
+                    # in order, as combine would: exact in Python ints, then the bound
+                    total, sat = 0, False
+                    for v, f in zip(vals.tolist(), flags[has].tolist(), strict=True):
+                        if sat:
+                            break
+                        if f == OVERFLOWED or v in (INT64_MAX, INT64_MIN):
+                            sat, total = True, v
+                        elif not INT64_MIN < (total := total + v) < INT64_MAX:
+                            sat, total = True, INT64_MAX if total > 0 else INT64_MIN
+                    acc[name] = total
+                    if sat:
+                        acc[f"{name}__has"] = OVERFLOWED
+                elif a.kind == "sum":
                     acc[name] = vals.sum()
                 elif len(vals):
                     # Spark orders NaN above every number: min skips it, max keeps it

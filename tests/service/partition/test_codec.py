@@ -256,3 +256,49 @@ def test_sketch_union_estimate_is_close_to_the_true_distinct_count() -> None:
     again, again_blobs = codec.fold(np.concatenate([acc[None], rec]),
                                     [[acc_blobs[0], *blobs[0]]])
     assert codec.answers(again, again_blobs)[-1] == est
+
+
+SUM = OperatorSpec("j", "o", "k", {"s": Aggregate("sum", "long")},
+                   window=WindowSpec("tumbling", 10))
+MAX, MIN = 2**63 - 1, -(2**63)
+
+
+def saturating(values: list[int]) -> int:
+    """The rule in plain Python: sum in order; once past int64, the bound crossed, for good."""
+    total = 0
+    for v in values:
+        if v in (MAX, MIN):  # a partial that overflowed on its executor
+            return v
+        total += v
+        if not MIN < total < MAX:
+            return MAX if total > 0 else MIN
+    return total
+
+
+@pytest.mark.parametrize("values", [
+    [MAX - 10, 100],  # over the top
+    [MAX - 10, 100, -50],  # and it stays there: a wrapped sum would be negative
+    [MIN + 5, -6, 1000],
+    [2**62, 2**62, -(2**62)],  # over on the way, back in range after: still over
+    [10, -20, 5],  # nothing to see
+    [MAX, -1],  # an executor's saturated partial counts as overflowed
+])
+def test_a_long_sum_saturates_at_the_bound_it_crossed_and_stays(values: list[int]) -> None:
+    """Never wraps (issue 25): batch after batch (combine) and pane after pane (fold) give the
+    same answer, the one ``saturating`` computes."""
+    codec = Codec(SUM)
+    rows = [{"key": "k", "start": 0, "end": 10, "tag": None, "s": v} for v in values]
+    rec, blobs = codec.from_delta(table(rows, SUM))
+    acc = rec[:1].copy()
+    present = np.ones(1, bool)
+    for i in range(1, len(values)):
+        acc, _ = codec.combine(acc, present, [], rec[i:i + 1], [])
+    folded, _ = codec.fold(rec, blobs)
+    want = saturating(values)
+    assert codec.answers(acc[0], []) == [want]
+    assert codec.answers(folded, []) == [want]
+    # the store keeps it so: encoded, decoded, then a batch of -1 more
+    stored, seen, _ = codec.decode(codec.encode(acc, []))
+    minus_one, _ = codec.from_delta(table([{**rows[0], "s": -1}], SUM))
+    again, _ = codec.combine(stored, seen, [], minus_one, [])
+    assert codec.answers(again[0], []) == [want if want in (MAX, MIN) else want - 1]
