@@ -99,6 +99,7 @@ def test_make_run_answers_a_marker_exactly_then_ctrl_c_stops_everything(tmp_path
     assert rc == 0, demo.tail()
 
 
+@pytest.mark.long  # a second start of make run: `make soak`, which CI runs
 def test_kill_9_of_make_run_alone_takes_every_process_with_it(tmp_path: Path) -> None:
     demo = DemoRun(tmp_path).start()
     soak = Soak(demo)

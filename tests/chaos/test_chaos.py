@@ -41,23 +41,17 @@ from tests.chaos.harness import (
 )
 from tests.helpers import committed_batches, wait_until
 
-pytestmark = [pytest.mark.chaos, pytest.mark.spark]
+# long: `make soak` (which CI runs after `make test`) and `python -m loadtest.chaos`;
+# docs/architecture.md §9
+pytestmark = [pytest.mark.chaos, pytest.mark.spark, pytest.mark.long]
 OP = "per_tweet_1h"  # the operator a fault names; the job's other one runs on undisturbed
 
 
 # the batch every partition of OP on the killed shard's disk has when it dies, relative to N
 SHARD_POINTS = {"shard.received": -1, "shard.after-write": 0, "shard.after-ack": 0}
-# make test runs one kill point of each process, the one whose recovery does the most (a
-# replay from the manifest; a re-run batch every shard skips); the others are long
-# (QSTATE_LONG=1: python -m loadtest.chaos, make soak), docs/architecture.md §9
-SHORT = {"shard.received", "driver.after-commit"}
 
 
-def points(table: dict) -> list:
-    return [pytest.param(p, marks=() if p in SHORT else pytest.mark.long) for p in table]
-
-
-@pytest.mark.parametrize("point", points(SHARD_POINTS))
+@pytest.mark.parametrize("point", list(SHARD_POINTS))
 def test_shard_killed_at_a_step_of_batch_n_and_restarted(world, point: str) -> None:
     seen: dict = {}
 
@@ -103,7 +97,7 @@ def test_shard_killed_at_a_step_of_batch_n_and_restarted(world, point: str) -> N
 DRIVER_POINTS = {"driver.after-record": False, "driver.after-commit": True}
 
 
-@pytest.mark.parametrize("point", points(DRIVER_POINTS))
+@pytest.mark.parametrize("point", list(DRIVER_POINTS))
 def test_driver_killed_at_a_step_of_batch_n_and_restarted(world, point: str) -> None:
     acknowledged = DRIVER_POINTS[point]
     seen: dict = {}

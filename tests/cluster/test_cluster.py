@@ -1,8 +1,8 @@
 """qstate across hosts (issue 11): Spark standalone with executors on two worker hosts, a
 shard server beside each, the driver and the router on hosts of their own (harness.py).
 
-In order, on one cluster under ~2K tweet events/s (out of order, 1% late; 3 and 4 are long:
-``make soak`` and ``loadtest.cluster`` run them, ``make test`` does not):
+In order, on one cluster under ~2K tweet events/s (out of order, 1% late); long: ``make soak``
+(which CI runs after ``make test``) and ``loadtest.cluster`` run them:
 
 1. The job runs there exact: every (key, window) of its three states equals ground truth
    from the generator's delivery log, read through the router on its own host.
@@ -30,7 +30,7 @@ from tests.chaos.harness import JOB, Deployment, P, compare, scenario
 from tests.cluster.harness import WORKERS, Cluster
 from tests.helpers import metric, wait_until
 
-pytestmark = [pytest.mark.cluster, pytest.mark.spark, pytest.mark.kafka]
+pytestmark = [pytest.mark.cluster, pytest.mark.spark, pytest.mark.kafka, pytest.mark.long]
 
 
 def test_the_job_runs_across_hosts_exact(cluster) -> None:
@@ -87,7 +87,6 @@ def test_a_cut_link_moves_partitions_and_fences_the_isolated_side(cluster) -> No
     scenario(cluster, "link of worker-2 cut for 10 s", inject, recovered)
 
 
-@pytest.mark.long  # make soak, loadtest.cluster (docs/architecture.md §9)
 def test_a_worker_host_killed_reschedules_and_restores_elsewhere(cluster) -> None:
     seen: dict = {}
 
@@ -110,7 +109,6 @@ def test_a_worker_host_killed_reschedules_and_restores_elsewhere(cluster) -> Non
     assert seen["killed"] >= 3  # the worker JVM, its executor, the shard server (+ Python)
 
 
-@pytest.mark.long
 def test_with_the_job_down_the_standby_moves_a_dead_hosts_partitions(cluster) -> None:
     c, gen = cluster
     gen.pause()

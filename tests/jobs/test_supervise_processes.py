@@ -21,7 +21,8 @@ from qstate.embedded.ports import free_port
 from qstate.embedded.procs import Child, ShardProcess, qstate_command
 from tests.helpers import scrape, wait_until
 
-pytestmark = [pytest.mark.spark, pytest.mark.kafka]
+# long (~80 s: two `qstate job` processes with their own JVMs): `make soak`, which CI runs
+pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.long]
 
 # Two jobs of one `qstate job` process: A is the tweets example on its own topic and name; B
 # is a user's job with a bug, a filter that raises on the key "boom" (on the executors,
