@@ -30,6 +30,11 @@ __all__ = ["AUTH_HEADER", "NO_REUSEPORT", "aio_channel", "bearer", "channel", "c
 
 log = logging.getLogger(__name__)
 
+# the standard health service's methods (qstate.core.grpc_health): a shard answers them
+# without the cluster token, as a probe sends none. Spelled out: a reader's install (this
+# module, without grpcio-health-checking) must import.
+HEALTH_PREFIX = "/grpc.health.v1.Health/"
+
 AUTH_HEADER = "authorization"  # gRPC metadata keys are lower case
 
 
@@ -219,6 +224,8 @@ class _ClusterTokenCheck(grpc.aio.ServerInterceptor):
             self, continuation: Callable[[grpc.HandlerCallDetails],
                                          Awaitable[grpc.RpcMethodHandler]],
             details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        if details.method.startswith(HEALTH_PREFIX):  # type: ignore[attr-defined]
+            return await continuation(details)  # probes send no token; health tells nothing
         sent = dict(details.invocation_metadata or ()).get(AUTH_HEADER, "")  # type: ignore[attr-defined]
         sent_b = sent.encode() if isinstance(sent, str) else bytes(sent)
         if hmac.compare_digest(sent_b, self.expected):

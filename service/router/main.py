@@ -14,9 +14,11 @@ import uvicorn
 
 from qstate.core import security
 from qstate.core.config import Settings
+from qstate.core.grpc_health import Health
 from qstate.core.shard_client import held_partitions
 from qstate.core.storage import Storage
 from qstate.core.tokens import WatchedTokens
+from qstate.proto import qstate_pb2 as qpb
 from qstate.proto import qstate_pb2_grpc as pb_grpc
 from qstate.proto import shard_pb2 as pb
 from qstate.router.auth import GrpcAuth, with_auth
@@ -93,10 +95,16 @@ async def serve(o: RouterOptions, scratch: Path | None = None) -> None:
         maximum_concurrent_rpcs=cfg.max_concurrent_requests)
     pb_grpc.add_QueryableStateServicer_to_server(QueryableStateService(query, GrpcAuth(book)),
                                                  grpc_server)
+
+    def ready() -> bool:  # an assignment to route by: /readyz and gRPC health alike
+        return bool(routing.specs)
+
+    health = Health(grpc_server, [qpb.DESCRIPTOR.services_by_name["QueryableState"].full_name])
     security.server_port(grpc_server, f"{host}:{o.grpc_port}", cfg)
     await grpc_server.start()
+    following = asyncio.create_task(health.follow(ready))
 
-    app = with_fast_get(create_app(query, ready=lambda: bool(routing.specs)), query)
+    app = with_fast_get(create_app(query, ready=ready), query)
     # auth outermost: a request without a valid token is refused before it may hold one of
     # the limited slots (a client could otherwise fill them with bodies it never sends)
     app = with_auth(with_limits(app, cfg.max_body_bytes, cfg.max_concurrent_requests,
@@ -117,6 +125,8 @@ async def serve(o: RouterOptions, scratch: Path | None = None) -> None:
     print(f"qstate router ready http={scheme}://{host}:{o.http_port} grpc={host}:{o.grpc_port}",
           flush=True)
     await stop.wait()
+    following.cancel()
+    await health.stop()
     http.should_exit = True
     await task
     await grpc_server.stop(grace=1)

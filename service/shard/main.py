@@ -26,9 +26,11 @@ from qstate.core.assignment import (
     unregister_server,
 )
 from qstate.core.config import Settings
+from qstate.core.grpc_health import Health
 from qstate.core.probe import bound_port, probe_app, serve_probe
 from qstate.core.shard_client import CHANNEL_OPTIONS
 from qstate.core.storage import Storage
+from qstate.proto import shard_pb2 as pb
 from qstate.proto import shard_pb2_grpc as pb_grpc
 from qstate.shard import metrics
 from qstate.shard.partitions import Partitions
@@ -112,11 +114,17 @@ async def serve(o: ShardOptions) -> None:
                              interceptors=security.cluster_interceptors(cfg))
     service = ShardService(partitions, server_id, "", cfg.max_windows)
     pb_grpc.add_ShardServicer_to_server(service, server)
+
+    def ready() -> bool:  # no partition restoring: gRPC health and /readyz alike
+        return all(h.ready.is_set() for _, h in partitions.held())
+
+    health = Health(server, [pb.DESCRIPTOR.services_by_name["Shard"].full_name])
     bound = security.server_port(server, f"{o.host}:{o.port}", cfg)
     address = service.address = o.advertise or f"{o.host}:{bound}"
     await server.start()
+    following = asyncio.create_task(health.follow(ready))
     probe, probe_task = await serve_probe(
-        probe_app(lambda: True, lambda: {"server_id": server_id, "address": address}),
+        probe_app(ready, lambda: {"server_id": server_id, "address": address}),
         o.host, o.metrics_port)
     info = ServerInfo(server_id, address, f"{o.host}:{bound_port(probe)}", os.getpid(),
                       now_ms(), socket.gethostname(), str((o.data_dir / server_id).resolve()))
@@ -138,6 +146,8 @@ async def serve(o: ShardOptions) -> None:
     log.warning("shard %s stopping", server_id)
     drain.cancel()
     follow.cancel()
+    following.cancel()
+    await health.stop()
     unregister_server(storage, server_id)
     await server.stop(grace=2)
     probe.should_exit = True
