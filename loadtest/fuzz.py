@@ -125,10 +125,14 @@ def fuzz(url: str, max_requests: int, seed_value: int = 1, keys: list[str] | Non
         response = case.call(base_url=url, session=session, timeout=30)
         report.requests += 1
         report.by_status[(case.operation.label, response.status_code)] += 1
-        if response.status_code >= 500:
+        # a read for a batch the state has not reached is a documented 503 (min_batch), not
+        # a server error; its answer is still checked against the document
+        awaited = response.status_code == 503 and "min_batch" in (case.query or {})
+        if response.status_code >= 500 and not awaited:
             report.server_errors += 1
         try:
-            case.validate_response(response, checks=CHECKS)
+            case.validate_response(response, checks=[c for c in CHECKS if not (
+                awaited and c is not_a_server_error)])
         except AssertionError as exc:  # schemathesis' failures are AssertionErrors
             report.violations += 1
             if len(report.examples) < EXAMPLES_KEPT:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19qstate/proto/qstate.proto\x12\tqstate.v1\"\xa5\x01\n\nGetRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x10\n\x08operator\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x0b\n\x03key\x18\x04 \x01(\t\x12\x14\n\x07\x66rom_ms\x18\x05 \x01(\x03H\x00\x88\x01\x01\x12\x12\n\x05to_ms\x18\x06 \x01(\x03H\x01\x88\x01\x01\x12\x12\n\x05limit\x18\x07 \x01(\rH\x02\x88\x01\x01\x42\n\n\x08_from_msB\x08\n\x06_to_msB\x08\n\x06_limit\"\xab\x01\n\x0fMultiGetRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x10\n\x08operator\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x0c\n\x04keys\x18\x04 \x03(\t\x12\x14\n\x07\x66rom_ms\x18\x05 \x01(\x03H\x00\x88\x01\x01\x12\x12\n\x05to_ms\x18\x06 \x01(\x03H\x01\x88\x01\x01\x12\x12\n\x05limit\x18\x07 \x01(\rH\x02\x88\x01\x01\x42\n\n\x08_from_msB\x08\n\x06_to_msB\x08\n\x06_limit\"\x82\x01\n\x06Window\x12\x15\n\x08start_ms\x18\x01 \x01(\x03H\x01\x88\x01\x01\x12\x13\n\x06\x65nd_ms\x18\x02 \x01(\x03H\x02\x88\x01\x01\x12\x13\n\tint_value\x18\x03 \x01(\x03H\x00\x12\x16\n\x0c\x64ouble_value\x18\x04 \x01(\x01H\x00\x42\x07\n\x05valueB\x0b\n\t_start_msB\t\n\x07_end_ms\"\xcb\x01\n\nStateValue\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x10\n\x08operator\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x0b\n\x03key\x18\x04 \x01(\t\x12\r\n\x05\x66ound\x18\x05 \x01(\x08\x12\r\n\x05\x62\x61tch\x18\x06 \x01(\x03\x12\x14\n\x0cwatermark_ms\x18\x07 \x01(\x03\x12\"\n\x07windows\x18\x08 \x03(\x0b\x32\x11.qstate.v1.Window\x12\x19\n\x0cnext_from_ms\x18\t \x01(\x03H\x00\x88\x01\x01\x42\x0f\n\r_next_from_ms\":\n\x10MultiGetResponse\x12&\n\x07results\x18\x01 \x03(\x0b\x32\x15.qstate.v1.StateValue\"\x11\n\x0fListJobsRequest\"4\n\x10ListJobsResponse\x12 \n\x04jobs\x18\x01 \x03(\x0b\x32\x12.qstate.v1.JobInfo\"!\n\x12\x44\x65scribeJobRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\"M\n\nWindowSpec\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0f\n\x07size_ms\x18\x02 \x01(\x03\x12\x10\n\x08slide_ms\x18\x03 \x01(\x03\x12\x0e\n\x06gap_ms\x18\x04 \x01(\x03\"\'\n\tStateInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\"\xe8\x01\n\x0cOperatorInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12$\n\x06states\x18\x03 \x03(\x0b\x32\x14.qstate.v1.StateInfo\x12%\n\x06window\x18\x04 \x01(\x0b\x32\x15.qstate.v1.WindowSpec\x12\x12\n\npartitions\x18\x05 \x01(\r\x12\x14\n\x0cretention_ms\x18\x06 \x01(\x03\x12\x12\n\nlast_batch\x18\x07 \x01(\x03\x12\x14\n\x0cwatermark_ms\x18\x08 \x01(\x03\x12\x1c\n\x14partitions_available\x18\t \x01(\r\"C\n\x07JobInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12*\n\toperators\x18\x02 \x03(\x0b\x32\x17.qstate.v1.OperatorInfo2\x91\x02\n\x0eQueryableState\x12\x33\n\x03Get\x12\x15.qstate.v1.GetRequest\x1a\x15.qstate.v1.StateValue\x12\x43\n\x08MultiGet\x12\x1a.qstate.v1.MultiGetRequest\x1a\x1b.qstate.v1.MultiGetResponse\x12\x43\n\x08ListJobs\x12\x1a.qstate.v1.ListJobsRequest\x1a\x1b.qstate.v1.ListJobsResponse\x12@\n\x0b\x44\x65scribeJob\x12\x1d.qstate.v1.DescribeJobRequest\x1a\x12.qstate.v1.JobInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19qstate/proto/qstate.proto\x12\tqstate.v1\"\xcb\x01\n\nGetRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x10\n\x08operator\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x0b\n\x03key\x18\x04 \x01(\t\x12\x14\n\x07\x66rom_ms\x18\x05 \x01(\x03H\x00\x88\x01\x01\x12\x12\n\x05to_ms\x18\x06 \x01(\x03H\x01\x88\x01\x01\x12\x12\n\x05limit\x18\x07 \x01(\rH\x02\x88\x01\x01\x12\x16\n\tmin_batch\x18\x08 \x01(\x03H\x03\x88\x01\x01\x42\n\n\x08_from_msB\x08\n\x06_to_msB\x08\n\x06_limitB\x0c\n\n_min_batch\"\xd1\x01\n\x0fMultiGetRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x10\n\x08operator\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x0c\n\x04keys\x18\x04 \x03(\t\x12\x14\n\x07\x66rom_ms\x18\x05 \x01(\x03H\x00\x88\x01\x01\x12\x12\n\x05to_ms\x18\x06 \x01(\x03H\x01\x88\x01\x01\x12\x12\n\x05limit\x18\x07 \x01(\rH\x02\x88\x01\x01\x12\x16\n\tmin_batch\x18\x08 \x01(\x03H\x03\x88\x01\x01\x42\n\n\x08_from_msB\x08\n\x06_to_msB\x08\n\x06_limitB\x0c\n\n_min_batch\"\x82\x01\n\x06Window\x12\x15\n\x08start_ms\x18\x01 \x01(\x03H\x01\x88\x01\x01\x12\x13\n\x06\x65nd_ms\x18\x02 \x01(\x03H\x02\x88\x01\x01\x12\x13\n\tint_value\x18\x03 \x01(\x03H\x00\x12\x16\n\x0c\x64ouble_value\x18\x04 \x01(\x01H\x00\x42\x07\n\x05valueB\x0b\n\t_start_msB\t\n\x07_end_ms\"\xcb\x01\n\nStateValue\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x10\n\x08operator\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x0b\n\x03key\x18\x04 \x01(\t\x12\r\n\x05\x66ound\x18\x05 \x01(\x08\x12\r\n\x05\x62\x61tch\x18\x06 \x01(\x03\x12\x14\n\x0cwatermark_ms\x18\x07 \x01(\x03\x12\"\n\x07windows\x18\x08 \x03(\x0b\x32\x11.qstate.v1.Window\x12\x19\n\x0cnext_from_ms\x18\t \x01(\x03H\x00\x88\x01\x01\x42\x0f\n\r_next_from_ms\":\n\x10MultiGetResponse\x12&\n\x07results\x18\x01 \x03(\x0b\x32\x15.qstate.v1.StateValue\"\x11\n\x0fListJobsRequest\"4\n\x10ListJobsResponse\x12 \n\x04jobs\x18\x01 \x03(\x0b\x32\x12.qstate.v1.JobInfo\"!\n\x12\x44\x65scribeJobRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\"M\n\nWindowSpec\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0f\n\x07size_ms\x18\x02 \x01(\x03\x12\x10\n\x08slide_ms\x18\x03 \x01(\x03\x12\x0e\n\x06gap_ms\x18\x04 \x01(\x03\"\'\n\tStateInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\"\xe8\x01\n\x0cOperatorInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12$\n\x06states\x18\x03 \x03(\x0b\x32\x14.qstate.v1.StateInfo\x12%\n\x06window\x18\x04 \x01(\x0b\x32\x15.qstate.v1.WindowSpec\x12\x12\n\npartitions\x18\x05 \x01(\r\x12\x14\n\x0cretention_ms\x18\x06 \x01(\x03\x12\x12\n\nlast_batch\x18\x07 \x01(\x03\x12\x14\n\x0cwatermark_ms\x18\x08 \x01(\x03\x12\x1c\n\x14partitions_available\x18\t \x01(\r\"C\n\x07JobInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12*\n\toperators\x18\x02 \x03(\x0b\x32\x17.qstate.v1.OperatorInfo2\x91\x02\n\x0eQueryableState\x12\x33\n\x03Get\x12\x15.qstate.v1.GetRequest\x1a\x15.qstate.v1.StateValue\x12\x43\n\x08MultiGet\x12\x1a.qstate.v1.MultiGetRequest\x1a\x1b.qstate.v1.MultiGetResponse\x12\x43\n\x08ListJobs\x12\x1a.qstate.v1.ListJobsRequest\x1a\x1b.qstate.v1.ListJobsResponse\x12@\n\x0b\x44\x65scribeJob\x12\x1d.qstate.v1.DescribeJobRequest\x1a\x12.qstate.v1.JobInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,29 +32,29 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'qstate.proto.qstate_pb2', _
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_GETREQUEST']._serialized_start=41
-  _globals['_GETREQUEST']._serialized_end=206
-  _globals['_MULTIGETREQUEST']._serialized_start=209
-  _globals['_MULTIGETREQUEST']._serialized_end=380
-  _globals['_WINDOW']._serialized_start=383
-  _globals['_WINDOW']._serialized_end=513
-  _globals['_STATEVALUE']._serialized_start=516
-  _globals['_STATEVALUE']._serialized_end=719
-  _globals['_MULTIGETRESPONSE']._serialized_start=721
-  _globals['_MULTIGETRESPONSE']._serialized_end=779
-  _globals['_LISTJOBSREQUEST']._serialized_start=781
-  _globals['_LISTJOBSREQUEST']._serialized_end=798
-  _globals['_LISTJOBSRESPONSE']._serialized_start=800
-  _globals['_LISTJOBSRESPONSE']._serialized_end=852
-  _globals['_DESCRIBEJOBREQUEST']._serialized_start=854
-  _globals['_DESCRIBEJOBREQUEST']._serialized_end=887
-  _globals['_WINDOWSPEC']._serialized_start=889
-  _globals['_WINDOWSPEC']._serialized_end=966
-  _globals['_STATEINFO']._serialized_start=968
-  _globals['_STATEINFO']._serialized_end=1007
-  _globals['_OPERATORINFO']._serialized_start=1010
-  _globals['_OPERATORINFO']._serialized_end=1242
-  _globals['_JOBINFO']._serialized_start=1244
-  _globals['_JOBINFO']._serialized_end=1311
-  _globals['_QUERYABLESTATE']._serialized_start=1314
-  _globals['_QUERYABLESTATE']._serialized_end=1587
+  _globals['_GETREQUEST']._serialized_end=244
+  _globals['_MULTIGETREQUEST']._serialized_start=247
+  _globals['_MULTIGETREQUEST']._serialized_end=456
+  _globals['_WINDOW']._serialized_start=459
+  _globals['_WINDOW']._serialized_end=589
+  _globals['_STATEVALUE']._serialized_start=592
+  _globals['_STATEVALUE']._serialized_end=795
+  _globals['_MULTIGETRESPONSE']._serialized_start=797
+  _globals['_MULTIGETRESPONSE']._serialized_end=855
+  _globals['_LISTJOBSREQUEST']._serialized_start=857
+  _globals['_LISTJOBSREQUEST']._serialized_end=874
+  _globals['_LISTJOBSRESPONSE']._serialized_start=876
+  _globals['_LISTJOBSRESPONSE']._serialized_end=928
+  _globals['_DESCRIBEJOBREQUEST']._serialized_start=930
+  _globals['_DESCRIBEJOBREQUEST']._serialized_end=963
+  _globals['_WINDOWSPEC']._serialized_start=965
+  _globals['_WINDOWSPEC']._serialized_end=1042
+  _globals['_STATEINFO']._serialized_start=1044
+  _globals['_STATEINFO']._serialized_end=1083
+  _globals['_OPERATORINFO']._serialized_start=1086
+  _globals['_OPERATORINFO']._serialized_end=1318
+  _globals['_JOBINFO']._serialized_start=1320
+  _globals['_JOBINFO']._serialized_end=1387
+  _globals['_QUERYABLESTATE']._serialized_start=1390
+  _globals['_QUERYABLESTATE']._serialized_end=1663
 # @@protoc_insertion_point(module_scope)

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GetRequest(_message.Message):
-    __slots__ = ("job", "operator", "state", "key", "from_ms", "to_ms", "limit")
+    __slots__ = ("job", "operator", "state", "key", "from_ms", "to_ms", "limit", "min_batch")
     JOB_FIELD_NUMBER: _ClassVar[int]
     OPERATOR_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -15,6 +15,7 @@ class GetRequest(_message.Message):
     FROM_MS_FIELD_NUMBER: _ClassVar[int]
     TO_MS_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    MIN_BATCH_FIELD_NUMBER: _ClassVar[int]
     job: str
     operator: str
     state: str
@@ -22,10 +23,11 @@ class GetRequest(_message.Message):
     from_ms: int
     to_ms: int
     limit: int
-    def __init__(self, job: _Optional[str] = ..., operator: _Optional[str] = ..., state: _Optional[str] = ..., key: _Optional[str] = ..., from_ms: _Optional[int] = ..., to_ms: _Optional[int] = ..., limit: _Optional[int] = ...) -> None: ...
+    min_batch: int
+    def __init__(self, job: _Optional[str] = ..., operator: _Optional[str] = ..., state: _Optional[str] = ..., key: _Optional[str] = ..., from_ms: _Optional[int] = ..., to_ms: _Optional[int] = ..., limit: _Optional[int] = ..., min_batch: _Optional[int] = ...) -> None: ...
 
 class MultiGetRequest(_message.Message):
-    __slots__ = ("job", "operator", "state", "keys", "from_ms", "to_ms", "limit")
+    __slots__ = ("job", "operator", "state", "keys", "from_ms", "to_ms", "limit", "min_batch")
     JOB_FIELD_NUMBER: _ClassVar[int]
     OPERATOR_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -33,6 +35,7 @@ class MultiGetRequest(_message.Message):
     FROM_MS_FIELD_NUMBER: _ClassVar[int]
     TO_MS_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    MIN_BATCH_FIELD_NUMBER: _ClassVar[int]
     job: str
     operator: str
     state: str
@@ -40,7 +43,8 @@ class MultiGetRequest(_message.Message):
     from_ms: int
     to_ms: int
     limit: int
-    def __init__(self, job: _Optional[str] = ..., operator: _Optional[str] = ..., state: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., from_ms: _Optional[int] = ..., to_ms: _Optional[int] = ..., limit: _Optional[int] = ...) -> None: ...
+    min_batch: int
+    def __init__(self, job: _Optional[str] = ..., operator: _Optional[str] = ..., state: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., from_ms: _Optional[int] = ..., to_ms: _Optional[int] = ..., limit: _Optional[int] = ..., min_batch: _Optional[int] = ...) -> None: ...
 
 class Window(_message.Message):
     __slots__ = ("start_ms", "end_ms", "int_value", "double_value")

@@ -46,8 +46,13 @@ def _t(v: TimeArg) -> str | None:
     return str(v)
 
 
-def _params(from_: TimeArg, to: TimeArg) -> dict[str, str]:
-    return {k: s for k, v in (("from", from_), ("to", to)) if (s := _t(v)) is not None}
+def _params(from_: TimeArg, to: TimeArg, min_batch: int | None = None) -> dict[str, str]:
+    """Query parameters; ``min_batch``: answer as of that batch or a later one (the router
+    waits a while for it, then 503: retried like any other)."""
+    out = {k: s for k, v in (("from", from_), ("to", to)) if (s := _t(v)) is not None}
+    if min_batch is not None:
+        out["min_batch"] = str(min_batch)
+    return out
 
 
 def _state_path(job: str, operator: str, state: str) -> str:
@@ -144,9 +149,9 @@ class Client(_Base):
             attempt += 1
 
     def get(self, job: str, operator: str, state: str, key: str, *, from_: TimeArg = None,
-            to: TimeArg = None) -> StateAnswer:
+            to: TimeArg = None, min_batch: int | None = None) -> StateAnswer:
         r = self._request("GET", _key_path(job, operator, state, key),
-                          params=_params(from_, to))
+                          params=_params(from_, to, min_batch))
         return StateAnswer.model_validate_json(r.content)
 
     def history(self, job: str, operator: str, state: str, key: str, from_: TimeArg,
@@ -154,9 +159,10 @@ class Client(_Base):
         return self.get(job, operator, state, key, from_=from_, to=to)
 
     def multi_get(self, job: str, operator: str, state: str, keys: list[str], *,
-                  from_: TimeArg = None, to: TimeArg = None) -> list[StateAnswer]:
+                  from_: TimeArg = None, to: TimeArg = None, min_batch: int | None = None
+                  ) -> list[StateAnswer]:
         r = self._request("POST", f"{_state_path(job, operator, state)}:batchGet",
-                          json={"keys": keys}, params=_params(from_, to))
+                          json={"keys": keys}, params=_params(from_, to, min_batch))
         return BatchAnswer.model_validate_json(r.content).results
 
     def jobs(self) -> JobList:
@@ -196,9 +202,10 @@ class AsyncClient(_Base):
             attempt += 1
 
     async def get(self, job: str, operator: str, state: str, key: str, *,
-                  from_: TimeArg = None, to: TimeArg = None) -> StateAnswer:
+                  from_: TimeArg = None, to: TimeArg = None, min_batch: int | None = None
+                  ) -> StateAnswer:
         r = await self._request("GET", _key_path(job, operator, state, key),
-                                params=_params(from_, to))
+                                params=_params(from_, to, min_batch))
         return StateAnswer.model_validate_json(r.content)
 
     async def history(self, job: str, operator: str, state: str, key: str, from_: TimeArg,
@@ -206,9 +213,10 @@ class AsyncClient(_Base):
         return await self.get(job, operator, state, key, from_=from_, to=to)
 
     async def multi_get(self, job: str, operator: str, state: str, keys: list[str], *,
-                        from_: TimeArg = None, to: TimeArg = None) -> list[StateAnswer]:
+                        from_: TimeArg = None, to: TimeArg = None,
+                        min_batch: int | None = None) -> list[StateAnswer]:
         r = await self._request("POST", f"{_state_path(job, operator, state)}:batchGet",
-                                json={"keys": keys}, params=_params(from_, to))
+                                json={"keys": keys}, params=_params(from_, to, min_batch))
         return BatchAnswer.model_validate_json(r.content).results
 
     async def jobs(self) -> JobList:

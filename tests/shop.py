@@ -8,6 +8,7 @@ one-minute window of each batch.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -125,7 +126,9 @@ def commit_batch(storage: Storage, coord: Coordinator, batch: int) -> None:
     Committer(coord).commit(SPEC, batch, batch * WINDOW, written)
 
 
-def start_shop(tmp: Path) -> Shop:
+def start_shop(tmp: Path, min_batch_wait_s: float = 0.05) -> Shop:
+    """``min_batch_wait_s``: the routers' (a fuzzer asks for batches that will never come:
+    each such read is a 503 after this wait)."""
     storage = Storage(str(tmp / "storage"))
     save_spec(storage, SPEC)
     shards = [ShardProcess.make(f"shop{i}", tmp / "data", storage.uri, tmp / "logs")
@@ -143,9 +146,11 @@ def start_shop(tmp: Path) -> Shop:
     # Nothing more to commit: stop the heartbeats, so a test that kills a shard on purpose
     # sees its partitions stay where they are (no lease to race).
     coord.stop()
+    env = {**os.environ, "QSTATE_MIN_BATCH_WAIT_S": str(min_batch_wait_s)}
     routers = {
-        "local": RouterProcess.make(storage.uri, tmp / "logs", "shop-local").start_and_wait(),
-        "grpc": RouterProcess.make(storage.uri, tmp / "logs", "shop-grpc", None,
+        "local": RouterProcess.make(storage.uri, tmp / "logs", "shop-local", env)
+        .start_and_wait(),
+        "grpc": RouterProcess.make(storage.uri, tmp / "logs", "shop-grpc", env,
                                    "--no-local-reads").start_and_wait(),
     }
     shop = Shop(storage, shards, coord, routers)

@@ -6,6 +6,7 @@
 //
 // Address: --addr, else $QSTATE_GRPC, else 127.0.0.1:50051. TLS: --ca FILE (else
 // $QSTATE_TLS_CA), the CA bundle that signed the router's certificate; plain text without it.
+// Read your writes: --min-batch N answers as of batch N or a later one.
 // Token: --token (else $QSTATE_TOKEN, else the content of --token-file or $QSTATE_TOKEN_FILE),
 // sent as "authorization: Bearer ..." metadata; never in plain text off loopback: without
 // --ca to another host it refuses (exit 64) unless --allow-insecure or
@@ -37,7 +38,8 @@ try {
     allowPositionals: true,
     options: { from: { type: "string" }, to: { type: "string" }, addr: { type: "string" },
                ca: { type: "string" }, token: { type: "string" },
-               "token-file": { type: "string" }, "allow-insecure": { type: "boolean" } },
+               "token-file": { type: "string" }, "allow-insecure": { type: "boolean" },
+               "min-batch": { type: "string" } },
   });
 } catch (e) {
   usage(e.message);
@@ -48,6 +50,9 @@ if (keys.length === 0 || (cmd === "get" && keys.length !== 1)) usage(`${cmd}: wr
 if ((opts.from === undefined) !== (opts.to === undefined)) usage("--from and --to go together");
 for (const v of [opts.from, opts.to]) {
   if (v !== undefined && !/^-?\d+$/.test(v)) usage(`not epoch milliseconds: ${v}`);
+}
+if (opts["min-batch"] !== undefined && !/^\d+$/.test(opts["min-batch"])) {
+  usage(`not a batch number: ${opts["min-batch"]}`);
 }
 
 // keepCase: field names as in the .proto; longs: String keeps int64 exact;
@@ -83,7 +88,11 @@ const client = new pkg.qstate.v1.QueryableState(addr, creds);
 const metadata = new grpc.Metadata();
 if (token) metadata.set("authorization", `Bearer ${token}`);
 
-const range = opts.from === undefined ? {} : { from_ms: opts.from, to_ms: opts.to };
+const range = {
+  ...(opts.from === undefined ? {} : { from_ms: opts.from, to_ms: opts.to }),
+  // read your writes: as of this batch or later (the router waits a while for it)
+  ...(opts["min-batch"] === undefined ? {} : { min_batch: opts["min-batch"] }),
+};
 const [method, request] = cmd === "get"
   ? ["Get", { job, operator, state, key: keys[0], ...range }]
   : ["MultiGet", { job, operator, state, keys, ...range }];

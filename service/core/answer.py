@@ -98,7 +98,8 @@ class ErrorBody(BaseModel):
     error: str = Field(description="What failed: InvalidRequest, InvalidAddress, NotFound, "
                        "UnknownOperator, Unavailable, ...")
     message: str = Field(description="What happened and what to do about it")
-    batch: int | None = Field(None, description="404 of a key: the batch it is absent as of")
+    batch: int | None = Field(None, description="404 of a key: the batch it is absent as of; "
+                              "503 of a min_batch read: the batch the partition has")
     watermark: int | None = Field(None, description="404 of a key: the watermark then")
     job: str | None = None
     operator: str | None = None

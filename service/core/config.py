@@ -160,6 +160,9 @@ class Settings(BaseSettings):
         "`limit` windows of a time-range read. A batch range read without a `limit` gets "
         "limit = min(max_windows, this ÷ keys); one that asks more is refused with a 400 "
         "naming this budget.")
+    min_batch_wait_s: float = Field(
+        5.0, ge=0, description="Router: longest a read with `min_batch` waits for its "
+        "partitions to have that batch; then 503 + Retry-After naming the batch they have.")
     router_url: str = Field("http://127.0.0.1:8000", description="Where `qstate get` asks.")
 
     # ---- security ---------------------------------------------------------------------

@@ -15,7 +15,7 @@ from urllib.parse import parse_qsl
 from qstate.core.errors import QStateError
 from qstate.router.metrics import HTTP_LATENCY, HTTP_REQUESTS
 from qstate.router.query import QueryService, absent
-from qstate.router.wire import JSON, error_response, parse_limit, time_range
+from qstate.router.wire import JSON, error_response, parse_limit, parse_min_batch, time_range
 
 __all__ = ["with_fast_get"]
 
@@ -40,7 +40,8 @@ def with_fast_get(app: Any, query: QueryService) -> Any:
                 if scope["query_string"] else {}
             a = await query.get(query.point(
                 job, operator, state, key, time_range(params.get("from"), params.get("to")),
-                parse_limit(params.get("limit"), query.max_windows)))
+                parse_limit(params.get("limit"), query.max_windows),
+                parse_min_batch(params.get("min_batch"))))
             if not a.found:
                 raise absent(a)
             status, body = 200, a.model_dump_json().encode()

@@ -46,6 +46,10 @@ def _limit(req: pb.GetRequest | pb.MultiGetRequest) -> int | None:
     return req.limit if req.HasField("limit") else None
 
 
+def _min_batch(req: pb.GetRequest | pb.MultiGetRequest) -> int | None:
+    return req.min_batch if req.HasField("min_batch") else None
+
+
 async def _fail(context: grpc.aio.ServicerContext, method: str, exc: QStateError) -> None:
     RPCS.labels(method, exc.grpc_code.name).inc()
     count_error(exc)
@@ -67,7 +71,7 @@ class QueryableStateService(pb_grpc.QueryableStateServicer):
             self.auth.check(context, request.job, request.operator)
             a = await self.query.get(self.query.point(
                 request.job, request.operator, request.state, request.key, _range(request),
-                _limit(request)))
+                _limit(request), _min_batch(request)))
             if not a.found:
                 raise absent(a)
         except QStateError as exc:
@@ -83,7 +87,7 @@ class QueryableStateService(pb_grpc.QueryableStateServicer):
             self.auth.check(context, request.job, request.operator)
             answers = await self.query.multi_get(self.query.batch(
                 request.job, request.operator, request.state, request.keys, _range(request),
-                _limit(request)))
+                _limit(request), _min_batch(request)))
         except QStateError as exc:
             await _fail(context, "MultiGet", exc)
         RPCS.labels("MultiGet", "OK").inc()

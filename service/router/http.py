@@ -44,7 +44,14 @@ from qstate.router.metrics import (
 )
 from qstate.router.query import OperatorStatus, QueryService, absent
 from qstate.router.ui import mount_ui
-from qstate.router.wire import JSON, TIME_PATTERN, error_response, parse_limit, time_range
+from qstate.router.wire import (
+    JSON,
+    TIME_PATTERN,
+    error_response,
+    parse_limit,
+    parse_min_batch,
+    time_range,
+)
 
 __all__ = ["create_app", "json_response"]
 
@@ -125,6 +132,11 @@ def create_app(query: QueryService, ready: Callable[[], bool] = lambda: True) ->
         None, ge=1, le=most, description=f"Most windows per key in a range answer (default "
         f"and most: {most}, QSTATE_MAX_WINDOWS). An answer cut short carries next_from: ask "
         "again with from=next_from for the next page")
+    min_batch_param = Query(
+        None, ge=0, description="Read your writes: answer as of this batch or a later one, "
+        f"waiting up to {query.min_batch_wait_s:g} s (QSTATE_MIN_BATCH_WAIT_S) for the "
+        "partitions read to have it; then 503 + Retry-After naming the batch they have. "
+        "Every answer carries the batch it reflects")
 
     @app.middleware("http")
     async def measure(request: Request, call_next):  # type: ignore[no-untyped-def]
@@ -156,6 +168,8 @@ def create_app(query: QueryService, ready: Callable[[], bool] = lambda: True) ->
                         check_name(str(loc[1]), e["input"])
                 if loc == ("query", "limit"):  # the fast path's words for a bad limit
                     parse_limit(str(e.get("input")), most)
+                if loc == ("query", "min_batch"):
+                    parse_min_batch(str(e.get("input")))
         except QStateError as named:
             return _error(named)
         problems = "; ".join(
@@ -179,8 +193,10 @@ def create_app(query: QueryService, ready: Callable[[], bool] = lambda: True) ->
     @app.get("/v1/state/{job}/{operator}/{state}/{key:path}", response_model=StateAnswer,
              responses=errors, summary="The latest window of a key, or its windows in a range")
     async def get_state(job: Name, operator: Name, state: Name, key: Key, from_: From = None,
-                        to: To = None, limit: int | None = limit_param) -> Any:
-        a = await query.get(query.point(job, operator, state, key, time_range(from_, to), limit))
+                        to: To = None, limit: int | None = limit_param,
+                        min_batch: int | None = min_batch_param) -> Any:
+        a = await query.get(query.point(job, operator, state, key, time_range(from_, to), limit,
+                                        min_batch))
         if not a.found:
             raise absent(a)
         return json_response(a)
@@ -190,9 +206,10 @@ def create_app(query: QueryService, ready: Callable[[], bool] = lambda: True) ->
               summary="Many keys of one state; misses are marked")
     async def batch_get(job: Name, operator: Name, state: Name,
                         body: Annotated[BatchGetIn, Body()], from_: From = None,
-                        to: To = None, limit: int | None = limit_param) -> Any:
+                        to: To = None, limit: int | None = limit_param,
+                        min_batch: int | None = min_batch_param) -> Any:
         answers = await query.multi_get(query.batch(job, operator, state, body.keys,
-                                                    time_range(from_, to), limit))
+                                                    time_range(from_, to), limit, min_batch))
         return json_response(BatchAnswer.model_construct(results=answers))
 
     @app.get("/v1/series/{job}/{operator}/{state}/{key:path}", response_model=Series,
@@ -203,8 +220,10 @@ def create_app(query: QueryService, ready: Callable[[], bool] = lambda: True) ->
              summary="A key's windows as points [{time, value}], for dashboards; [] when the "
                      "key has no data")
     async def get_series(job: Name, operator: Name, state: Name, key: Key, from_: From = None,
-                         to: To = None, limit: int | None = limit_param) -> Any:
-        a = await query.get(query.point(job, operator, state, key, time_range(from_, to), limit))
+                         to: To = None, limit: int | None = limit_param,
+                        min_batch: int | None = min_batch_param) -> Any:
+        a = await query.get(query.point(job, operator, state, key, time_range(from_, to), limit,
+                                        min_batch))
         out = json_response(Series([
             Point.model_construct(time=a.watermark if w.start is None else w.start,
                                   value=w.value) for w in a.windows]))

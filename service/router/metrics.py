@@ -41,7 +41,9 @@ UNAVAILABLE = Counter("qstate_router_unavailable_total",
                       "partition has no shard server yet), shard-down (its owner cannot be "
                       "reached), shard-timeout (its owner did not answer in "
                       "QSTATE_SHARD_TIMEOUT_S), restoring, moving (between owners), "
-                      "shard-refused (the shard refused this router's cluster token)",
+                      "shard-refused (the shard refused this router's cluster token), behind "
+                      "(a min_batch read whose partition did not reach it in "
+                      "QSTATE_MIN_BATCH_WAIT_S)",
                       ["reason"])
 
 REFUSED = Counter("qstate_router_refused_total",

@@ -5,13 +5,14 @@ shapes the answer (``qstate.core.answer``)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from qstate.core.address import PartitionId, check_name, partition_of
 from qstate.core.answer import StateAnswer
 from qstate.core.config import DEFAULTS
-from qstate.core.errors import NotFound, UnknownOperator
+from qstate.core.errors import NotFound, Unavailable, UnknownOperator
 from qstate.core.operator import OperatorSpec
 from qstate.core.shard_client import held_partitions
 from qstate.proto import shard_pb2 as pb
@@ -20,6 +21,8 @@ from qstate.router.request import StateQuery
 from qstate.router.routing import RoutingTable
 
 __all__ = ["OperatorStatus", "QueryService"]
+
+_MIN_BATCH_POLL_S = 0.05
 
 
 @dataclass
@@ -40,27 +43,52 @@ class QueryService:
     def __init__(self, routing: RoutingTable, reads: PartitionReads,
                  max_batch_keys: int = DEFAULTS.max_batch_keys,
                  max_windows: int = DEFAULTS.max_windows,
-                 max_request_windows: int = DEFAULTS.max_request_windows) -> None:
+                 max_request_windows: int = DEFAULTS.max_request_windows,
+                 min_batch_wait_s: float = DEFAULTS.min_batch_wait_s) -> None:
         self.routing = routing
         self.reads = reads
         self.max_batch_keys = max_batch_keys
         self.max_windows = max_windows
         self.max_request_windows = max_request_windows
+        self.min_batch_wait_s = min_batch_wait_s
 
     def point(self, job: str, operator: str, state: str, key: str,
-              rng: tuple[int, int] | None = None, limit: int | None = None) -> StateQuery:
+              rng: tuple[int, int] | None = None, limit: int | None = None,
+              min_batch: int | None = None) -> StateQuery:
         """One key's query under this router's bounds. ``limit``: most windows of a range
-        answer (None: ``max_windows``); one cut short says where the next page starts."""
+        answer (None: ``max_windows``); one cut short says where the next page starts.
+        ``min_batch``: answer as of that batch or a later one (waiting for it a while)."""
         return StateQuery.of(job, operator, state, (key,), rng, limit,
                              max_windows=self.max_windows,
-                             max_request_windows=self.max_request_windows)
+                             max_request_windows=self.max_request_windows, min_batch=min_batch)
 
     def batch(self, job: str, operator: str, state: str, keys: Sequence[str],
-              rng: tuple[int, int] | None = None, limit: int | None = None) -> StateQuery:
+              rng: tuple[int, int] | None = None, limit: int | None = None,
+              min_batch: int | None = None) -> StateQuery:
         """Many keys' query: at most ``max_batch_keys`` of them (QSTATE_MAX_BATCH_KEYS)."""
         return StateQuery.of(job, operator, state, keys, rng, limit,
                              max_windows=self.max_windows, max_keys=self.max_batch_keys,
-                             max_request_windows=self.max_request_windows)
+                             max_request_windows=self.max_request_windows, min_batch=min_batch)
+
+    async def _at_least(self, q: StateQuery, spec: OperatorSpec, pid: PartitionId, key: str,
+                        hit: Hit) -> Hit:
+        """``hit``, or the same read again until its partition has ``q.min_batch``: at most
+        ``min_batch_wait_s``, then Unavailable naming the batch it has (docs/architecture.md
+        §5: read your writes)."""
+        want = q.min_batch
+        if want is None or hit.batch >= want:
+            return hit
+        deadline = time.monotonic() + self.min_batch_wait_s
+        while time.monotonic() < deadline:
+            # a commit is a batch a second or so: a few polls per batch, each one read
+            await asyncio.sleep(_MIN_BATCH_POLL_S)
+            hit = await self.reads.read(spec, pid, q, key)
+            if hit.batch >= want:
+                return hit
+        raise Unavailable(f"partition {pid} is at batch {hit.batch}, not yet at min_batch "
+                          f"{want} (waited {self.min_batch_wait_s:g}s, QSTATE_MIN_BATCH_WAIT_S)",
+                          self.reads.retry_after_s, reason="behind", partition=pid.partition,
+                          batch=hit.batch)
 
     @staticmethod
     def _answer(spec: OperatorSpec, q: StateQuery, key: str, h: Hit) -> StateAnswer:
@@ -73,7 +101,10 @@ class QueryService:
         [key] = q.keys
         spec = await self.routing.spec(q.job, q.operator, q.state)
         pid = PartitionId(q.job, q.operator, partition_of(key, spec.partitions))
-        return self._answer(spec, q, key, await self.reads.read(spec, pid, q, key))
+        hit = await self.reads.read(spec, pid, q, key)
+        if q.min_batch is not None:
+            hit = await self._at_least(q, spec, pid, key, hit)
+        return self._answer(spec, q, key, hit)
 
     async def multi_get(self, q: StateQuery) -> list[StateAnswer]:
         """An answer per key, in the query's order."""
@@ -96,6 +127,13 @@ class QueryService:
                     r.cancel()
                 raise
             for i, h in zip(missing, remote, strict=True):
+                hits[i] = h
+        if q.min_batch is not None:
+            behind = [(i, h) for i, h in enumerate(hits)
+                      if h is not None and h.batch < q.min_batch]
+            later = await asyncio.gather(*(self._at_least(q, spec, pids[i], keys[i], h)
+                                           for i, h in behind))
+            for (i, _), h in zip(behind, later, strict=True):
                 hits[i] = h
         return [self._answer(spec, q, k, h) for k, h in zip(keys, hits, strict=True)
                 if h is not None]

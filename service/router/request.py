@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from qstate.core.address import check_key, check_name
 from qstate.core.errors import InvalidRequest
 
-__all__ = ["StateQuery", "check_limit", "check_range"]
+__all__ = ["StateQuery", "check_limit", "check_min_batch", "check_range"]
 
 
 def check_range(rng: tuple[int, int] | None) -> None:
@@ -29,6 +29,12 @@ def check_limit(limit: int | None, most: int) -> int:
     return limit
 
 
+def check_min_batch(min_batch: int | None) -> int | None:
+    if min_batch is not None and not 0 <= min_batch < 2**63:
+        raise InvalidRequest(f"'min_batch' is {min_batch}: a batch number, 0 or more")
+    return min_batch
+
+
 @dataclass(frozen=True, slots=True)
 class StateQuery:
     job: str
@@ -37,12 +43,15 @@ class StateQuery:
     keys: tuple[str, ...]
     range_ms: tuple[int, int] | None  # windows starting in [from, to); None: the latest
     limit: int  # most windows per key in a range answer, 1..max_windows
+    # read your writes: answer once each partition read has this batch (the router waits a
+    # bounded time, then 503 naming the batch it has)
+    min_batch: int | None = None
 
     @classmethod
     def of(cls, job: str, operator: str, state: str, keys: Sequence[str],
            range_ms: tuple[int, int] | None = None, limit: int | None = None, *,
-           max_windows: int, max_keys: int = 1, max_request_windows: int | None = None
-           ) -> StateQuery:
+           max_windows: int, max_keys: int = 1, max_request_windows: int | None = None,
+           min_batch: int | None = None) -> StateQuery:
         """The query, or the InvalidRequest (400) that says what to fix: too many keys, a
         name or key outside docs/architecture.md §2, an empty range, a limit out of bounds,
         more windows than one request may read (keys × limit beyond
@@ -64,4 +73,5 @@ class StateQuery:
                     f"{len(keys)} keys × limit {limit} = {len(keys) * limit} windows: one "
                     f"request reads at most {budget} (QSTATE_MAX_REQUEST_WINDOWS); ask fewer "
                     "keys or a smaller limit, and page on with 'next_from'")
-        return cls(job, operator, state, tuple(keys), range_ms, check_limit(limit, max_windows))
+        return cls(job, operator, state, tuple(keys), range_ms, check_limit(limit, max_windows),
+                   check_min_batch(min_batch))

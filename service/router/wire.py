@@ -16,8 +16,8 @@ from qstate.core.errors import InvalidRequest, QStateError
 from qstate.router.metrics import count_error
 from qstate.router.request import check_limit
 
-__all__ = ["FAR", "JSON", "TIME_PATTERN", "error_response", "parse_limit", "parse_time",
-           "retry_after", "send_error", "time_range"]
+__all__ = ["FAR", "JSON", "TIME_PATTERN", "error_response", "parse_limit", "parse_min_batch",
+           "parse_time", "retry_after", "send_error", "time_range"]
 
 JSON = "application/json"
 FAR = 1 << 62  # an open end of a time range
@@ -71,6 +71,16 @@ def parse_limit(value: str | None, most: int) -> int | None:
         raise InvalidRequest(f"'limit' must be a whole number of windows from 1 to {most}, "
                              f"not {value[:80]!r}")
     return check_limit(int(v), most)
+
+
+def parse_min_batch(value: str | None) -> int | None:
+    """The ``min_batch`` query parameter: a batch number, 0 or more."""
+    if value is None:
+        return None
+    v = value.strip()
+    if not (v.isascii() and v.isdigit() and len(v) <= 18):
+        raise InvalidRequest(f"'min_batch' must be a batch number, 0 or more, not {value[:80]!r}")
+    return int(v)
 
 
 def time_range(from_: str | None, to: str | None) -> tuple[int, int] | None:

@@ -1,0 +1,104 @@
+"""Read your writes (issue 27): ``min_batch=N`` on a read answers as of batch N or a later
+one. A read asked before N is committed waits for it (up to QSTATE_MIN_BATCH_WAIT_S) and
+answers once the partition has it; past the wait, a 503 + Retry-After names the batch the
+partition has. HTTP (fast path, batchGet, series) and gRPC alike, on a shop of its own."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+
+from qstate.client import Client
+from qstate.embedded.procs import RouterProcess
+from qstate.proto import qstate_pb2 as qpb
+from qstate.proto import qstate_pb2_grpc as qpb_grpc
+from tests.shop import BATCHES, KEYS, Shop, start_shop, views, window
+
+KEY = KEYS[3]
+OP = "/v1/state/shop/views_1m/views"
+
+
+@pytest.fixture(scope="module")
+def own(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shop]:
+    """A shop of its own: these tests commit a batch the session's shop must not see."""
+    s = start_shop(tmp_path_factory.mktemp("min-batch"), min_batch_wait_s=30)
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def test_a_read_asked_before_its_batch_answers_once_the_batch_is_committed(own: Shop) -> None:
+    url = own.routers["local"].url
+    have = BATCHES - 1
+    now = httpx.get(f"{url}{OP}/{KEY}", params={"min_batch": have}, timeout=10)
+    assert now.status_code == 200 and now.json()["batch"] == have
+    asked = threading.Event()
+
+    def http_get() -> dict:
+        asked.set()
+        r = httpx.get(f"{url}{OP}/{KEY}", params={"min_batch": BATCHES}, timeout=30)
+        assert r.status_code == 200, r.text
+        return dict(r.json())
+
+    def batch_get() -> list:
+        r = httpx.post(f"{url}{OP}:batchGet", params={"min_batch": BATCHES},
+                       json={"keys": KEYS[:20]}, timeout=30)
+        assert r.status_code == 200, r.text
+        return list(r.json()["results"])
+
+    def grpc_get() -> qpb.StateValue:
+        with grpc.insecure_channel(own.routers["grpc"].grpc_address) as ch:
+            return qpb_grpc.QueryableStateStub(ch).Get(qpb.GetRequest(
+                job="shop", operator="views_1m", state="views", key=KEY, min_batch=BATCHES),
+                timeout=30)
+
+    def client_get() -> int:
+        with Client(url, timeout=30) as c:
+            return c.get("shop", "views_1m", "views", KEY, min_batch=BATCHES).batch
+
+    with ThreadPoolExecutor(4) as pool:
+        futures: list[Future] = [pool.submit(f) for f in (http_get, batch_get, grpc_get,
+                                                             client_get)]
+        asked.wait(10)
+        assert not any(f.done() for f in futures)  # none can answer before the commit
+        own.commit(BATCHES)
+        got, many, rpc, client_batch = (f.result(30) for f in futures)
+    start = window(BATCHES)[0]
+    assert got["batch"] >= BATCHES and got["windows"][-1] == {
+        "start": start, "end": start + window(0)[1], "value": views(KEY, BATCHES)}
+    assert all(a["batch"] >= BATCHES and a["windows"][-1]["value"] == views(a["key"], BATCHES)
+               for a in many)
+    assert rpc.batch >= BATCHES and rpc.windows[-1].int_value == views(KEY, BATCHES)
+    assert client_batch >= BATCHES
+
+
+def test_past_the_wait_a_503_names_the_batch_the_partition_has(own: Shop,
+                                                               tmp_path: Path) -> None:
+    r = RouterProcess.make(own.storage.uri, tmp_path / "logs", "impatient",
+                           {"QSTATE_MIN_BATCH_WAIT_S": "0.3"}).start_and_wait()
+    try:
+        far = 10**9
+        for path in (f"{OP}/{KEY}", f"/v1/series/shop/views_1m/views/{KEY}"):
+            got = httpx.get(f"{r.url}{path}", params={"min_batch": far}, timeout=10)
+            assert got.status_code == 503 and "Retry-After" in got.headers, got.text
+            body = got.json()
+            assert body["error"] == "Unavailable" and f"not yet at min_batch {far}" in \
+                body["message"] and body["batch"] < far
+        for bad in ("-1", "x", "1.5"):
+            for path in (f"{OP}/{KEY}", f"/v1/series/shop/views_1m/views/{KEY}"):
+                refused = httpx.get(f"{r.url}{path}", params={"min_batch": bad}, timeout=10)
+                assert refused.status_code == 400 and "min_batch" in refused.text, refused.text
+        with grpc.insecure_channel(r.grpc_address) as ch, pytest.raises(grpc.RpcError) as err:
+            qpb_grpc.QueryableStateStub(ch).Get(qpb.GetRequest(
+                job="shop", operator="views_1m", state="views", key=KEY, min_batch=far),
+                timeout=10)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE  # type: ignore[attr-defined]
+    finally:
+        r.stop()
