@@ -192,3 +192,14 @@ def test_unreachable_router_is_unavailable(node) -> None:
 def test_bad_usage_exits_64(node) -> None:
     r = run_node(node, "127.0.0.1:1", "get", "shop", "views_1m", "views", "k", "--from", "5")
     assert r.returncode == 64 and "--from and --to go together" in r.stderr
+
+
+def test_min_batch_reads_your_writes_or_says_how_far_the_state_is(node, cluster) -> None:
+    args = ("get", "shop", "views_1m", "views", "page-3")
+    have = node_json(node, cluster.grpc_address, *args, "--min-batch", str(BATCHES - 1))
+    assert have["batch"] == str(BATCHES - 1)
+    ahead = run_node(node, cluster.grpc_address, *args, "--min-batch", "999999")
+    assert ahead.returncode == 3 and ahead.stderr.startswith("UNAVAILABLE: ") and \
+        "not yet at min_batch 999999" in ahead.stderr, ahead.stderr
+    bad = run_node(node, cluster.grpc_address, *args, "--min-batch=-1")
+    assert bad.returncode == 64 and "not a batch number" in bad.stderr
