@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from qstate.core.errors import Unauthenticated
+from qstate.core.errors import InvalidRequest, Unauthenticated
 from qstate.core.tokens import WatchedTokens, add_token
 
 
@@ -43,7 +43,6 @@ def test_the_watched_file_revokes_keeps_and_fails_closed(
 def test_a_token_from_a_file_is_trimmed_and_one_no_header_can_carry_is_refused_unquoted(
 ) -> None:
     from qstate.client import Client
-    from qstate.core.errors import InvalidRequest
     from qstate.core.security import clean_token
 
     assert clean_token("qs_abc\n", "t") == "qs_abc"  # a secret mounted from a file
@@ -58,12 +57,16 @@ def test_a_token_from_a_file_is_trimmed_and_one_no_header_can_carry_is_refused_u
         assert c._http.headers["authorization"] == "Bearer qs_ok"
 
 
-def test_a_token_sent_in_plain_text_off_loopback_is_warned_of(
+def test_a_token_in_plain_text_off_loopback_is_refused_unless_told_and_then_warned_of(
         caplog: pytest.LogCaptureFixture) -> None:
     from qstate.client import Client
 
     with caplog.at_level(logging.WARNING, logger="qstate.client"):
         Client("http://127.0.0.1:9", token="qs_ok").close()
         assert not caplog.records
-        Client("http://192.0.2.1:9", token="qs_ok").close()  # TEST-NET-1: never dialled
+        with pytest.raises(InvalidRequest, match="in plain text") as refused:
+            Client("http://192.0.2.1:9", token="qs_ok")  # TEST-NET-1: never dialled
+        assert "qs_ok" not in str(refused.value)
+        assert not caplog.records
+        Client("http://192.0.2.1:9", token="qs_ok", insecure_token=True).close()
     assert "plain text" in caplog.text and "qs_ok" not in caplog.text
