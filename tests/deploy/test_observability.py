@@ -273,6 +273,7 @@ def scraped(prom: Prometheus, job: str, batch: int) -> bool:
                for s in prom.query(f'qstate_job_last_batch{{job="{job}"}}'))
 
 
+@pytest.mark.long  # ~50 s of a Spark job under Prometheus: `make soak`, which CI runs
 def test_every_query_answers_with_a_job_running(spark, broker, topic: str, tmp_path: Path,
                                                 storage_uri: str, shards: list[ShardProcess],
                                                 router: RouterProcess) -> None:

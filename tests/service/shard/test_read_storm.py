@@ -9,6 +9,8 @@ import statistics
 import threading
 import time
 
+import pytest
+
 from qstate.core.address import partition_of
 from qstate.core.config import DEFAULTS
 from qstate.proto import shard_pb2 as pb
@@ -17,6 +19,7 @@ from tests.service.shard.test_server import commit, env  # noqa: F401
 KEYS = [f"s{i}" for i in range(1000)]
 WINDOWS = 100  # per key: KEYS × WINDOWS = the router's default request budget
 STORMERS = 3
+pytestmark = pytest.mark.long  # ~15 s of storms: `make soak`, which CI runs
 
 
 def storm_commit(stub, storage, batch: int) -> float:
