@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
 import re
 import subprocess
@@ -131,7 +132,9 @@ def main() -> None:
         raw = Child("raw", [sys.executable, "-m", "uvicorn", "loadtest.raw_asgi:app",
                             "--http", "httptools", "--port", str(raw_port), "--log-level",
                             "warning", "--no-access-log"], tmp / "logs" / "raw.log",
-                    env=None).start()
+                    # the same key set as the router's, at every --keys (else its misses
+                    # are cheap 404s and the ratio is void)
+                    env={**os.environ, "RAW_KEYS": str(args.keys)}).start()
         children.append(raw)
         wait_for_port("127.0.0.1", raw_port, 30, raw.proc)
         if args.pipeline:

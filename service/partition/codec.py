@@ -66,6 +66,10 @@ class Codec:
                 fields += [(name, _num(a)), (f"{name}__has", "u1")]
         self.dtype = np.dtype(fields)
         self.width = self.dtype.itemsize
+        # one stored value without numpy (a point read decodes one): the same packed layout
+        self._struct = struct.Struct("<" + "".join(
+            {"<i8": "q", "<f8": "d", "u1": "B"}[t] for _, t in fields))
+        assert self._struct.size == self.width
         self.lg_k = {n: spec.states[n].lg_k for n in self.sketches}
 
     # ---- bytes <-> arrays -----------------------------------------------------------
@@ -207,6 +211,31 @@ class Codec:
         return acc[0], out_blobs
 
     # ---- answers ----------------------------------------------------------------------
+    def answers_of(self, value: bytes) -> tuple[int, list[int | float | None]]:
+        """One stored value's ``end`` and answers: ``answers`` of ``decode([value])``, without
+        building arrays (the point read's path)."""
+        fixed = iter(self._struct.unpack_from(value))
+        end = next(fixed)
+        blobs: dict[str, bytes] = {}
+        pos = self.width
+        for s in self.sketches:
+            (size,) = _U32.unpack_from(value, pos)
+            blobs[s] = value[pos + 4:pos + 4 + size]
+            pos += 4 + size
+        out: list[int | float | None] = []
+        for name, a in self.spec.states.items():
+            if a.kind == "count":
+                out.append(a.typed(next(fixed)))
+            elif a.kind == "avg":
+                total, n = next(fixed), next(fixed)
+                out.append(a.typed(total / n if n else None))
+            elif a.kind == "approx_count_distinct":
+                out.append(a.typed(_estimate(blobs[name])))
+            else:
+                v, has = next(fixed), next(fixed)
+                out.append(a.typed(v) if has else None)
+        return end, out
+
     def answers(self, record: np.void | np.ndarray, blobs: Sequence[bytes | None]
                 ) -> list[int | float | None]:
         """What a client reads for each aggregate, in the spec's order."""

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from qstate.core.address import PartitionId
 
-__all__ = ["MARKER", "Marker", "partition_dir", "read_marker", "remove_marker", "write_marker"]
+__all__ = ["MARKER", "Marker", "marker_signature", "partition_dir", "read_marker",
+           "remove_marker", "write_marker"]
 
 MARKER = "QSTATE_COMMITTED"
 Marker = tuple[str, int]  # incarnation token, last batch
@@ -30,6 +31,13 @@ def write_marker(path: Path, token: str, batch: int) -> None:
     tmp = path / f".{MARKER}.tmp"
     tmp.write_text(f"{token} {batch}")
     os.replace(tmp, path / MARKER)
+
+
+def marker_signature(path: Path | str) -> tuple[int, int, int]:
+    """What changes whenever the marker is rewritten (a new file each time: its inode, mtime,
+    size), for one ``stat`` instead of a read; FileNotFoundError like ``read_marker``."""
+    st = os.stat(os.path.join(path, MARKER))
+    return st.st_ino, st.st_mtime_ns, st.st_size
 
 
 def read_marker(path: Path) -> Marker:

@@ -70,11 +70,10 @@ def page(windows: list[WindowValue], limit: int) -> tuple[list[WindowValue], int
 
 
 def _window(codec: Codec, k: bytes, v: bytes) -> WindowValue:
-    rec, _, blobs = codec.decode([v])
+    end, answers = codec.answers_of(v)
     start = layout.start_of(k)
     windowed = start != NO_WINDOW
-    return WindowValue(start if windowed else None, int(rec["end"][0]) if windowed else None,
-                       codec.answers(rec[0], [b[0] for b in blobs]))
+    return WindowValue(start if windowed else None, end if windowed else None, answers)
 
 
 def _sliding(it: object, codec: Codec, prefix: bytes, range_ms: tuple[int, int] | None,

@@ -25,6 +25,10 @@ _JSON = [(b"content-type", JSON.encode())]
 
 
 def with_fast_get(app: Any, query: QueryService) -> Any:
+    # the metric children, resolved once (a labels() lookup is a dict and a lock a request)
+    latency = HTTP_LATENCY.labels(ROUTE)
+    requests: dict[int, Any] = {}
+
     async def asgi(scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope["method"] != "GET" or \
                 not scope["path"].startswith(PREFIX):
@@ -50,8 +54,11 @@ def with_fast_get(app: Any, query: QueryService) -> Any:
             headers = [(k.encode(), v.encode()) for k, v in hdrs.items()]
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
-        HTTP_LATENCY.labels(ROUTE).observe(time.perf_counter() - t0)
-        HTTP_REQUESTS.labels(ROUTE, "GET", str(status)).inc()
+        latency.observe(time.perf_counter() - t0)
+        counter = requests.get(status)
+        if counter is None:
+            counter = requests[status] = HTTP_REQUESTS.labels(ROUTE, "GET", str(status))
+        counter.inc()
         return None
 
     return asgi

@@ -16,6 +16,7 @@ import logging
 import os
 import shutil
 import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from qstate.core.assignment import ServerInfo
 from qstate.core.config import DEFAULTS
 from qstate.core.operator import OperatorSpec
 from qstate.partition.codec import Codec
-from qstate.partition.files import Marker, partition_dir, read_marker
+from qstate.partition.files import Marker, marker_signature, partition_dir, read_marker
 from qstate.partition.meta import Meta, read_meta
 from qstate.partition.reader import WindowValue, read_windows
 
@@ -36,10 +37,18 @@ log = logging.getLogger(__name__)
 Key = tuple[str, PartitionId]  # owner's address, partition
 
 
+# A read stats the marker (one syscall) and reads it only when its signature changed, or
+# when it was last read this long ago: an inode reused within the file system's timestamp
+# tick could hide a rewrite, for at most this long (docs/architecture.md §5).
+MARKER_RECHECK_S = 0.1
+
+
 @dataclass
 class _Secondary:
     db: Rdict
     marker: Marker
+    signature: tuple[int, int, int] = (0, 0, 0)
+    read_at: float = float("-inf")  # monotonic time the marker was last read
 
 
 def _pid_alive(pid: int) -> bool:
@@ -60,6 +69,7 @@ class LocalReader:
         self.ready: dict[str, set[PartitionId]] = {}
         self._dbs: dict[Key, _Secondary] = {}
         self._codecs: dict[tuple[str, str], Codec] = {}
+        self._paths: dict[Key, Path] = {}  # a partition's directory under its owner's
 
     def set_servers(self, infos: list[ServerInfo]) -> None:
         local = {i.address: i for i in infos
@@ -67,6 +77,8 @@ class LocalReader:
         for k in [k for k in self._dbs if k[0] not in local
                   or local[k[0]].pid != self.servers.get(k[0], local[k[0]]).pid]:
             self._close(k)
+        self._paths = {k: p for k, p in self._paths.items()
+                       if k[0] in local and local[k[0]] == self.servers.get(k[0])}
         self.servers = local
 
     def set_ready(self, address: str, partitions: set[PartitionId]) -> None:
@@ -96,6 +108,21 @@ class LocalReader:
         self._dbs[k] = sec
         return sec
 
+    def _follow(self, k: Key, path: Path, sec: _Secondary | None) -> _Secondary:
+        """The secondary of ``path`` as of its marker: opened on a first read or a new
+        incarnation, caught up with the WAL when the batch moved."""
+        marker = read_marker(path)
+        if sec is None or sec.marker[0] != marker[0]:
+            return self._open(k, path, marker)  # first read, or a new incarnation
+        if sec.marker != marker:
+            sec.db.try_catch_up_with_primary()
+            sec.marker = marker
+            if read_meta(sec.db).last_batch < marker[1]:
+                # seen after a flush+checkpoint on a restored primary: the WAL tail
+                # was not followed; a fresh secondary sees everything
+                return self._open(k, path, marker)
+        return sec
+
     def _codec(self, spec: OperatorSpec) -> Codec:
         codec = self._codecs.get((spec.job, spec.operator))
         if codec is None or codec.spec != spec:
@@ -111,20 +138,18 @@ class LocalReader:
             return None
         if not _pid_alive(info.pid):
             return None
-        path = partition_dir(Path(info.data_dir), pid)
         k = (address, pid)
+        path = self._paths.get(k)
+        if path is None:
+            path = self._paths[k] = partition_dir(Path(info.data_dir), pid)
         try:
-            marker = read_marker(path)
+            signature = marker_signature(path)  # gone: not served from here (any more)
             sec = self._dbs.get(k)
-            if sec is None or sec.marker[0] != marker[0]:
-                sec = self._open(k, path, marker)  # first read, or a new incarnation
-            elif sec.marker != marker:
-                sec.db.try_catch_up_with_primary()
-                sec.marker = marker
-                if read_meta(sec.db).last_batch < marker[1]:
-                    # seen after a flush+checkpoint on a restored primary: the WAL tail
-                    # was not followed; a fresh secondary sees everything
-                    sec = self._open(k, path, marker)
+            now = time.monotonic()
+            if sec is None or sec.signature != signature or \
+                    now - sec.read_at > MARKER_RECHECK_S:
+                sec = self._follow(k, path, sec)
+                sec.signature, sec.read_at = signature, now
             result = read_windows(sec.db, self._codec(spec), key, rng, limit)
         except Exception as exc:  # files moving under us (restore, drop): use gRPC
             log.debug("local read of %s failed: %s", k, exc)

@@ -302,3 +302,19 @@ def test_a_long_sum_saturates_at_the_bound_it_crossed_and_stays(values: list[int
     minus_one, _ = codec.from_delta(table([{**rows[0], "s": -1}], SUM))
     again, _ = codec.combine(stored, seen, [], minus_one, [])
     assert codec.answers(again[0], []) == [want if want in (MAX, MIN) else want - 1]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_one_value_decodes_as_the_array_path_does(seed: int) -> None:
+    """``answers_of`` (a point read, no numpy) equals ``answers(decode(...))`` for stored
+    values of every aggregate kind, absent values and saturated sums included."""
+    rng = random.Random(seed)
+    codec = Codec(MERGED)
+    rows = [Part(rng).row(rng.randrange(0, 1000) * 10) for _ in range(40)]
+    rows += [{**rows[0], "sl": None, "mnl": None, "av__n": 0, "av__sum": None}]
+    rec, blobs = codec.from_delta(table(rows))
+    rec["sl__has"][-1] = 2  # a saturated long sum reads as its value
+    for value in codec.encode(rec, blobs):
+        arrays, _, bl = codec.decode([value])
+        want = (int(arrays["end"][0]), codec.answers(arrays[0], [b[0] for b in bl]))
+        assert codec.answers_of(value) == want
