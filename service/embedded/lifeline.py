@@ -71,7 +71,12 @@ def holders(ports: Iterable[int]) -> list[Holder]:
     stop instead of a child that exits with 'address already in use'."""
     wanted = set(ports)
     found: dict[int, Holder] = {}
-    for conn in psutil.net_connections(kind="tcp"):
+    try:
+        conns = psutil.net_connections(kind="tcp")
+    except psutil.AccessDenied:  # macOS without root: the children say it themselves
+        log.info("cannot list the sockets of other processes: ports not checked")
+        return []
+    for conn in conns:
         if conn.status != psutil.CONN_LISTEN or not conn.laddr or conn.laddr.port not in wanted:
             continue
         command = ""
