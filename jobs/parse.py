@@ -312,10 +312,6 @@ def _record_ms(batch: pa.RecordBatch) -> pa.Array:
     return pc.divide(ts.cast(pa.timestamp("us")).cast(pa.int64()), 1000)
 
 
-def _timestamps_ms(batch: pa.RecordBatch) -> list[int | None]:
-    return _record_ms(batch).to_pylist()
-
-
 def parse_batches(batches: Iterator[pa.RecordBatch], fields: Mapping[str, str],
                   keys: Sequence[str], dlq_topic: str | None, bootstrap: str,
                   max_value_bytes: int, keep: Sequence[str] = PASSTHROUGH,
@@ -344,7 +340,7 @@ def parse_batches(batches: Iterator[pa.RecordBatch], fields: Mapping[str, str],
                 a, pa.ChunkedArray) else a for a in arrays], names=names)
             continue
         raw = values.to_pylist()
-        stamps = _timestamps_ms(batch)
+        stamps = _record_ms(batch).to_pylist()
         rows: list[tuple[Any, ...]] = []
         errors: list[str | None] = [None] * n
         why: list[str | None] = [None] * n
@@ -359,7 +355,7 @@ def parse_batches(batches: Iterator[pa.RecordBatch], fields: Mapping[str, str],
                 bad.append(i)
         if bad and dlq_topic is not None:
             writer = writer or DeadLetterWriter(bootstrap, dlq_topic)
-            _dead_letter(writer, batch, raw, bad, errors, why)
+            _dead_letter(writer, batch, raw, stamps, bad, errors, why)
         columns = list(zip(*rows, strict=True)) if rows else [() for _ in kinds]
         arrays = [pa.array(col, ARROW_TYPES[k]) for col, k in zip(columns, kinds, strict=True)]
         arrays += [batch.column(c) for c in keep]
@@ -368,12 +364,12 @@ def parse_batches(batches: Iterator[pa.RecordBatch], fields: Mapping[str, str],
 
 
 def _dead_letter(writer: DeadLetterWriter, batch: pa.RecordBatch, values: list[Any],
-                 bad: list[int], errors: list[str | None], why: list[str | None]) -> None:
+                 stamps: list[int | None], bad: list[int], errors: list[str | None],
+                 why: list[str | None]) -> None:
     keys = batch.column("key").to_pylist()
     topics = batch.column("topic").to_pylist()
     partitions = batch.column("partition").to_pylist()
     offsets = batch.column("offset").to_pylist()
-    stamps = _timestamps_ms(batch)
     for i in bad:
         headers = [("qstate.error", str(errors[i]).encode()),
                    ("qstate.kind", str(why[i]).encode()),
