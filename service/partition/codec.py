@@ -148,13 +148,10 @@ class Codec:
                 n_has = new[has] >= 1
                 o, v = old[name], new[name]
                 if a.kind == "sum" and a.type == "long":
-                    o_sat = o_has & (old[has] == OVERFLOWED)
+                    # sticky: a saturated sum sits at its bound, which add_saturating keeps
                     s, over = add_saturating(np.where(o_has, o, 0), np.where(n_has, v, 0))
-                    # sticky: a sum that left int64 keeps the bound it crossed
-                    s = np.where(o_sat, o, s)
                     out[name] = s
-                    out[has] = np.where(o_sat | over, OVERFLOWED, (o_has | n_has).astype(
-                        np.uint8))
+                    out[has] = np.where(over, OVERFLOWED, (o_has | n_has).astype(np.uint8))
                     continue
                 if a.kind == "sum":
                     out[name] = np.where(o_has, o, 0) + np.where(n_has, v, 0)
@@ -180,20 +177,20 @@ class Codec:
                 for part in (f"{name}__sum", f"{name}__n"):
                     acc[part] = records[part].sum()
             elif a.kind in ("sum", "min", "max"):
-                flags = records[f"{name}__has"]
-                has = flags >= 1
+                has = records[f"{name}__has"] >= 1
                 vals = records[name][has]
                 acc[f"{name}__has"] = bool(has.any())
                 if a.kind == "sum" and a.type == "long":
-                    # in order, as combine would: exact in Python ints, then the bound
+                    # in order, as combine would: exact in Python ints, then the bound (a
+                    # saturated record sits at its bound)
                     total, sat = 0, False
-                    for v, f in zip(vals.tolist(), flags[has].tolist(), strict=True):
-                        if sat:
-                            break
-                        if f == OVERFLOWED or v in (INT64_MAX, INT64_MIN):
+                    for v in vals.tolist():
+                        if v in (INT64_MAX, INT64_MIN):
                             sat, total = True, v
-                        elif not INT64_MIN < (total := total + v) < INT64_MAX:
+                            break
+                        if not INT64_MIN < (total := total + v) < INT64_MAX:
                             sat, total = True, INT64_MAX if total > 0 else INT64_MIN
+                            break
                     acc[name] = total
                     if sat:
                         acc[f"{name}__has"] = OVERFLOWED
