@@ -80,6 +80,17 @@ class Shop:
         assert {p: n for p, n in after.items() if p != mine} == {
             p: n for p, n in before.items() if p != mine}, (route, before, after)
 
+    @contextmanager
+    def router_with(self, logs: Path, name: str, **settings: str) -> Iterator[RouterProcess]:
+        """One more router over this shop's storage, run with ``settings`` (QSTATE_ names)
+        on top of this process's environment; stopped on exit."""
+        r = RouterProcess.make(self.storage.uri, logs, name,
+                               {**os.environ, **settings}).start_and_wait()
+        try:
+            yield r
+        finally:
+            r.stop()
+
     def metrics_url(self, shard: ShardProcess) -> str:
         """Where this incarnation of the shard serves /metrics (a restarted one registers its
         new pid and port)."""

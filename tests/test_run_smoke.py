@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from loadtest.soak import DemoRun, Soak
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.spark
 STOP_BOUND_S = 10.0  # every child gone within 10 s of a group signal
@@ -58,9 +59,9 @@ def produce_poison(bootstrap: str) -> None:
 
 def dead_letters(bootstrap: str, n: int, timeout_s: float = 60) -> dict[str, str]:
     """key -> the qstate.kind header of the poison records in the dead-letter topic."""
-    deadline = time.monotonic() + timeout_s
     found: dict[str, str] = {}
-    while len(found) < n and time.monotonic() < deadline:
+
+    def all_there() -> bool:  # the topic read from its start, as kcat shows it
         p = subprocess.run(["kcat", "-C", "-b", bootstrap, "-t", "tweet-events.dlq", "-o",
                             "beginning", "-e", "-q", "-f", "%k\t%h\n"],
                            capture_output=True, timeout=30)
@@ -70,7 +71,9 @@ def dead_letters(bootstrap: str, n: int, timeout_s: float = 60) -> dict[str, str
                      if h.startswith("qstate.kind=")]
             if key.startswith("poison-") and kinds:
                 found[key] = kinds[0]
-        time.sleep(1)
+        return len(found) >= n
+
+    wait_until(all_there, timeout_s, f"{n} poison records in tweet-events.dlq")
     return found
 
 

@@ -5,7 +5,6 @@ that many keys and refuses one more, in the same words on both protocols."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -23,13 +22,9 @@ CAP = DEFAULTS.max_batch_keys + 500  # not the default: the default hid the bug
 
 @pytest.fixture(scope="module")
 def capped(shop: Shop, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RouterProcess]:
-    logs: Path = tmp_path_factory.mktemp("capped")
-    r = RouterProcess.make(shop.storage.uri, logs, "capped",
-                           {"QSTATE_MAX_BATCH_KEYS": str(CAP)}).start_and_wait()
-    try:
+    with shop.router_with(tmp_path_factory.mktemp("capped"), "capped",
+                          QSTATE_MAX_BATCH_KEYS=str(CAP)) as r:
         yield r
-    finally:
-        r.stop()
 
 
 def keys(n: int) -> list[str]:

@@ -15,7 +15,6 @@ import httpx
 import pytest
 
 from qstate.client import Client
-from qstate.embedded.procs import RouterProcess
 from qstate.proto import qstate_pb2 as qpb
 from qstate.proto import qstate_pb2_grpc as qpb_grpc
 from tests.shop import BATCHES, KEYS, Shop, start_shop, views, window
@@ -81,9 +80,7 @@ def test_a_read_asked_before_its_batch_answers_once_the_batch_is_committed(own: 
 
 def test_past_the_wait_a_503_names_the_batch_the_partition_has(own: Shop,
                                                                tmp_path: Path) -> None:
-    r = RouterProcess.make(own.storage.uri, tmp_path / "logs", "impatient",
-                           {"QSTATE_MIN_BATCH_WAIT_S": "0.3"}).start_and_wait()
-    try:
+    with own.router_with(tmp_path / "logs", "impatient", QSTATE_MIN_BATCH_WAIT_S="0.3") as r:
         far = 10**9
         for path in (f"{OP}/{KEY}", f"/v1/series/shop/views_1m/views/{KEY}"):
             got = httpx.get(f"{r.url}{path}", params={"min_batch": far}, timeout=10)
@@ -100,5 +97,3 @@ def test_past_the_wait_a_503_names_the_batch_the_partition_has(own: Shop,
                 job="shop", operator="views_1m", state="views", key=KEY, min_batch=far),
                 timeout=10)
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE  # type: ignore[attr-defined]
-    finally:
-        r.stop()

@@ -6,7 +6,6 @@ with a 400 that names the budget and what to change. The shop's keys hold 3 wind
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import grpc
 import httpx
@@ -24,13 +23,9 @@ RANGE = {"from": 0, "to": (BATCHES + 1) * WINDOW}
 
 @pytest.fixture(scope="module")
 def budgeted(shop: Shop, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RouterProcess]:
-    logs: Path = tmp_path_factory.mktemp("budget")
-    r = RouterProcess.make(shop.storage.uri, logs, "budget",
-                           {"QSTATE_MAX_REQUEST_WINDOWS": str(BUDGET)}).start_and_wait()
-    try:
+    with shop.router_with(tmp_path_factory.mktemp("budget"), "budget",
+                          QSTATE_MAX_REQUEST_WINDOWS=str(BUDGET)) as r:
         yield r
-    finally:
-        r.stop()
 
 
 def test_http_gives_a_batch_the_windows_that_fit_and_refuses_more(budgeted: RouterProcess

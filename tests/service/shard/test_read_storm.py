@@ -14,6 +14,7 @@ import pytest
 from qstate.core.address import partition_of
 from qstate.core.config import DEFAULTS
 from qstate.proto import shard_pb2 as pb
+from tests.helpers import wait_until
 from tests.service.shard.test_server import commit, env  # noqa: F401
 
 KEYS = [f"s{i}" for i in range(1000)]
@@ -69,8 +70,7 @@ def test_heartbeats_and_commits_go_on_under_the_largest_reads(env) -> None:  # n
     for t in threads:
         t.start()
     try:
-        while len(reads) < STORMERS:  # the storm is on
-            time.sleep(0.05)
+        wait_until(lambda: len(reads) >= STORMERS or failed, 120, "every stormer's first read")
         during = [storm_commit(stub, storage, b) for b in range(WINDOWS, WINDOWS + 20)]
     finally:
         stop.set()
