@@ -370,9 +370,10 @@ def state_inspect(
     if not rows:
         typer.echo("no queryable operators in storage", err=True)
     if any(r.state == "refused" for r in rows):
-        typer.echo("a shard refused this tool: set QSTATE_CLUSTER_TOKEN (or "
-                   "QSTATE_CLUSTER_TOKEN_FILE; `make run` keeps its token in "
-                   "<home>/cluster-token)", err=True)
+        typer.echo("a shard refused this tool: set QSTATE_CLUSTER_TOKEN or "
+                   "QSTATE_CLUSTER_TOKEN_FILE, or QSTATE_HOME to the shards' home (a shard "
+                   "on loopback and `make run` keep the host's token in <home>/cluster-token)",
+                   err=True)
     raise typer.Exit(1 if any(r.state != "ready" for r in rows) else 0)
 
 

@@ -183,13 +183,15 @@ class Settings(BaseSettings):
     cluster_token: str = Field(
         "", repr=False, description="Shared secret of the internal shard API: a shard "
         "server answers Commit, MultiGet and Describe only to callers that send it (gRPC metadata "
-        "`authorization: Bearer ...`), and every job, router and tool sends it. Empty: the "
-        "shard API is open, which only a loopback address allows. `qstate run` makes one per "
-        "demo.")
+        "`authorization: Bearer ...`), and every job, router and tool sends it. Empty: "
+        "cluster_token_file, else the host's token in <home>/cluster-token, which a shard on "
+        "loopback makes (mode 0600) when there is none; a shard on another address refuses to "
+        "start without one unless allow_insecure. Set it (or the file) on every process of a "
+        "deployment that spans hosts.")
     cluster_token_file: str = Field(
         "", description="File holding the cluster token (e.g. a mounted secret), read when "
-        "cluster_token is empty. `qstate run` writes its demo's token to "
-        "<home>/cluster-token (mode 0600) for tools run beside it.")
+        "cluster_token is empty. Empty: <home>/cluster-token if it exists (a shard on "
+        "loopback or `qstate run` writes it).")
     tokens_file: str = Field(
         "", description="Router: JSON file of client tokens, stored hashed and each scoped "
         "to jobs (and operators); `qstate token add` writes it. Re-read within a second of "

@@ -14,7 +14,9 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import logging
+import os
 import re
+import secrets
 import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -24,9 +26,11 @@ import grpc
 
 from qstate.core.config import Settings
 from qstate.core.errors import InvalidRequest, StartFailed
+from qstate.core.files import write_file
 
 __all__ = ["AUTH_HEADER", "NO_REUSEPORT", "aio_channel", "bearer", "channel", "check_exposure",
-           "clean_token", "cluster_interceptors", "cluster_token", "is_loopback", "server_port"]
+           "clean_token", "cluster_interceptors", "cluster_token", "host_token", "host_token_path",
+           "is_loopback", "server_port", "shard_settings"]
 
 log = logging.getLogger(__name__)
 
@@ -51,17 +55,70 @@ def clean_token(token: str, what: str) -> str:
     return token
 
 
+HOST_TOKEN = "cluster-token"  # under <home>: the token shards on this host made or share
+
+
+def host_token_path(home: str | Path) -> Path:
+    """Where a shard on loopback without a configured token keeps the one it made, and where
+    every job, router and tool with the same ``home`` finds it (docs/architecture.md §8)."""
+    return Path(home) / HOST_TOKEN
+
+
 def cluster_token(cfg: Settings) -> str:
     """The cluster token: ``cluster_token``, else the content of ``cluster_token_file`` (a
-    mounted secret, or the one ``qstate run`` writes), else empty."""
-    if cfg.cluster_token or not cfg.cluster_token_file:
+    mounted secret), else the host's token in ``<home>/cluster-token`` when one exists (made
+    by a shard or by ``qstate run``), else empty."""
+    if cfg.cluster_token:
         return clean_token(cfg.cluster_token, "QSTATE_CLUSTER_TOKEN")
+    if cfg.cluster_token_file:
+        return _token_file(Path(cfg.cluster_token_file))
+    host = host_token_path(cfg.home)
+    return _token_file(host) if host.exists() else ""
+
+
+def _token_file(path: Path) -> str:
     try:
-        text = Path(cfg.cluster_token_file).read_text()
-    except OSError as exc:
-        raise StartFailed(f"cluster token file {cfg.cluster_token_file}: {exc.strerror}"
-                          ) from None
-    return clean_token(text, f"cluster token file {cfg.cluster_token_file}")
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        why = getattr(exc, "strerror", None) or "not text"
+        raise StartFailed(f"cluster token file {path}: {why}") from None
+    return clean_token(text, f"cluster token file {path}")
+
+
+def host_token(home: str | Path) -> str:
+    """The host's token in ``<home>/cluster-token``: the one there, else a new random one
+    written there (mode 0600 from its first byte). Made by a link of a complete file, so
+    shards starting at once on one host agree on one token and none reads half of one."""
+    path = host_token_path(home)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    draft = path.with_name(f".{HOST_TOKEN}.{os.getpid()}.{secrets.token_hex(4)}")
+    write_file(draft, secrets.token_urlsafe(32).encode(), secret=True)
+    try:
+        os.link(draft, path)
+        log.warning("no cluster token configured: made one in %s (mode 0600); jobs, routers "
+                    "and tools with the same QSTATE_HOME read it there. Set "
+                    "QSTATE_CLUSTER_TOKEN or QSTATE_CLUSTER_TOKEN_FILE on every process of a "
+                    "deployment that spans hosts", path.resolve())
+    except FileExistsError:
+        pass
+    finally:
+        draft.unlink(missing_ok=True)
+    return _token_file(path)
+
+
+def shard_settings(cfg: Settings, host: str) -> Settings:
+    """A shard server's settings with its cluster token resolved: a shard never runs open.
+    Without a configured token it uses the host's (``host_token``) on a loopback address;
+    elsewhere ``check_exposure`` refuses, unless ``allow_insecure`` says a mesh
+    authenticates, and only there does the shard API answer without a token."""
+    token = cluster_token(cfg)
+    if not token and is_loopback(host):
+        token = host_token(cfg.home)
+    check_exposure(host, cfg.model_copy(update={"cluster_token": token}), "the shard API")
+    if not token:
+        log.warning("the shard API on %s answers without a cluster token "
+                    "(QSTATE_ALLOW_INSECURE)", host)
+    return cfg.model_copy(update={"cluster_token": token, "cluster_token_file": ""})
 
 
 def bearer(header: str | None) -> str | None:

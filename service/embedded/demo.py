@@ -7,7 +7,6 @@ process we hold by PID; Ctrl-C or SIGTERM stops them all, newest first.
 from __future__ import annotations
 
 import os
-import secrets
 import signal
 import threading
 import time
@@ -23,6 +22,7 @@ from rich.text import Text
 
 from qstate.core.assignment import list_servers
 from qstate.core.files import write_file
+from qstate.core.security import host_token, host_token_path
 from qstate.core.storage import Storage
 from qstate.embedded import guide
 from qstate.embedded.kafka import KafkaBroker
@@ -88,12 +88,15 @@ class Demo:
                                     log_path=logs / "broker.log").start()
         else:
             wait_for_port(host, int(port), 10)
-        # The shard API is closed even in the demo: a token of its own (unless one is set),
-        # given to the processes it starts through their environment, never printed, and
-        # kept in a file only its user may read, for tools run beside it (state inspect).
-        token = os.environ.get("QSTATE_CLUSTER_TOKEN") or secrets.token_urlsafe(32)
-        cfg.home.mkdir(parents=True, exist_ok=True)
-        write_file(cfg.home / "cluster-token", token.encode(), secret=True)
+        # The shard API is closed even in the demo: the host's token (or the one set), given
+        # to the processes it starts through their environment, never printed, and kept in
+        # a file only its user may read, for tools run beside it (state inspect).
+        token = os.environ.get("QSTATE_CLUSTER_TOKEN", "")
+        if token:
+            cfg.home.mkdir(parents=True, exist_ok=True)
+            write_file(host_token_path(cfg.home), token.encode(), secret=True)
+        else:
+            token = host_token(cfg.home)
         env = {**os.environ, "QSTATE_CLUSTER_TOKEN": token}
         shards: list[ShardProcess] = []
         for i in range(2):

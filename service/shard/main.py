@@ -102,8 +102,7 @@ async def _drain(service: ShardService, partitions: Partitions, cfg: Settings,
 
 
 async def serve(o: ShardOptions) -> None:
-    cfg = o.settings
-    security.check_exposure(o.host, cfg, "the shard API")
+    cfg = security.shard_settings(o.settings, o.host)
     storage = Storage(o.storage_uri)
     server_id = o.id
     partitions = Partitions(o.data_dir / server_id, storage, server_id, cfg.snapshot_every,

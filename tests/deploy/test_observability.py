@@ -26,7 +26,9 @@ import httpx
 import pytest
 from confluent_kafka import Producer
 
+from qstate.core import security
 from qstate.core.assignment import list_servers
+from qstate.core.config import Settings
 from qstate.core.storage import Storage
 from qstate.embedded.ports import free_port
 from qstate.embedded.procs import RouterProcess, ShardProcess
@@ -213,7 +215,9 @@ def refused_commit(shop: Shop, shard: ShardProcess, batch: int) -> None:
     req = pb.CommitRequest(job=SPEC.job, operator=SPEC.operator, batch=batch,
                            watermark_ms=batch * WINDOW, epoch=0)
     req.partitions.add(partition=part, has_delta=False)
-    with grpc.insecure_channel(shard.address) as ch, pytest.raises(grpc.RpcError) as err:
+    # a stale writer of this deployment holds its cluster token (the host's, from home)
+    with security.channel(shard.address, Settings(), []) as ch, \
+            pytest.raises(grpc.RpcError) as err:
         pb_grpc.ShardStub(ch).Commit(req, timeout=10)
     assert err.value.code() == grpc.StatusCode.ABORTED
 

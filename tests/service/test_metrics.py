@@ -18,7 +18,9 @@ import httpx
 import pytest
 
 from qstate.control.coordinator import Coordinator
+from qstate.core import security
 from qstate.core.address import PartitionId, partition_of
+from qstate.core.config import Settings
 from qstate.core.operator import OperatorSpec, WindowSpec, save_spec
 from qstate.core.storage import Storage
 from qstate.embedded.procs import ShardProcess
@@ -175,7 +177,9 @@ def test_a_refused_commit_is_counted_by_its_error(deployment: tuple[Shop, Path])
                             watermark_ms=BATCHES * WINDOW, epoch=0)  # a stale writer
     for p in mine:
         req.partitions.add(partition=p, has_delta=False)
-    with grpc.insecure_channel(shard.address) as ch, pytest.raises(grpc.RpcError) as err:
+    # a stale writer of this deployment holds its cluster token (the host's, from home)
+    with security.channel(shard.address, Settings(), []) as ch, \
+            pytest.raises(grpc.RpcError) as err:
         spb_grpc.ShardStub(ch).Commit(req, timeout=10)
     assert err.value.code() == grpc.StatusCode.ABORTED
     m = scrape(shop.metrics_url(shard))
