@@ -5,8 +5,10 @@ server serializes these same models, so what is documented is what is served.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 __all__ = [
@@ -26,6 +28,7 @@ __all__ = [
     "Window",
     "WindowInfo",
     "error_responses",
+    "state_answer_json",
 ]
 
 _STRICT = ConfigDict(extra="forbid")
@@ -64,6 +67,27 @@ class StateAnswer(BaseModel):
     @property
     def latest(self) -> Window | None:
         return self.windows[-1] if self.windows else None
+
+
+class WindowLike(Protocol):  # a Window, or the router's row a Window is made of
+    @property
+    def start(self) -> int | None: ...
+    @property
+    def end(self) -> int | None: ...
+    @property
+    def value(self) -> int | float | None: ...
+
+
+def state_answer_json(job: str, operator: str, state: str, key: str, found: bool, batch: int,
+                      watermark: int, windows: Sequence[WindowLike],
+                      next_from: int | None) -> bytes:
+    """``StateAnswer(...).model_dump_json()``, byte for byte (a property test holds them
+    equal), without building the model: the point GET's hot path (docs/architecture.md §8)."""
+    return orjson.dumps({
+        "job": job, "operator": operator, "state": state, "key": key, "found": found,
+        "batch": batch, "watermark": watermark,
+        "windows": [{"start": w.start, "end": w.end, "value": w.value} for w in windows],
+        "next_from": next_from})
 
 
 class BatchAnswer(BaseModel):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from functools import cached_property
 from typing import Any, Literal
 
 import orjson
@@ -133,11 +134,12 @@ class OperatorSpec:
                             ("replicas", replicas)):
             object.__setattr__(self, name, value)
 
-    @property
+    # derived from frozen fields, asked on every read: computed once per spec
+    @cached_property
     def mode(self) -> Mode:
         return "spark-state" if next(iter(self.states.values())).kind == "value" else "merge"
 
-    @property
+    @cached_property
     def panes(self) -> bool:
         """A merged sliding window is stored as panes; Spark-state rows are whole windows."""
         return self.mode == "merge" and self.window.kind == "sliding"
@@ -149,6 +151,11 @@ class OperatorSpec:
     @property
     def state_names(self) -> list[str]:
         return list(self.states)
+
+    @cached_property
+    def state_index(self) -> dict[str, int]:
+        """Each state's position among the operator's aggregates (a stored row's order)."""
+        return {name: i for i, name in enumerate(self.states)}
 
     @property
     def types(self) -> dict[str, StateType]:

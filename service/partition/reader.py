@@ -9,7 +9,7 @@ stored panes (``qstate.core.windows``): window ``s`` combines the records of the
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 from rocksdict import Rdict
@@ -23,21 +23,24 @@ from qstate.partition.meta import Meta, decode_meta
 __all__ = ["Meta", "WindowValue", "page", "read_windows"]
 
 
-@dataclass(frozen=True)
-class WindowValue:
+class WindowValue(NamedTuple):  # a tuple: one is made per window read, on the hot path
     start: int | None  # None for non-windowed state
     end: int | None
-    values: list[int | float | None] = field(default_factory=list)  # one per aggregate
+    values: list[int | float | None]  # one per aggregate
 
 
 def read_windows(db: Rdict, codec: Codec, key: str, range_ms: tuple[int, int] | None = None,
-                 limit: int = 1000) -> tuple[Meta, list[WindowValue]]:
+                 limit: int = 1000, meta: Meta | None = None) -> tuple[Meta, list[WindowValue]]:
     """The key's latest window, or its windows starting in ``[from, to)`` oldest first (at
-    most ``limit``), with the meta of the batch they belong to."""
-    snap = db.snapshot()
-    it = snap.iter()
-    it.seek(META)
-    meta = decode_meta(it.value() if it.valid() and it.key() == META else None)
+    most ``limit``), with the meta of the batch they belong to. ``meta``: the caller knows
+    that ``db`` holds that batch and does not change during the read (a secondary between
+    two catch-ups, docs/architecture.md §5), so no snapshot is taken."""
+    if meta is None:
+        it = db.snapshot().iter()
+        it.seek(META)
+        meta = decode_meta(it.value() if it.valid() and it.key() == META else None)
+    else:
+        it = db.iter()
     prefix = layout.key_prefix(key)
     if codec.spec.panes:
         cutoff = meta.watermark_ms - codec.spec.retention_ms  # what retention has deleted

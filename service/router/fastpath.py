@@ -2,8 +2,9 @@
 
 FastAPI costs ~150 µs of CPU a request against ~30 µs for raw ASGI (docs/architecture.md
 §8); a point lookup is the request dashboards make thousands of times a second. This path
-answers exactly what the FastAPI route (kept for validation docs and OpenAPI) would, with
-the same models and error answers, and hands every other request to FastAPI.
+answers exactly what the FastAPI route (kept for validation docs and OpenAPI) would, the
+same bytes (``state_answer_json``) and error answers, and hands every other request to
+FastAPI.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ import time
 from typing import Any
 from urllib.parse import parse_qsl
 
+from qstate.core.answer import state_answer_json
 from qstate.core.errors import QStateError
 from qstate.router.metrics import HTTP_LATENCY, HTTP_REQUESTS
-from qstate.router.query import QueryService, absent
+from qstate.router.query import QueryService, absent_key
 from qstate.router.wire import JSON, error_response, parse_limit, parse_min_batch, time_range
 
 __all__ = ["with_fast_get"]
@@ -42,13 +44,17 @@ def with_fast_get(app: Any, query: QueryService) -> Any:
         try:
             params = dict(parse_qsl(scope["query_string"].decode("latin-1"))) \
                 if scope["query_string"] else {}
-            a = await query.get(query.point(
+            q = query.point(
                 job, operator, state, key, time_range(params.get("from"), params.get("to")),
                 parse_limit(params.get("limit"), query.max_windows),
-                parse_min_batch(params.get("min_batch"))))
-            if not a.found:
-                raise absent(a)
-            status, body = 200, a.model_dump_json().encode()
+                parse_min_batch(params.get("min_batch")))
+            spec, key, hit = await query.lookup(q)
+            if not hit.found:
+                raise absent_key(spec.job, spec.operator, q.state, key, hit.batch,
+                                 hit.watermark_ms)
+            status, body = 200, state_answer_json(
+                spec.job, spec.operator, q.state, key, True, hit.batch, hit.watermark_ms,
+                hit.windows, hit.next_from)
         except QStateError as exc:
             status, body, hdrs = error_response(exc)
             headers = [(k.encode(), v.encode()) for k, v in hdrs.items()]

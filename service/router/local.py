@@ -27,7 +27,7 @@ from qstate.core.assignment import ServerInfo
 from qstate.core.config import DEFAULTS
 from qstate.core.operator import OperatorSpec
 from qstate.partition.codec import Codec
-from qstate.partition.files import Marker, marker_signature, partition_dir, read_marker
+from qstate.partition.files import MARKER, Marker, file_signature, partition_dir, read_marker
 from qstate.partition.meta import Meta, read_meta
 from qstate.partition.reader import WindowValue, read_windows
 
@@ -47,6 +47,9 @@ MARKER_RECHECK_S = 0.1
 class _Secondary:
     db: Rdict
     marker: Marker
+    # the batch it holds: a secondary changes only when this reader catches it up (on the
+    # event loop's thread, as every read), so reads between two catch-ups need no snapshot
+    meta: Meta
     signature: tuple[int, int, int] = (0, 0, 0)
     read_at: float = float("-inf")  # monotonic time the marker was last read
 
@@ -69,7 +72,8 @@ class LocalReader:
         self.ready: dict[str, set[PartitionId]] = {}
         self._dbs: dict[Key, _Secondary] = {}
         self._codecs: dict[tuple[str, str], Codec] = {}
-        self._paths: dict[Key, Path] = {}  # a partition's directory under its owner's
+        # a partition's directory under its owner's, and its marker file's path
+        self._paths: dict[Key, tuple[Path, str]] = {}
 
     def set_servers(self, infos: list[ServerInfo]) -> None:
         local = {i.address: i for i in infos
@@ -103,8 +107,8 @@ class LocalReader:
         address, pid = k
         secondary = partition_dir(self.scratch / address.replace(":", "_"), pid)
         secondary.mkdir(parents=True, exist_ok=True)
-        sec = _Secondary(Rdict(str(path), opts,
-                               access_type=AccessType.secondary(str(secondary))), marker)
+        db = Rdict(str(path), opts, access_type=AccessType.secondary(str(secondary)))
+        sec = _Secondary(db, marker, read_meta(db))
         self._dbs[k] = sec
         return sec
 
@@ -116,8 +120,8 @@ class LocalReader:
             return self._open(k, path, marker)  # first read, or a new incarnation
         if sec.marker != marker:
             sec.db.try_catch_up_with_primary()
-            sec.marker = marker
-            if read_meta(sec.db).last_batch < marker[1]:
+            sec.marker, sec.meta = marker, read_meta(sec.db)
+            if sec.meta.last_batch < marker[1]:
                 # seen after a flush+checkpoint on a restored primary: the WAL tail
                 # was not followed; a fresh secondary sees everything
                 return self._open(k, path, marker)
@@ -125,7 +129,7 @@ class LocalReader:
 
     def _codec(self, spec: OperatorSpec) -> Codec:
         codec = self._codecs.get((spec.job, spec.operator))
-        if codec is None or codec.spec != spec:
+        if codec is None or (codec.spec is not spec and codec.spec != spec):
             codec = self._codecs[(spec.job, spec.operator)] = Codec(spec)
         return codec
 
@@ -139,18 +143,20 @@ class LocalReader:
         if not _pid_alive(info.pid):
             return None
         k = (address, pid)
-        path = self._paths.get(k)
-        if path is None:
-            path = self._paths[k] = partition_dir(Path(info.data_dir), pid)
+        paths = self._paths.get(k)
+        if paths is None:
+            path = partition_dir(Path(info.data_dir), pid)
+            paths = self._paths[k] = (path, str(path / MARKER))
+        path, marker_file = paths
         try:
-            signature = marker_signature(path)  # gone: not served from here (any more)
+            signature = file_signature(marker_file)  # gone: not served from here (any more)
             sec = self._dbs.get(k)
             now = time.monotonic()
             if sec is None or sec.signature != signature or \
                     now - sec.read_at > MARKER_RECHECK_S:
                 sec = self._follow(k, path, sec)
                 sec.signature, sec.read_at = signature, now
-            result = read_windows(sec.db, self._codec(spec), key, rng, limit)
+            result = read_windows(sec.db, self._codec(spec), key, rng, limit, sec.meta)
         except Exception as exc:  # files moving under us (restore, drop): use gRPC
             log.debug("local read of %s failed: %s", k, exc)
             self._close(k)

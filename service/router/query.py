@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from qstate.core.address import PartitionId, check_name, partition_of
-from qstate.core.answer import StateAnswer
+from qstate.core.answer import StateAnswer, Window
 from qstate.core.config import DEFAULTS
 from qstate.core.errors import NotFound, Unavailable, UnknownOperator
 from qstate.core.operator import OperatorSpec
@@ -20,7 +20,7 @@ from qstate.router.reads import Hit, PartitionReads
 from qstate.router.request import StateQuery
 from qstate.router.routing import RoutingTable
 
-__all__ = ["OperatorStatus", "QueryService"]
+__all__ = ["OperatorStatus", "QueryService", "absent", "absent_key"]
 
 _MIN_BATCH_POLL_S = 0.05
 
@@ -35,8 +35,13 @@ class OperatorStatus:
 
 def absent(a: StateAnswer) -> NotFound:
     """The 404 of a key with no data: it names the batch it is absent as of."""
-    return NotFound(f"key {a.key[:200]!r} has no data in {a.job}/{a.operator}/{a.state} as of "
-                    f"batch {a.batch}", batch=a.batch, watermark=a.watermark)
+    return absent_key(a.job, a.operator, a.state, a.key, a.batch, a.watermark)
+
+
+def absent_key(job: str, operator: str, state: str, key: str, batch: int,
+               watermark: int) -> NotFound:
+    return NotFound(f"key {key[:200]!r} has no data in {job}/{operator}/{state} as of "
+                    f"batch {batch}", batch=batch, watermark=watermark)
 
 
 class QueryService:
@@ -94,17 +99,24 @@ class QueryService:
     def _answer(spec: OperatorSpec, q: StateQuery, key: str, h: Hit) -> StateAnswer:
         return StateAnswer.model_construct(
             job=spec.job, operator=spec.operator, state=q.state, key=key, found=h.found,
-            batch=h.batch, watermark=h.watermark_ms, windows=h.windows, next_from=h.next_from)
+            batch=h.batch, watermark=h.watermark_ms,
+            windows=[Window.model_construct(start=w.start, end=w.end, value=w.value)
+                     for w in h.windows], next_from=h.next_from)
 
     async def get(self, q: StateQuery) -> StateAnswer:
         """The answer for the query's one key."""
+        spec, key, hit = await self.lookup(q)
+        return self._answer(spec, q, key, hit)
+
+    async def lookup(self, q: StateQuery) -> tuple[OperatorSpec, str, Hit]:
+        """What ``get`` answers, before it is shaped: the operator, the key and its hit."""
         [key] = q.keys
         spec = await self.routing.spec(q.job, q.operator, q.state)
         pid = PartitionId(q.job, q.operator, partition_of(key, spec.partitions))
         hit = await self.reads.read(spec, pid, q, key)
         if q.min_batch is not None:
             hit = await self._at_least(q, spec, pid, key, hit)
-        return self._answer(spec, q, key, hit)
+        return spec, key, hit
 
     async def multi_get(self, q: StateQuery) -> list[StateAnswer]:
         """An answer per key, in the query's order."""

@@ -8,12 +8,11 @@ as of one batch (a follower's may be a batch older), or ``Unavailable``.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import grpc
 
 from qstate.core.address import PartitionId
-from qstate.core.answer import Window
 from qstate.core.errors import QStateError, Unavailable, from_grpc
 from qstate.core.operator import OperatorSpec
 from qstate.core.values import value_of
@@ -25,19 +24,27 @@ from qstate.router.metrics import FOLLOWER_READS, LOCAL_READS, REMOTE_READS
 from qstate.router.request import StateQuery
 from qstate.router.routing import RoutingTable
 
-__all__ = ["Hit", "PartitionReads"]
+__all__ = ["Hit", "PartitionReads", "Row"]
 
 log = logging.getLogger(__name__)
 
 _TRANSPORT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
-@dataclass(frozen=True)
-class Hit:
+class Row(NamedTuple):
+    """One window of one state, as read: what an answer's ``Window`` is made of (a tuple,
+    made per window on the hot path; the model only where a model is answered)."""
+
+    start: int | None
+    end: int | None
+    value: int | float | None
+
+
+class Hit(NamedTuple):
     found: bool
     batch: int
     watermark_ms: int
-    windows: list[Window]
+    windows: list[Row]
     next_from: int | None = None  # a range cut at its limit: where the next page starts
 
 
@@ -46,13 +53,9 @@ def _hit(r: pb.KeyResult) -> Hit:
                r.next_from_ms if r.HasField("next_from_ms") else None)
 
 
-def _windows(r: pb.KeyResult) -> list[Window]:
-    out = []
-    for w in r.windows:
-        out.append(Window.model_construct(start=w.start_ms if w.windowed else None,
-                                          end=w.end_ms if w.windowed else None,
-                                          value=value_of(w)))
-    return out
+def _windows(r: pb.KeyResult) -> list[Row]:
+    return [Row(w.start_ms if w.windowed else None, w.end_ms if w.windowed else None,
+                value_of(w)) for w in r.windows]
 
 
 class PartitionReads:
@@ -79,10 +82,9 @@ class PartitionReads:
         LOCAL_READS.inc()
         meta, ws = res
         ws, next_from = page(ws, q.limit)
-        i = spec.state_names.index(q.state)
+        i = spec.state_index[q.state]
         return Hit(bool(ws), meta.last_batch, meta.watermark_ms,
-                   [Window.model_construct(start=w.start, end=w.end, value=w.values[i])
-                    for w in ws], next_from)
+                   [Row(w.start, w.end, w.values[i]) for w in ws], next_from)
 
     async def read(self, spec: OperatorSpec, pid: PartitionId, q: StateQuery, key: str) -> Hit:
         owner = self.routing.owner_now(pid)  # looked up once for both paths
