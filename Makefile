@@ -37,6 +37,8 @@ $(JAR_STAMP): deploy/maven/kafka-broker.pom.xml deploy/maven/spark-kafka.pom.xml
 bench-setup: setup
 	@command -v redis-server >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq redis-server; }
 	$(BIN)/pip install --quiet -e '.[server,dev,bench]'
+	@command -v go >/dev/null 2>&1 || { echo "the open-loop bench needs Go 1.26 (go.dev)"; exit 1; }
+	cd loadtest/openloop && go build -o $(abspath $(BIN))/qstate-openloop .
 
 run: setup
 	$(BIN)/qstate run

@@ -9,6 +9,7 @@ computed when scraped.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -63,6 +64,13 @@ def _freshness(job: str, operator: str) -> None:
         lambda: time.time() - wm._value.get() / 1000)
     FRESHNESS.labels(job, operator, "commit").set_function(
         lambda: time.time() - commit._value.get())
+
+
+def expect_dead_letters(job: str, topic: str | None, reasons: Iterable[str]) -> None:
+    """The job's dead-letter series, one per reason, at 0 from the start: a dashboard shows
+    0 where it would show "No data" until a first bad record."""
+    for reason in reasons:
+        DEAD_LETTERED.labels(job, topic or "", reason)
 
 
 def observe_batch(job: str, topic: str | None, report: BatchReport) -> None:

@@ -29,7 +29,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from qstate.jobs import metrics
-from qstate.jobs.parse import ERROR_KIND
+from qstate.jobs.parse import ERROR_KIND, KINDS
 from qstate.jobs.partials import RESULT, TIME, Plan, run_operators
 from qstate.jobs.queryable import QueryableJob
 from qstate.jobs.reports import BatchReport, Reports
@@ -58,6 +58,7 @@ def start(job: QueryableJob, checkpoint: str, sink: PartialsSink, *, partitions:
     projection = [F.col(ERROR_KIND), event_ms.alias(TIME)] + [
         c for j, op in enumerate(job.operators) for c in op.columns(j, partitions)]
     pool = ThreadPoolExecutor(len(specs), thread_name_prefix=f"{job.name}-commit")
+    metrics.expect_dead_letters(job.name, job.topic, KINDS)
 
     def run_batch(df: DataFrame, batch: int) -> None:
         t0 = time.perf_counter()

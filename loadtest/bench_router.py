@@ -27,6 +27,7 @@ import grpc
 import pyarrow as pa
 
 from loadtest import results
+from loadtest.bench_ingest import start_redis
 from qstate.control.coordinator import Coordinator
 from qstate.core import delta as deltas
 from qstate.core.address import PartitionId, partition_of
@@ -46,6 +47,17 @@ LUA = """
 math.randomseed(42)
 request = function()
   return wrk.format("GET", "{prefix}" .. "page-" .. math.random(0, {n}))
+end
+"""
+# :batchGet of {batch} random keys a request
+BATCH_LUA = """
+math.randomseed(43)
+request = function()
+  local keys = {}
+  for i = 1, {batch} do keys[i] = '"page-' .. math.random(0, {n}) .. '"' end
+  return wrk.format("POST", "/v1/state/shop/views_1m/views:batchGet",
+                    {["Content-Type"] = "application/json"},
+                    '{"keys": [' .. table.concat(keys, ",") .. ']}')
 end
 """
 
@@ -68,12 +80,16 @@ def load(storage: Storage, shards: list[ShardProcess], keys: int) -> None:
     Committer(coord).commit(SPEC, 0, 120_000, written)
 
 
-def wrk(url: str, keys: int, duration: int, tmp: Path) -> dict[str, float]:
+def wrk(url: str, keys: int, duration: int, tmp: Path, batch: int = 0,
+        connections: int = 32) -> dict[str, float]:
+    """GETs of random keys, or ``batch`` > 0: :batchGet of that many a request."""
     script = tmp / "get.lua"
-    script.write_text(LUA.replace("{prefix}", "/v1/state/shop/views_1m/views/")
-                      .replace("{n}", str(keys - 1)))
-    out = subprocess.run(["wrk", "-t1", "-c32", f"-d{duration}s", "--latency", "-s",
-                          str(script), url], capture_output=True, text=True, check=True).stdout
+    lua = BATCH_LUA.replace("{batch}", str(batch)) if batch else \
+        LUA.replace("{prefix}", "/v1/state/shop/views_1m/views/")
+    script.write_text(lua.replace("{n}", str(keys - 1)))
+    out = subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{duration}s", "--latency",
+                          "-s", str(script), url], capture_output=True, text=True,
+                         check=True).stdout
 
     def ms(label: str) -> float:
         m = re.search(rf"{label}\s+([\d.]+)(us|ms|s)\b", out)
@@ -86,25 +102,55 @@ def wrk(url: str, keys: int, duration: int, tmp: Path) -> dict[str, float]:
             "non2xx": float(errors.group(1)) if errors else 0.0}
 
 
-async def multiget(address: str, keys: int, duration: float) -> float:
+async def multiget(address: str, keys: int, duration: float, batch: int = 100) -> float:
+    """Keys/s of gRPC MultiGet, ``batch`` random keys a call, 8 calls in flight. The calls
+    are made up front, so the client's own Python costs little of the shared CPU."""
+    rng = random.Random(1)
+    calls = [qpb.MultiGetRequest(job="shop", operator="views_1m", state="views",
+                                 keys=[f"page-{rng.randrange(keys)}" for _ in range(batch)])
+             for _ in range(64)]
     async with grpc.aio.insecure_channel(address) as ch:
         stub = qpb_grpc.QueryableStateStub(ch)
-        rng = random.Random(1)
         done = 0
         deadline = time.perf_counter() + duration
 
-        async def worker() -> None:
+        async def worker(n: int) -> None:
             nonlocal done
             while time.perf_counter() < deadline:
-                ks = [f"page-{rng.randrange(keys)}" for _ in range(100)]
-                r = await stub.MultiGet(qpb.MultiGetRequest(
-                    job="shop", operator="views_1m", state="views", keys=ks), timeout=10)
-                assert all(x.found for x in r.results)
-                done += len(ks)
+                r = await stub.MultiGet(calls[n % len(calls)], timeout=10)
+                assert len(r.results) == batch and r.results[0].found
+                done += batch
+                n += 8
 
         t0 = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(8)))
+        await asyncio.gather(*(worker(i) for i in range(8)))
         return done / (time.perf_counter() - t0)
+
+
+def load_redis(port: int, keys: int) -> None:
+    """The raw server's answers in Redis, under the names redis-benchmark's ``-r`` makes:
+    ``page-<12 digits>``."""
+    import redis
+
+    r = redis.Redis(port=port)
+    body = b'{"job":"shop","operator":"views_1m","state":"views","windows":[]}'
+    for lo in range(0, keys, 10_000):
+        r.mset({f"page-{i:012d}": body for i in range(lo, min(lo + 10_000, keys))})
+    r.close()
+
+
+def redis_mget(port: int, keys: int, batch: int, duration: int) -> float:
+    """Keys/s of ``MGET`` of ``batch`` random keys, 8 clients: redis-benchmark for about
+    ``duration`` seconds (its -n, from a short first run's rate)."""
+    def run(n: int) -> float:
+        out = subprocess.run(["redis-benchmark", "-p", str(port), "-c", "8", "-n", str(n),
+                              "-r", str(keys), "--csv", "MGET",
+                              *(["page-__rand_int__"] * batch)],
+                             capture_output=True, text=True, check=True).stdout
+        return float(out.strip().splitlines()[-1].split(",")[1].strip('"'))
+
+    rate = run(2_000)
+    return batch * run(max(2_000, int(rate * duration)))
 
 
 def main() -> None:
@@ -113,8 +159,12 @@ def main() -> None:
     ap.add_argument("--duration", type=int, default=10)
     ap.add_argument("--pipeline", action="store_true",
                     help="run the tweets job and a 5K ev/s generator meanwhile")
+    ap.add_argument("--batches", default="100,1000",
+                    help="keys a call of the batch runs (MultiGet, :batchGet, Redis MGET); "
+                    "empty: none (default: %(default)s)")
     ap.add_argument("--out", type=Path, default=Path("loadtest/results/router.md"))
     args = ap.parse_args()
+    batches = [int(b) for b in args.batches.split(",") if b]
     tmp = Path(tempfile.mkdtemp(prefix="qstate-router-bench-"))
     storage = Storage(str(tmp / "storage"))
     children: list[Child] = []
@@ -155,6 +205,26 @@ def main() -> None:
         hop_r = wrk(hop.url, args.keys, args.duration, tmp)
         mg = asyncio.run(multiget(router.grpc_address, args.keys, args.duration))
         mg_hop = asyncio.run(multiget(hop.grpc_address, args.keys, args.duration))
+        batch_rows = []
+        if batches:
+            redis_proc, redis_port = start_redis(tmp)
+            try:
+                load_redis(redis_port, args.keys)
+                for b in batches:
+                    batch_rows.append((b, {
+                        "gRPC MultiGet, in-process": asyncio.run(multiget(
+                            router.grpc_address, args.keys, args.duration, b)),
+                        "gRPC MultiGet, hop": asyncio.run(multiget(
+                            hop.grpc_address, args.keys, args.duration, b)),
+                        "HTTP :batchGet, in-process": b * wrk(
+                            router.url, args.keys, args.duration, tmp, b, 8)["rps"],
+                        "HTTP :batchGet, hop": b * wrk(
+                            hop.url, args.keys, args.duration, tmp, b, 8)["rps"],
+                        "Redis MGET (redis-benchmark -c8)": redis_mget(
+                            redis_port, args.keys, b, args.duration)}))
+            finally:
+                redis_proc.terminate()
+                redis_proc.wait(10)
     finally:
         for c in reversed(children):
             c.stop()
@@ -176,6 +246,14 @@ def main() -> None:
         f"{hop_r['rps'] / raw_r['rps']:.2f} over the hop. gRPC MultiGet through the router "
         f"(100 keys a call, 8 in flight): **{mg:,.0f} keys/s** in-process, "
         f"{mg_hop:,.0f} keys/s over the hop\n"])
+    if batch_rows:
+        names = list(batch_rows[0][1])
+        text += "\n".join([
+            f"\nBatches, keys/s ({args.duration} s each, 8 calls in flight, random keys of the "
+            f"{args.keys:,}; Redis holds the same keys with the raw server's answer bytes):\n",
+            "| keys a call | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|",
+            *(f"| {b:,} | " + " | ".join(f"{r[n]:,.0f}" for n in names) + " |"
+              for b, r in batch_rows), ""])
     results.append(args.out, text)
 
 

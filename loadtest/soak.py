@@ -42,7 +42,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
 from qstate.core.config import DEFAULTS
-from qstate.embedded.ports import free_port
+from qstate.embedded.ports import free_port, free_ports
 
 __all__ = ["MARKER_EVENTS", "DemoRun", "Sample", "Soak", "Summary", "write_results"]
 
@@ -101,7 +101,7 @@ class DemoRun:
     http: int = field(default_factory=free_port)
     grpc: int = field(default_factory=free_port)
     kafka: int = field(default_factory=free_port)
-    shard: int = field(default_factory=free_port)
+    shard: int = field(default_factory=lambda: free_ports(2))  # shard-0's; shard-1 the next
     job_metrics: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
     roles: dict[int, str] = field(default_factory=dict)  # pid -> role, as seen while running

@@ -14,6 +14,7 @@ a CPU hog and a truth comparison runs under ``make soak``.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import time
@@ -88,7 +89,8 @@ def test_make_run_answers_a_marker_exactly_then_ctrl_c_stops_everything(tmp_path
         visible_s, exact = soak.marker()
         dead = dead_letters(demo.bootstrap, len(POISON))
         watermarks = {k: o["watermark"] for k, o in soak.operators().items()}
-        demo.see()
+        niceness = {role: os.getpriority(os.PRIO_PROCESS, pid)
+                    for pid, role in demo.see().items()}
     finally:
         soak.close()
         rc, took, left = demo.ctrl_c(STOP_BOUND_S)
@@ -98,6 +100,11 @@ def test_make_run_answers_a_marker_exactly_then_ctrl_c_stops_everything(tmp_path
     assert dead == {key: kind for key, (kind, _) in POISON.items()}, dead
     assert max(watermarks.values()) < time.time() * 1000 + 60_000, watermarks
     assert set(demo.roles.values()) >= ROLES, demo.roles
+    # batch work yields the CPU to the processes that answer (docs/architecture.md §6)
+    base, batch = os.getpriority(os.PRIO_PROCESS, 0), ("jobs", "spark", "generate-tweets",
+                                                       "generate-ads")
+    assert {r: niceness[r] - base for r in batch} == dict.fromkeys(batch, 10), niceness
+    assert {niceness[r] - base for r in ("router", "shard", "broker")} == {0}, niceness
     assert not left, f"still running {took:.1f}s after Ctrl-C: {left}"
     assert rc == 0, demo.tail()
 

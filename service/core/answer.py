@@ -5,7 +5,7 @@ server serializes these same models, so what is documented is what is served.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 import orjson
@@ -27,6 +27,8 @@ __all__ = [
     "StateInfo",
     "Window",
     "WindowInfo",
+    "answer_fields",
+    "batch_answer_json",
     "error_responses",
     "state_answer_json",
 ]
@@ -78,16 +80,30 @@ class WindowLike(Protocol):  # a Window, or the router's row a Window is made of
     def value(self) -> int | float | None: ...
 
 
+def answer_fields(job: str, operator: str, state: str, key: str, found: bool, batch: int,
+                  watermark: int, windows: Sequence[WindowLike],
+                  next_from: int | None) -> dict[str, Any]:
+    """A ``StateAnswer``'s fields, in its order, without building the model: the hot paths
+    (a point GET, a batch) serialize these (docs/architecture.md §5)."""
+    return {"job": job, "operator": operator, "state": state, "key": key, "found": found,
+            "batch": batch, "watermark": watermark,
+            "windows": [{"start": w.start, "end": w.end, "value": w.value} for w in windows],
+            "next_from": next_from}
+
+
 def state_answer_json(job: str, operator: str, state: str, key: str, found: bool, batch: int,
                       watermark: int, windows: Sequence[WindowLike],
                       next_from: int | None) -> bytes:
     """``StateAnswer(...).model_dump_json()``, byte for byte (a property test holds them
-    equal), without building the model: the point GET's hot path (docs/architecture.md §8)."""
-    return orjson.dumps({
-        "job": job, "operator": operator, "state": state, "key": key, "found": found,
-        "batch": batch, "watermark": watermark,
-        "windows": [{"start": w.start, "end": w.end, "value": w.value} for w in windows],
-        "next_from": next_from})
+    equal)."""
+    return orjson.dumps(answer_fields(job, operator, state, key, found, batch, watermark,
+                                      windows, next_from))
+
+
+def batch_answer_json(answers: Iterable[dict[str, Any]]) -> bytes:
+    """``BatchAnswer(results=...).model_dump_json()`` of ``answer_fields`` each, byte for
+    byte."""
+    return orjson.dumps({"results": list(answers)})
 
 
 class BatchAnswer(BaseModel):

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -22,6 +24,9 @@ class Child:
     log_path: Path
     env: dict[str, str] | None = None
     proc: subprocess.Popen | None = field(default=None, repr=False)
+    # added to the child's niceness: batch work (jobs, generators) yields the CPU to the
+    # processes that answer reads on a shared machine (docs/architecture.md §6)
+    nice: int = 0
 
     def start(self) -> Child:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -31,7 +36,7 @@ class Child:
             self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, env=self.env,
                                          start_new_session=True,
-                                         preexec_fn=die_with_parent())
+                                         preexec_fn=_preexec(self.nice))
         return self
 
     @property
@@ -61,6 +66,19 @@ class Child:
             assert self.proc is not None
             self.proc.kill()
             self.proc.wait()
+
+
+def _preexec(nice: int) -> Callable[[], None] | None:
+    lifeline = die_with_parent()
+    if not nice:
+        return lifeline
+
+    def child() -> None:
+        if lifeline is not None:
+            lifeline()
+        os.nice(nice)  # every thread the child starts (a JVM's too) inherits it
+
+    return child
 
 
 def qstate_command(*args: str) -> list[str]:

@@ -9,7 +9,8 @@ stored panes (``qstate.core.windows``): window ``s`` combines the records of the
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 from rocksdict import Rdict
@@ -20,7 +21,7 @@ from qstate.partition.codec import Codec
 from qstate.partition.layout import META, NO_WINDOW
 from qstate.partition.meta import Meta, decode_meta
 
-__all__ = ["Meta", "WindowValue", "page", "read_windows"]
+__all__ = ["Meta", "WindowValue", "page", "read_many", "read_windows"]
 
 
 class WindowValue(NamedTuple):  # a tuple: one is made per window read, on the hot path
@@ -35,22 +36,40 @@ def read_windows(db: Rdict, codec: Codec, key: str, range_ms: tuple[int, int] | 
     most ``limit``), with the meta of the batch they belong to. ``meta``: the caller knows
     that ``db`` holds that batch and does not change during the read (a secondary between
     two catch-ups, docs/architecture.md §5), so no snapshot is taken."""
+    meta, [windows] = read_many(db, codec, [key], range_ms, limit, meta)
+    return meta, windows
+
+
+def read_many(db: Rdict, codec: Codec, keys: Sequence[str],
+              range_ms: tuple[int, int] | None = None, limit: int = 1000,
+              meta: Meta | None = None) -> tuple[Meta, list[list[WindowValue]]]:
+    """``read_windows`` of each key, in order, as of one batch: one snapshot (or none, given
+    ``meta``) and one iterator for them all."""
     if meta is None:
         it = db.snapshot().iter()
         it.seek(META)
         meta = decode_meta(it.value() if it.valid() and it.key() == META else None)
     else:
         it = db.iter()
-    prefix = layout.key_prefix(key)
     if codec.spec.panes:
         cutoff = meta.watermark_ms - codec.spec.retention_ms  # what retention has deleted
-        return meta, _sliding(it, codec, prefix, range_ms, limit, cutoff)
-    out: list[WindowValue] = []
+        return meta, [_sliding(it, codec, layout.key_prefix(k), range_ms, limit, cutoff)
+                      for k in keys]
     if range_ms is None:
-        it.seek_for_prev(prefix + b"\xff" * 8)
-        if it.valid() and it.key().startswith(prefix):
-            out.append(_window(codec, it.key(), it.value()))
-        return meta, out
+        return meta, [_latest(it, codec, layout.key_prefix(k)) for k in keys]
+    return meta, [_range(it, codec, layout.key_prefix(k), range_ms, limit) for k in keys]
+
+
+def _latest(it: Any, codec: Codec, prefix: bytes) -> list[WindowValue]:
+    it.seek_for_prev(prefix + b"\xff" * 8)
+    if it.valid() and it.key().startswith(prefix):
+        return [_window(codec, it.key(), it.value())]
+    return []
+
+
+def _range(it: Any, codec: Codec, prefix: bytes, range_ms: tuple[int, int],
+           limit: int) -> list[WindowValue]:
+    out: list[WindowValue] = []
     lo, hi = range_ms
     it.seek(prefix + layout.enc_time(lo))
     stop = prefix + layout.enc_time(hi)
@@ -60,7 +79,7 @@ def read_windows(db: Rdict, codec: Codec, key: str, range_ms: tuple[int, int] | 
             break
         out.append(_window(codec, k, it.value()))
         it.next()
-    return meta, out
+    return out
 
 
 def page(windows: list[WindowValue], limit: int) -> tuple[list[WindowValue], int | None]:

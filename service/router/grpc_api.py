@@ -6,8 +6,8 @@ import time
 
 import grpc
 
-from qstate.core.answer import StateAnswer
 from qstate.core.errors import QStateError, grpc_trailers
+from qstate.core.operator import OperatorSpec
 from qstate.core.values import set_value
 from qstate.proto import qstate_pb2 as pb
 from qstate.proto import qstate_pb2_grpc as pb_grpc
@@ -15,18 +15,25 @@ from qstate.router.auth import GrpcAuth
 from qstate.router.metrics import GRPC_LATENCY as RPC_LATENCY
 from qstate.router.metrics import GRPC_REQUESTS as RPCS
 from qstate.router.metrics import count_error
-from qstate.router.query import QueryService, absent
+from qstate.router.query import QueryService, absent_key
+from qstate.router.reads import Hit
 from qstate.router.wire import FAR
 
 __all__ = ["QueryableStateService"]
 
+# every method's OK series from the start, at 0 (a dashboard shows 0, not "No data")
+for _method in pb.DESCRIPTOR.services_by_name["QueryableState"].methods_by_name:
+    RPCS.labels(_method, "OK")
 
-def _value(a: StateAnswer) -> pb.StateValue:
-    out = pb.StateValue(job=a.job, operator=a.operator, state=a.state, key=a.key, found=a.found,
-                        batch=a.batch, watermark_ms=a.watermark)
-    if a.next_from is not None:
-        out.next_from_ms = a.next_from
-    for w in a.windows:
+
+def _value(spec: OperatorSpec, state: str, key: str, h: Hit) -> pb.StateValue:
+    """The answer to one key: what ``StateAnswer`` holds, as the proto message (made from the
+    read's rows, not from a model: MultiGet makes one per key)."""
+    out = pb.StateValue(job=spec.job, operator=spec.operator, state=state, key=key,
+                        found=h.found, batch=h.batch, watermark_ms=h.watermark_ms)
+    if h.next_from is not None:
+        out.next_from_ms = h.next_from
+    for w in h.windows:
         pw = out.windows.add()
         if w.start is not None:
             pw.start_ms = w.start
@@ -69,30 +76,31 @@ class QueryableStateService(pb_grpc.QueryableStateServicer):
         t0 = time.perf_counter()
         try:
             self.auth.check(context, request.job, request.operator)
-            a = await self.query.get(self.query.point(
-                request.job, request.operator, request.state, request.key, _range(request),
-                _limit(request), _min_batch(request)))
-            if not a.found:
-                raise absent(a)
+            q = self.query.point(request.job, request.operator, request.state, request.key,
+                                 _range(request), _limit(request), _min_batch(request))
+            spec, key, hit = await self.query.lookup(q)
+            if not hit.found:
+                raise absent_key(spec.job, spec.operator, q.state, key, hit.batch,
+                                 hit.watermark_ms)
         except QStateError as exc:
             await _fail(context, "Get", exc)
         RPCS.labels("Get", "OK").inc()
         RPC_LATENCY.labels("Get").observe(time.perf_counter() - t0)
-        return _value(a)
+        return _value(spec, q.state, key, hit)
 
     async def MultiGet(self, request: pb.MultiGetRequest, context: grpc.aio.ServicerContext
                        ) -> pb.MultiGetResponse:
         t0 = time.perf_counter()
         try:
             self.auth.check(context, request.job, request.operator)
-            answers = await self.query.multi_get(self.query.batch(
-                request.job, request.operator, request.state, request.keys, _range(request),
-                _limit(request), _min_batch(request)))
+            q = self.query.batch(request.job, request.operator, request.state, request.keys,
+                                 _range(request), _limit(request), _min_batch(request))
+            spec, hits = await self.query.multi_lookup(q)
         except QStateError as exc:
             await _fail(context, "MultiGet", exc)
         RPCS.labels("MultiGet", "OK").inc()
         RPC_LATENCY.labels("MultiGet").observe(time.perf_counter() - t0)
-        return pb.MultiGetResponse(results=[_value(a) for a in answers])
+        return pb.MultiGetResponse(results=[_value(spec, q.state, k, h) for k, h in hits])
 
     async def ListJobs(self, request: pb.ListJobsRequest, context: grpc.aio.ServicerContext
                        ) -> pb.ListJobsResponse:

@@ -33,6 +33,8 @@ from qstate.core.answer import (
     StateAnswer,
     StateInfo,
     WindowInfo,
+    answer_fields,
+    batch_answer_json,
     error_responses,
 )
 from qstate.core.errors import InvalidRequest, QStateError
@@ -208,9 +210,13 @@ def create_app(query: QueryService, ready: Callable[[], bool] = lambda: True) ->
                         body: Annotated[BatchGetIn, Body()], from_: From = None,
                         to: To = None, limit: int | None = limit_param,
                         min_batch: int | None = min_batch_param) -> Any:
-        answers = await query.multi_get(query.batch(job, operator, state, body.keys,
-                                                    time_range(from_, to), limit, min_batch))
-        return json_response(BatchAnswer.model_construct(results=answers))
+        q = query.batch(job, operator, state, body.keys, time_range(from_, to), limit,
+                        min_batch)
+        spec, hits = await query.multi_lookup(q)
+        return Response(batch_answer_json(
+            answer_fields(spec.job, spec.operator, q.state, k, h.found, h.batch,
+                          h.watermark_ms, h.windows, h.next_from) for k, h in hits),
+            media_type=JSON)
 
     @app.get("/v1/series/{job}/{operator}/{state}/{key:path}", response_model=Series,
              responses={**errors, 200: {"headers": {NEXT_FROM: {

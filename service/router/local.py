@@ -17,6 +17,7 @@ import os
 import shutil
 import socket
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from qstate.core.operator import OperatorSpec
 from qstate.partition.codec import Codec
 from qstate.partition.files import MARKER, Marker, file_signature, partition_dir, read_marker
 from qstate.partition.meta import Meta, read_meta
-from qstate.partition.reader import WindowValue, read_windows
+from qstate.partition.reader import WindowValue, read_many
 
 __all__ = ["LocalReader"]
 
@@ -137,6 +138,15 @@ class LocalReader:
              rng: tuple[int, int] | None, limit: int = DEFAULTS.max_windows
              ) -> tuple[Meta, list[WindowValue]] | None:
         """The answer from the owner's files, or None: ask the owner over gRPC."""
+        got = self.read_many(address, spec, pid, (key,), rng, limit)
+        return None if got is None else (got[0], got[1][0])
+
+    def read_many(self, address: str, spec: OperatorSpec, pid: PartitionId,
+                  keys: Sequence[str], rng: tuple[int, int] | None,
+                  limit: int = DEFAULTS.max_windows
+                  ) -> tuple[Meta, list[list[WindowValue]]] | None:
+        """``read`` of keys of one partition, as of one batch: the owner, the marker and
+        the secondary are checked once for them all."""
         info = self.servers.get(address)
         if info is None or pid not in self.ready.get(address, ()):
             return None
@@ -156,7 +166,7 @@ class LocalReader:
                     now - sec.read_at > MARKER_RECHECK_S:
                 sec = self._follow(k, path, sec)
                 sec.signature, sec.read_at = signature, now
-            result = read_windows(sec.db, self._codec(spec), key, rng, limit, sec.meta)
+            result = read_many(sec.db, self._codec(spec), keys, rng, limit, sec.meta)
         except Exception as exc:  # files moving under us (restore, drop): use gRPC
             log.debug("local read of %s failed: %s", k, exc)
             self._close(k)

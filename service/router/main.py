@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import tempfile
@@ -121,6 +122,9 @@ async def serve(o: RouterOptions, scratch: Path | None = None) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     task = asyncio.create_task(http.serve())
+    # what start-up built lives as long as the process: out of the collector's sight, so a
+    # full collection does not walk it while requests wait (docs/architecture.md §8)
+    gc.freeze()
     scheme = "https" if cfg.tls_cert else "http"
     print(f"qstate router ready http={scheme}://{host}:{o.http_port} grpc={host}:{o.grpc_port}",
           flush=True)

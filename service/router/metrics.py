@@ -16,6 +16,7 @@ from qstate.core.errors import (
 
 __all__ = ["FOLLOWER_READS", "GRPC_LATENCY", "GRPC_REQUESTS", "HTTP_LATENCY", "HTTP_REQUESTS",
            "LOCAL_READS", "METHODS", "REFUSED", "REMOTE_READS", "SHARD_READS", "UNAVAILABLE",
+           "UNAVAILABLE_REASONS",
            "count_error", "http_method"]
 
 _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
@@ -36,6 +37,9 @@ SHARD_READS = Counter("qstate_router_shard_reads_total",
                       "when the owner is down or restoring)", ["path"])
 LOCAL_READS, REMOTE_READS = SHARD_READS.labels("local"), SHARD_READS.labels("remote")
 FOLLOWER_READS = SHARD_READS.labels("follower")
+# every reason a router answers 503 for (``Unavailable.reason``), each a series from the start
+UNAVAILABLE_REASONS = ("no-owner", "shard-down", "shard-timeout", "restoring", "moving",
+                       "shard-refused", "behind")
 UNAVAILABLE = Counter("qstate_router_unavailable_total",
                       "Answers 503 (HTTP) or UNAVAILABLE (gRPC) by reason: no-owner (the "
                       "partition has no shard server yet), shard-down (its owner cannot be "
@@ -53,6 +57,12 @@ REFUSED = Counter("qstate_router_refused_total",
                   "QSTATE_MAX_CONCURRENT_REQUESTS or QSTATE_MAX_SHARD_QUEUE)", ["reason"])
 
 
+# A counter with labels has no series until a child is made: a dashboard shows "No data"
+# where it means 0. The children a fresh router can count are made now, at 0.
+for _reason in UNAVAILABLE_REASONS:
+    UNAVAILABLE.labels(_reason)
+
+
 def http_method(method: str) -> str:
     return method if method in METHODS else "other"
 
@@ -62,6 +72,8 @@ def http_method(method: str) -> str:
 _REFUSALS: tuple[tuple[type[QStateError], str], ...] = (
     (Unauthenticated, "unauthenticated"), (Forbidden, "forbidden"), (TooLarge, "too-large"),
     (Overloaded, "overloaded"))
+for _, _reason in _REFUSALS:
+    REFUSED.labels(_reason)
 
 
 def count_error(exc: QStateError) -> None:

@@ -120,16 +120,35 @@ class QueryService:
 
     async def multi_get(self, q: StateQuery) -> list[StateAnswer]:
         """An answer per key, in the query's order."""
+        spec, hits = await self.multi_lookup(q)
+        return [self._answer(spec, q, k, h) for k, h in hits]
+
+    async def multi_lookup(self, q: StateQuery) -> tuple[OperatorSpec, list[tuple[str, Hit]]]:
+        """What ``multi_get`` answers, before it is shaped: each key with its hit, in the
+        query's order. The keys of a partition on this host are read together (one check of
+        its owner and marker, one iterator); the others over gRPC, coalesced per owner."""
         keys = q.keys
         spec = await self.routing.spec(q.job, q.operator, q.state)
-        pids = [PartitionId(q.job, q.operator, partition_of(k, spec.partitions)) for k in keys]
-        owners = [self.reads.routing.owner_now(pid) for pid in pids]  # once per key
-        hits = [self.reads.read_local(spec, pid, q, k, owner)
-                for pid, k, owner in zip(pids, keys, owners, strict=True)]
-        missing = [i for i, h in enumerate(hits) if h is None]
+        parts = [partition_of(k, spec.partitions) for k in keys]
+        by_partition: dict[int, list[int]] = {}
+        for i, p in enumerate(parts):
+            by_partition.setdefault(p, []).append(i)
+        hits: list[Hit | None] = [None] * len(keys)
+        pids: dict[int, PartitionId] = {}
+        missing: list[tuple[int, str | None]] = []  # a key's index, its partition's owner
+        for p, idx in by_partition.items():
+            pid = pids[p] = PartitionId(q.job, q.operator, p)
+            owner = self.reads.routing.owner_now(pid)  # once per partition
+            local = self.reads.read_local_many(spec, pid, q, [keys[i] for i in idx], owner)
+            if local is None:
+                missing += [(i, owner) for i in idx]
+                continue
+            for i, h in zip(idx, local, strict=True):
+                hits[i] = h
         if missing:
-            reads = [asyncio.ensure_future(self.reads.read_remote(pids[i], q, keys[i], owners[i]))
-                     for i in missing]
+            reads = [asyncio.ensure_future(self.reads.read_remote(pids[parts[i]], q, keys[i],
+                                                                  owner))
+                     for i, owner in missing]
             try:
                 remote = await asyncio.gather(*reads)
             except BaseException:
@@ -138,17 +157,16 @@ class QueryService:
                 for r in reads:
                     r.cancel()
                 raise
-            for i, h in zip(missing, remote, strict=True):
+            for (i, _), h in zip(missing, remote, strict=True):
                 hits[i] = h
         if q.min_batch is not None:
             behind = [(i, h) for i, h in enumerate(hits)
                       if h is not None and h.batch < q.min_batch]
-            later = await asyncio.gather(*(self._at_least(q, spec, pids[i], keys[i], h)
+            later = await asyncio.gather(*(self._at_least(q, spec, pids[parts[i]], keys[i], h)
                                            for i, h in behind))
             for (i, _), h in zip(behind, later, strict=True):
                 hits[i] = h
-        return [self._answer(spec, q, k, h) for k, h in zip(keys, hits, strict=True)
-                if h is not None]
+        return spec, [(k, h) for k, h in zip(keys, hits, strict=True) if h is not None]
 
     async def operator_status(self, spec: OperatorSpec) -> OperatorStatus:
         """Lowest last batch and watermark over the operator's partitions (shard Describe)."""

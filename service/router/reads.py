@@ -8,6 +8,7 @@ as of one batch (a follower's may be a batch older), or ``Unavailable``.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import grpc
@@ -74,17 +75,26 @@ class PartitionReads:
         """From the files of ``owner`` (the address the routing table names) when it runs on
         this host, or None: ask it over gRPC. A range answer holds at most ``q.limit``
         windows."""
+        hits = self.read_local_many(spec, pid, q, (key,), owner)
+        return None if hits is None else hits[0]
+
+    def read_local_many(self, spec: OperatorSpec, pid: PartitionId, q: StateQuery,
+                        keys: Sequence[str], owner: str | None) -> list[Hit] | None:
+        """``read_local`` of keys of one partition, as of one batch."""
         if self.local is None or owner is None:
             return None
-        res = self.local.read(owner, spec, pid, key, q.range_ms, q.limit + 1)
+        res = self.local.read_many(owner, spec, pid, keys, q.range_ms, q.limit + 1)
         if not res:
             return None
-        LOCAL_READS.inc()
-        meta, ws = res
-        ws, next_from = page(ws, q.limit)
+        LOCAL_READS.inc(len(keys))
+        meta, per_key = res
         i = spec.state_index[q.state]
-        return Hit(bool(ws), meta.last_batch, meta.watermark_ms,
-                   [Row(w.start, w.end, w.values[i]) for w in ws], next_from)
+        hits = []
+        for ws in per_key:
+            ws, next_from = page(ws, q.limit)
+            hits.append(Hit(bool(ws), meta.last_batch, meta.watermark_ms,
+                            [Row(w.start, w.end, w.values[i]) for w in ws], next_from))
+        return hits
 
     async def read(self, spec: OperatorSpec, pid: PartitionId, q: StateQuery, key: str) -> Hit:
         owner = self.routing.owner_now(pid)  # looked up once for both paths

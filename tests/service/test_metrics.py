@@ -23,7 +23,7 @@ from qstate.core.address import PartitionId, partition_of
 from qstate.core.config import Settings
 from qstate.core.operator import OperatorSpec, WindowSpec, save_spec
 from qstate.core.storage import Storage
-from qstate.embedded.procs import ShardProcess
+from qstate.embedded.procs import RouterProcess, ShardProcess
 from qstate.partition.files import partition_dir
 from qstate.proto import qstate_pb2 as qpb
 from qstate.proto import qstate_pb2_grpc as qpb_grpc
@@ -271,3 +271,25 @@ def test_partitions_that_moved_away_are_retired(tmp_path: Path) -> None:
     finally:
         for s in shards:
             s.stop()
+
+
+def test_a_fresh_router_shows_every_error_series_at_zero(deployment: tuple[Shop, Path],
+                                                         tmp_path: Path) -> None:
+    """Before any request, each reason a router counts has its series at 0, so a dashboard
+    panel shows 0, not "No data", on a fresh deployment."""
+    from qstate.router.metrics import UNAVAILABLE_REASONS
+
+    shop, _ = deployment
+    router = RouterProcess.make(shop.storage.uri, tmp_path, "fresh").start_and_wait()
+    try:
+        m = scrape(router.url)
+    finally:
+        router.stop()
+    assert m.by("qstate_router_unavailable_total", "reason") == {
+        (r,): 0.0 for r in UNAVAILABLE_REASONS}
+    assert m.by("qstate_router_refused_total", "reason") == {
+        (r,): 0.0 for r in ("unauthenticated", "forbidden", "too-large", "overloaded")}
+    methods = set(qpb.DESCRIPTOR.services_by_name["QueryableState"].methods_by_name)
+    assert m.by("qstate_router_grpc_requests_total", "method", "code") == {
+        (method, "OK"): 0.0 for method in methods}
+    assert {"Get", "MultiGet"} <= methods

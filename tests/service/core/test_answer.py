@@ -25,6 +25,8 @@ from qstate.core.answer import (
     StateInfo,
     Window,
     WindowInfo,
+    answer_fields,
+    batch_answer_json,
     error_responses,
     state_answer_json,
 )
@@ -207,3 +209,17 @@ def test_the_hot_path_bytes_are_the_models_bytes(job: str, key: str, found: bool
                                         windows=windows, next_from=next_from)
     assert state_answer_json(job, "op", "st", key, found, batch, watermark, windows,
                              next_from) == model.model_dump_json().encode()
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.text(max_size=20), st.booleans(), _int64, _windows,
+                          st.one_of(st.none(), _int64)), max_size=4))
+def test_a_batch_is_the_models_bytes(items: list[tuple[str, bool, int, list[Window],
+                                                         int | None]]) -> None:
+    """``:batchGet`` answers ``batch_answer_json``; the OpenAPI document names BatchAnswer."""
+    models = [StateAnswer.model_construct(job="j", operator="op", state="st", key=k,
+                                          found=f, batch=b, watermark=7, windows=ws,
+                                          next_from=n) for k, f, b, ws, n in items]
+    fields = [answer_fields("j", "op", "st", k, f, b, 7, ws, n) for k, f, b, ws, n in items]
+    assert batch_answer_json(fields) == \
+        BatchAnswer.model_construct(results=models).model_dump_json().encode()

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from qstate.core.operator import WindowSpec
 from qstate.partition.codec import Codec
-from qstate.partition.reader import Meta, WindowValue, read_windows
+from qstate.partition.reader import Meta, WindowValue, read_many, read_windows
 from qstate.shard.store import PartitionStore
 from tests.service.shard.sim import (
     FAR,
@@ -58,6 +58,14 @@ def check_ranges(case: tuple[WindowSpec, Batches],
                         assert_answers(x.values, want[x.start][1], (k, x.start))
                 _, latest = read_windows(store.db, store.codec, k)
                 assert spans(latest) == [(s, want[s][0]) for s in starts[-1:]]
+            # many keys through one iterator read what each reads alone, in their order
+            keys = [*reversed(KEYS), "never-seen", KEYS[0]]
+            for rng in [None, *((lo, lo + width) for lo, width, _ in qs)]:
+                meta, many = read_many(store.db, store.codec, keys, rng, 3)
+                assert meta == store.meta
+                assert many == [read_windows(store.db, store.codec, k, rng, 3)[1] for k in keys]
+                # the batch known (a secondary between catch-ups): no snapshot, same answer
+                assert read_many(store.db, store.codec, keys, rng, 3, store.meta) == (meta, many)
         finally:
             store.close()
 
