@@ -14,6 +14,9 @@ once per sink, from the earliest offset, with batches capped at ``--max-rows``:
 * ``noop``: the whole merge-mode job (one pass, every operator's partials) dropped: Spark's
   own ceiling for this aggregation;
 * ``qstate``: merge mode, delta files and commits on two shard servers;
+* ``qstate+reads``: the same, with a router reading the job's state beside it at a constant
+  ``--read-rate`` GET/s of random keys (``qstate-openloop``, ``make bench-setup``) for the
+  whole run: the ingest a read load leaves, and the reads' latency meanwhile;
 * ``spark-state``: the same operators as Spark stateful aggregations (RocksDB state store),
   served by qstate's sink: what qstate did before merge mode;
 * ``redis``: the classic architecture, the partials pushed to a ``redis-server`` the bench
@@ -72,7 +75,7 @@ from qstate.jobs.source import read_kafka
 from qstate.jobs.spark import spark_session
 
 console = Console(stderr=True)
-SINKS = ("read", "parse", "noop", "qstate", "spark-state", "redis")
+SINKS = ("read", "parse", "noop", "qstate", "qstate+reads", "spark-state", "redis")
 T0 = 1_767_225_600_000  # 2026-01-01T00:00Z
 P = 16
 log = logging.getLogger(__name__)
@@ -312,7 +315,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             for sink in sinks:
                 console.print(f"[bold]{sink}[/bold] ({keys:,} keys)")
                 try:
-                    if sink in ("qstate", "spark-state"):
+                    if sink in ("qstate", "qstate+reads", "spark-state"):
                         run = run_with_shards(sink, spark, args, broker, topic, tmp, options)
                     else:
                         run = run_sink(sink, spark, args.workload, broker, topic, args.events,
@@ -359,20 +362,64 @@ def run_with_shards(sink: str, spark: SparkSession, args: argparse.Namespace,
     storage = tmp / f"storage-{sink}-{int(time.time())}"
     live = [ShardProcess.make(f"b{i}", tmp / f"data-{sink}-{int(time.time())}", str(storage),
                               tmp / "logs").start_and_wait() for i in range(2)]
+    job_name = f"{sink.replace('-', '').replace('+', '')}{int(time.time()) % 100000}"
+    reads = ReadLoad(tmp, str(storage), job_name, args) if sink == "qstate+reads" else None
     try:
-        run = run_sink_on(sink, spark, args, broker, topic, tmp, live, str(storage), options)
+        run = run_sink_on(sink, spark, args, broker, topic, tmp, live, str(storage), options,
+                          job_name, reads)
         run.detail.update(shard_merge(live, str(storage), args.events))
+        if reads is not None:
+            run.detail.update(reads.result())
         return run
     finally:
+        if reads is not None:
+            reads.stop()
         for s in live:
             s.stop()
 
 
+class ReadLoad:
+    """A router over the run's storage and ``qstate-openloop`` GETs of random tweet keys of
+    the job at ``--read-rate``/s, from the job's start until ``result``."""
+
+    def __init__(self, tmp: Path, storage: str, job: str, args: argparse.Namespace) -> None:
+        from loadtest.bench_openloop import openloop_binary
+
+        self.router = RouterProcess.make(storage, tmp / "logs", f"router-{job}").start_and_wait()
+        keys = tmp / f"read-keys-{job}.txt"
+        keys.write_text("".join(f"tw-{i}\n" for i in range(0, int(args.keys),
+                                                            max(1, int(args.keys) // 10_000))))
+        self.proc: subprocess.Popen[str] | None = None
+        self.args = [openloop_binary(), "-http",
+                     f"{self.router.url}/v1/state/{job}/per_tweet_1h/impressions/", "-keys",
+                     str(keys), "-rate", str(args.read_rate), "-duration", "3600s"]
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, text=True)
+
+    def result(self) -> dict[str, Any]:
+        """The reads so far (the run is over): their rate and latency from due time."""
+        if self.proc is None:
+            return {}
+        self.proc.terminate()  # ends the schedule; it reports what it sent
+        out, _ = self.proc.communicate(timeout=60)
+        self.proc = None
+        r = orjson.loads(out)
+        return {"reads_per_s": round(r["achieved_rate"]), "reads_p50_ms": r["p50_ms"],
+                "reads_p99_ms": r["p99_ms"], "reads_answered": r["ok"] + r["missing"],
+                "reads_failed": r["errors"]}
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+        self.router.stop()
+
+
 def run_sink_on(sink: str, spark: SparkSession, args: argparse.Namespace, broker: KafkaBroker,
                 topic: str, tmp: Path, shards: list[ShardProcess], storage: str,
-                options: dict[str, str]) -> Run:
+                options: dict[str, str], job_name: str, reads: ReadLoad | None = None) -> Run:
     ckpt = tmp / f"ckpt-{sink}-{int(time.time())}"
-    job_name = f"{sink.replace('-', '')}{int(time.time()) % 100000}"
     ctx = JobContext(broker.bootstrap, storage, ckpt, P, "0 seconds",
                      max_rows_per_trigger=args.max_rows, topic=topic, job=job_name,
                      shards=[s.address for s in shards], options=dict(options))
@@ -392,6 +439,8 @@ def run_sink_on(sink: str, spark: SparkSession, args: argparse.Namespace, broker
     query = pipeline.start(job, str(ckpt / "merged"), target, partitions=P,
                            retention_ms=DEFAULTS.retention_ms, trigger_interval="0 seconds",
                            reports=reports)
+    if reads is not None:
+        reads.start()
     try:
         wait_all([query], args.events)
     finally:
@@ -486,6 +535,8 @@ def main() -> None:
     ap.add_argument("--max-rows", type=int, default=250_000, help="maxOffsetsPerTrigger")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=Path("loadtest/results/ingest.md"))
+    ap.add_argument("--read-rate", type=int, default=5000,
+                    help="qstate+reads: GET/s beside the job (default: %(default)s)")
     ap.add_argument("--freshness", type=int, default=0,
                     help="events/s: measure freshness instead of throughput")
     ap.add_argument("--duration", type=float, default=120.0)

@@ -6,8 +6,10 @@ Stands up checkpoint storage with one operator of ``--keys`` keys (one window ea
 as delta files and committed through the coordinator), two shard servers and one router,
 plus ``loadtest.raw_asgi`` on its own port. Then, one after the other: ``wrk -t1 -c32`` GETs
 of random keys against the raw server and the router, and gRPC MultiGet of 100 random keys
-per call against the router with 8 calls in flight. With ``--pipeline`` the tweets job and a
-5K ev/s generator run beside it the whole time. Appends a section to ``--out``.
+per call against the router with 8 calls in flight; then, for each of ``--batches`` keys a
+call, gRPC MultiGet and HTTP :batchGet through both routers beside ``redis-benchmark``'s MGET
+of as many keys from a Redis holding the same key set. With ``--pipeline`` the tweets job
+and a 5K ev/s generator run beside it the whole time. Appends a section to ``--out``.
 """
 
 from __future__ import annotations

@@ -9,10 +9,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
+import pytest
 from prometheus_client.samples import Sample
 
 from qstate.core.address import partition_of
 from qstate.core.assignment import ServerInfo, list_servers, load_assignment
+from qstate.core.config import Settings
 from qstate.core.shard_client import ShardClients
 from qstate.core.storage import Storage
 from qstate.embedded.procs import ShardProcess
@@ -202,3 +205,18 @@ def shard_metrics_url(storage_uri: str, shard: ShardProcess, timeout: float = 30
     info = wait_until(mine, timeout, f"{shard.name} registered in storage")
     assert isinstance(info, ServerInfo)
     return f"http://{info.metrics}"
+
+
+def refused_then_answered(address: str, refused: Settings, answered: Settings,
+                          code: grpc.StatusCode) -> str:
+    """Describe on the shard at ``address`` as a caller with ``refused`` settings (it must
+    fail with ``code``), then with ``answered`` ones: the server id that answered."""
+    outsider, insider = ShardClients(refused), ShardClients(answered)
+    try:
+        with pytest.raises(grpc.RpcError) as err:
+            outsider.describe(address, timeout=5)
+        assert err.value.code() == code
+        return insider.describe(address, timeout=5).server_id
+    finally:
+        outsider.close()
+        insider.close()

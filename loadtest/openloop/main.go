@@ -22,8 +22,10 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"os/signal"
 	"sort"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -144,12 +146,22 @@ func main() {
 	slots := make(chan struct{}, *maxInFlight)
 	rng := rand.New(rand.NewPCG(*seed, 0))
 	interval := time.Duration(float64(time.Second) / *rate)
+	// SIGINT/SIGTERM end the schedule early: what was sent is waited for and reported
+	stop, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer cancel()
 	var wg sync.WaitGroup
 	start := time.Now()
 	for i := 0; i < n; i++ {
 		due := start.Add(time.Duration(i) * interval)
 		if d := time.Until(due); d > 0 {
-			time.Sleep(d)
+			select {
+			case <-time.After(d):
+			case <-stop.Done():
+			}
+		}
+		if stop.Err() != nil {
+			n = i
+			break
 		}
 		key := keys[rng.IntN(len(keys))]
 		select {
@@ -169,8 +181,8 @@ func main() {
 			<-slots
 		}(i, due, key)
 	}
-	wg.Wait()
 	elapsed := time.Since(start)
+	wg.Wait()
 
 	r := result{Target: target, OfferedRate: *rate, Achieved: float64(n) / elapsed.Seconds()}
 	var answered []time.Duration

@@ -15,8 +15,8 @@ import pytest
 from qstate.core.config import Settings
 from qstate.core.errors import StartFailed
 from qstate.core.security import cluster_token, host_token, shard_settings
-from qstate.core.shard_client import ShardClients
 from qstate.embedded.procs import ShardProcess
+from tests.helpers import refused_then_answered
 
 pytestmark = pytest.mark.security
 
@@ -73,15 +73,9 @@ def test_a_real_shard_refuses_callers_without_the_hosts_token(tmp_path: Path) ->
         log = shard.log_path.read_text()
         assert f"made one in {home / 'cluster-token'}" in log
         assert (home / "cluster-token").read_text() not in log  # where, never what
-        stranger = ShardClients(Settings(home=str(tmp_path / "elsewhere")))
-        insider = ShardClients(Settings(home=str(home)))
-        try:
-            with pytest.raises(grpc.RpcError) as err:
-                stranger.describe(shard.address, timeout=5)
-            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
-            assert insider.describe(shard.address, timeout=5).server_id == "lone"
-        finally:
-            stranger.close()
-            insider.close()
+        # a caller with another home has no token; one with the shard's home finds it
+        assert refused_then_answered(shard.address, Settings(home=str(tmp_path / "elsewhere")),
+                                     Settings(home=str(home)),
+                                     grpc.StatusCode.UNAUTHENTICATED) == "lone"
     finally:
         shard.stop()
