@@ -55,6 +55,7 @@ from pyspark.sql.streaming import StreamingQuery
 from rich.console import Console
 
 from loadtest import results
+from loadtest.openloop_tool import openloop_binary
 from loadtest.redis_sink import RedisSink
 from qstate.control.coordinator import release
 from qstate.core.config import DEFAULTS
@@ -383,8 +384,6 @@ class ReadLoad:
     the job at ``--read-rate``/s, from the job's start until ``result``."""
 
     def __init__(self, tmp: Path, storage: str, job: str, args: argparse.Namespace) -> None:
-        from loadtest.bench_openloop import openloop_binary
-
         self.router = RouterProcess.make(storage, tmp / "logs", f"router-{job}").start_and_wait()
         keys = tmp / f"read-keys-{job}.txt"
         keys.write_text("".join(f"tw-{i}\n" for i in range(0, int(args.keys),

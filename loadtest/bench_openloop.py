@@ -21,11 +21,9 @@ Exit codes: 0 measured; 1 the demo did not become ready; 2 a tool is missing.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,6 +33,7 @@ import httpx
 
 from loadtest import results
 from loadtest.bench_ingest import start_redis
+from loadtest.openloop_tool import openloop_binary, run_openloop
 from loadtest.soak import TWEET_KEYS, DemoRun, Soak
 from qstate.embedded.ports import free_port, wait_for_port
 from qstate.embedded.procs import Child
@@ -45,13 +44,6 @@ ROOT = Path(__file__).resolve().parents[1]
 STATE = "/v1/state/tweets/per_tweet_1h/impressions/"
 KEYS = 2000
 PREFIX = "tw:"
-
-
-def openloop_binary() -> str:
-    path = Path(sys.prefix) / "bin" / "qstate-openloop"
-    if not path.exists():
-        raise SystemExit(f"{path} is missing: `make bench-setup` builds it (Go)")
-    return str(path)
 
 
 def pick_keys(url: str, n: int, seed: int = 11) -> dict[str, bytes]:
@@ -73,14 +65,6 @@ def load_redis(port: int, answers: dict[str, bytes]) -> None:
     r = redis.Redis(port=port)
     r.mset({PREFIX + k: v for k, v in answers.items()})
     r.close()
-
-
-def run_openloop(binary: str, target: list[str], keys: Path, rate: int, duration: int
-                 ) -> dict[str, float]:
-    out = subprocess.run([binary, *target, "-keys", str(keys), "-rate", str(rate),
-                          "-duration", f"{duration}s"], capture_output=True, text=True,
-                         timeout=duration + 120, check=True)
-    return json.loads(out.stdout)
 
 
 def start_raw(tmp: Path, keys: int) -> tuple[Child, str]:

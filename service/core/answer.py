@@ -5,10 +5,8 @@ server serializes these same models, so what is documented is what is served.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
-import orjson
 from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 __all__ = [
@@ -27,10 +25,7 @@ __all__ = [
     "StateInfo",
     "Window",
     "WindowInfo",
-    "answer_fields",
-    "batch_answer_json",
     "error_responses",
-    "state_answer_json",
 ]
 
 _STRICT = ConfigDict(extra="forbid")
@@ -69,41 +64,6 @@ class StateAnswer(BaseModel):
     @property
     def latest(self) -> Window | None:
         return self.windows[-1] if self.windows else None
-
-
-class WindowLike(Protocol):  # a Window, or the router's row a Window is made of
-    @property
-    def start(self) -> int | None: ...
-    @property
-    def end(self) -> int | None: ...
-    @property
-    def value(self) -> int | float | None: ...
-
-
-def answer_fields(job: str, operator: str, state: str, key: str, found: bool, batch: int,
-                  watermark: int, windows: Sequence[WindowLike],
-                  next_from: int | None) -> dict[str, Any]:
-    """A ``StateAnswer``'s fields, in its order, without building the model: the hot paths
-    (a point GET, a batch) serialize these (docs/architecture.md §5)."""
-    return {"job": job, "operator": operator, "state": state, "key": key, "found": found,
-            "batch": batch, "watermark": watermark,
-            "windows": [{"start": w.start, "end": w.end, "value": w.value} for w in windows],
-            "next_from": next_from}
-
-
-def state_answer_json(job: str, operator: str, state: str, key: str, found: bool, batch: int,
-                      watermark: int, windows: Sequence[WindowLike],
-                      next_from: int | None) -> bytes:
-    """``StateAnswer(...).model_dump_json()``, byte for byte (a property test holds them
-    equal)."""
-    return orjson.dumps(answer_fields(job, operator, state, key, found, batch, watermark,
-                                      windows, next_from))
-
-
-def batch_answer_json(answers: Iterable[dict[str, Any]]) -> bytes:
-    """``BatchAnswer(results=...).model_dump_json()`` of ``answer_fields`` each, byte for
-    byte."""
-    return orjson.dumps({"results": list(answers)})
 
 
 class BatchAnswer(BaseModel):

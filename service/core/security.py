@@ -60,7 +60,7 @@ HOST_TOKEN = "cluster-token"  # under <home>: the token shards on this host made
 
 def host_token_path(home: str | Path) -> Path:
     """Where a shard on loopback without a configured token keeps the one it made, and where
-    every job, router and tool with the same ``home`` finds it (docs/architecture.md §8)."""
+    every job, router and tool with the same ``home`` finds it (docs/architecture.md §7)."""
     return Path(home) / HOST_TOKEN
 
 
@@ -90,17 +90,23 @@ def host_token(home: str | Path) -> str:
     written there (mode 0600 from its first byte). Made by a link of a complete file, so
     shards starting at once on one host agree on one token and none reads half of one."""
     path = host_token_path(home)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists():
+        return _token_file(path)
     draft = path.with_name(f".{HOST_TOKEN}.{os.getpid()}.{secrets.token_hex(4)}")
-    write_file(draft, secrets.token_urlsafe(32).encode(), secret=True)
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_file(draft, secrets.token_urlsafe(32).encode(), secret=True)
         os.link(draft, path)
         log.warning("no cluster token configured: made one in %s (mode 0600); jobs, routers "
                     "and tools with the same QSTATE_HOME read it there. Set "
                     "QSTATE_CLUSTER_TOKEN or QSTATE_CLUSTER_TOKEN_FILE on every process of a "
                     "deployment that spans hosts", path.resolve())
     except FileExistsError:
-        pass
+        pass  # another shard made it meanwhile: theirs is the host's
+    except OSError as exc:
+        raise StartFailed(f"cannot make the cluster token {path}: {exc.strerror}; set "
+                          "QSTATE_CLUSTER_TOKEN or QSTATE_CLUSTER_TOKEN_FILE, or a writable "
+                          "QSTATE_HOME") from None
     finally:
         draft.unlink(missing_ok=True)
     return _token_file(path)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from qstate.core.address import PartitionId
 
-__all__ = ["MARKER", "Marker", "file_signature", "marker_signature", "partition_dir", "read_marker",
+__all__ = ["MARKER", "Marker", "file_signature", "partition_dir", "read_marker",
            "remove_marker", "write_marker"]
 
 MARKER = "QSTATE_COMMITTED"
@@ -33,14 +33,10 @@ def write_marker(path: Path, token: str, batch: int) -> None:
     os.replace(tmp, path / MARKER)
 
 
-def marker_signature(path: Path | str) -> tuple[int, int, int]:
-    """What changes whenever the marker is rewritten (a new file each time: its inode, mtime,
-    size), for one ``stat`` instead of a read; FileNotFoundError like ``read_marker``."""
-    return file_signature(os.path.join(path, MARKER))
-
-
 def file_signature(file: str) -> tuple[int, int, int]:
-    """``marker_signature`` of the marker's own path (a caller that keeps it)."""
+    """What changes whenever a marker ``file`` is rewritten (a new file each time: its inode,
+    mtime, size), for one ``stat`` instead of a read; FileNotFoundError like
+    ``read_marker``."""
     st = os.stat(file)
     return st.st_ino, st.st_mtime_ns, st.st_size
 

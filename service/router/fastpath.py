@@ -13,11 +13,17 @@ import time
 from typing import Any
 from urllib.parse import parse_qsl
 
-from qstate.core.answer import state_answer_json
 from qstate.core.errors import QStateError
 from qstate.router.metrics import HTTP_LATENCY, HTTP_REQUESTS
 from qstate.router.query import QueryService, absent_key
-from qstate.router.wire import JSON, error_response, parse_limit, parse_min_batch, time_range
+from qstate.router.wire import (
+    JSON,
+    error_response,
+    parse_limit,
+    parse_min_batch,
+    state_answer_json,
+    time_range,
+)
 
 __all__ = ["with_fast_get"]
 

@@ -33,8 +33,6 @@ from qstate.core.answer import (
     StateAnswer,
     StateInfo,
     WindowInfo,
-    answer_fields,
-    batch_answer_json,
     error_responses,
 )
 from qstate.core.errors import InvalidRequest, QStateError
@@ -49,6 +47,8 @@ from qstate.router.ui import mount_ui
 from qstate.router.wire import (
     JSON,
     TIME_PATTERN,
+    answer_fields,
+    batch_answer_json,
     error_response,
     parse_limit,
     parse_min_batch,

@@ -1,4 +1,5 @@
-"""What every router front end shares on the wire: times and limits in a query, and the
+"""What every router front end shares on the wire: times and limits in a query, answers as
+bytes without their models (equal to the models' bytes, ``qstate.core.answer``), and the
 error answer (status, ErrorBody, Retry-After). The raw-ASGI fast path, the FastAPI app, the
 auth and limit wrappers and the gRPC service all take them from here, so no front end
 imports another and each rule is written once (docs/architecture.md §5)."""
@@ -7,8 +8,9 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -16,8 +18,9 @@ from qstate.core.errors import InvalidRequest, QStateError
 from qstate.router.metrics import count_error
 from qstate.router.request import check_limit
 
-__all__ = ["FAR", "JSON", "TIME_PATTERN", "error_response", "parse_limit", "parse_min_batch",
-           "parse_time", "retry_after", "send_error", "time_range"]
+__all__ = ["FAR", "JSON", "TIME_PATTERN", "answer_fields", "batch_answer_json", "error_response",
+           "parse_limit", "parse_min_batch", "parse_time", "retry_after", "send_error",
+           "state_answer_json", "time_range"]
 
 JSON = "application/json"
 FAR = 1 << 62  # an open end of a time range
@@ -117,3 +120,36 @@ async def send_error(send: Any, exc: QStateError) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+class WindowLike(Protocol):  # a Window, or the router's row a Window is made of
+    @property
+    def start(self) -> int | None: ...
+    @property
+    def end(self) -> int | None: ...
+    @property
+    def value(self) -> int | float | None: ...
+
+
+def answer_fields(job: str, operator: str, state: str, key: str, found: bool, batch: int,
+                  watermark: int, windows: Sequence[WindowLike],
+                  next_from: int | None) -> dict[str, Any]:
+    """A ``StateAnswer``'s fields, in its order, without building the model: the hot paths
+    (a point GET, a batch) serialize these (docs/architecture.md §5)."""
+    return {"job": job, "operator": operator, "state": state, "key": key, "found": found,
+            "batch": batch, "watermark": watermark,
+            "windows": [{"start": w.start, "end": w.end, "value": w.value} for w in windows],
+            "next_from": next_from}
+
+
+def state_answer_json(job: str, operator: str, state: str, key: str, found: bool, batch: int,
+                      watermark: int, windows: Sequence[WindowLike],
+                      next_from: int | None) -> bytes:
+    """``StateAnswer(...).model_dump_json()``, byte for byte (a property test holds them
+    equal)."""
+    return orjson.dumps(answer_fields(job, operator, state, key, found, batch, watermark,
+                                      windows, next_from))
+
+
+def batch_answer_json(answers: Iterable[dict[str, Any]]) -> bytes:
+    """``BatchAnswer(results=...).model_dump_json()`` of ``answer_fields`` each, byte for
+    byte."""
+    return orjson.dumps({"results": list(answers)})

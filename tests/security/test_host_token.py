@@ -79,3 +79,19 @@ def test_a_real_shard_refuses_callers_without_the_hosts_token(tmp_path: Path) ->
                                      grpc.StatusCode.UNAUTHENTICATED) == "lone"
     finally:
         shard.stop()
+
+
+def test_a_home_it_cannot_write_is_a_clear_refusal(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    home.chmod(0o500)  # read and enter, not write
+    try:
+        if os.access(home, os.W_OK):  # root writes anyway: the refusal needs another cause
+            (home / "cluster-token").mkdir()  # a directory where the file should be
+            with pytest.raises(StartFailed, match="cluster token file"):
+                shard_settings(Settings(home=str(home)), "127.0.0.1")
+        else:
+            with pytest.raises(StartFailed, match="cannot make the cluster token"):
+                shard_settings(Settings(home=str(home)), "127.0.0.1")
+    finally:
+        home.chmod(0o700)

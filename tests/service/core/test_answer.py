@@ -25,10 +25,7 @@ from qstate.core.answer import (
     StateInfo,
     Window,
     WindowInfo,
-    answer_fields,
-    batch_answer_json,
     error_responses,
-    state_answer_json,
 )
 from qstate.core.errors import InvalidAddress, NotFound, Unavailable, UnknownOperator
 
@@ -188,38 +185,3 @@ def test_error_responses_in_an_openapi_document() -> None:
     assert responses["503"]["headers"]["Retry-After"]["schema"] == {"type": "integer"}
     assert "ErrorBody" in doc["components"]["schemas"]
 
-
-_int64 = st.integers(-(2**63), 2**63 - 1)
-_values = st.one_of(st.none(), _int64, st.floats(allow_nan=True, allow_infinity=True))
-_windows = st.lists(st.builds(lambda s, e, v: Window.model_construct(start=s, end=e, value=v),
-                              st.one_of(st.none(), _int64), st.one_of(st.none(), _int64),
-                              _values), max_size=5)
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.text(max_size=40), st.text(max_size=40), st.booleans(), _int64, _int64, _windows,
-       st.one_of(st.none(), _int64))
-def test_the_hot_path_bytes_are_the_models_bytes(job: str, key: str, found: bool, batch: int,
-                                                 watermark: int, windows: list[Window],
-                                                 next_from: int | None) -> None:
-    """The point GET answers ``state_answer_json``; the OpenAPI document and every other
-    route the model: the same bytes for any key (any text), value and window."""
-    model = StateAnswer.model_construct(job=job, operator="op", state="st", key=key,
-                                        found=found, batch=batch, watermark=watermark,
-                                        windows=windows, next_from=next_from)
-    assert state_answer_json(job, "op", "st", key, found, batch, watermark, windows,
-                             next_from) == model.model_dump_json().encode()
-
-
-@settings(max_examples=100, deadline=None)
-@given(st.lists(st.tuples(st.text(max_size=20), st.booleans(), _int64, _windows,
-                          st.one_of(st.none(), _int64)), max_size=4))
-def test_a_batch_is_the_models_bytes(items: list[tuple[str, bool, int, list[Window],
-                                                         int | None]]) -> None:
-    """``:batchGet`` answers ``batch_answer_json``; the OpenAPI document names BatchAnswer."""
-    models = [StateAnswer.model_construct(job="j", operator="op", state="st", key=k,
-                                          found=f, batch=b, watermark=7, windows=ws,
-                                          next_from=n) for k, f, b, ws, n in items]
-    fields = [answer_fields("j", "op", "st", k, f, b, 7, ws, n) for k, f, b, ws, n in items]
-    assert batch_answer_json(fields) == \
-        BatchAnswer.model_construct(results=models).model_dump_json().encode()
