@@ -118,15 +118,11 @@ class QueryService:
             hit = await self._at_least(q, spec, pid, key, hit)
         return spec, key, hit
 
-    async def multi_get(self, q: StateQuery) -> list[StateAnswer]:
-        """An answer per key, in the query's order."""
-        spec, hits = await self.multi_lookup(q)
-        return [self._answer(spec, q, k, h) for k, h in hits]
-
     async def multi_lookup(self, q: StateQuery) -> tuple[OperatorSpec, list[tuple[str, Hit]]]:
-        """What ``multi_get`` answers, before it is shaped: each key with its hit, in the
-        query's order. The keys of a partition on this host are read together (one check of
-        its owner and marker, one iterator); the others over gRPC, coalesced per owner."""
+        """Each key of a batch query with its hit, in the query's order (the front ends
+        shape them: gRPC messages, :batchGet's bytes). The keys of a partition on this host
+        are read together (one check of its owner and marker, one iterator); the others
+        over gRPC, coalesced per owner."""
         keys = q.keys
         spec = await self.routing.spec(q.job, q.operator, q.state)
         parts = [partition_of(k, spec.partitions) for k in keys]
