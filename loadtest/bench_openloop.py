@@ -21,7 +21,6 @@ Exit codes: 0 measured; 1 the demo did not become ready; 2 a tool is missing.
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import shutil
 import sys
@@ -33,10 +32,9 @@ import httpx
 
 from loadtest import results
 from loadtest.bench_ingest import start_redis
+from loadtest.bench_router import start_raw
 from loadtest.openloop_tool import openloop_binary, run_openloop
 from loadtest.soak import TWEET_KEYS, DemoRun, Soak
-from qstate.embedded.ports import free_port, wait_for_port
-from qstate.embedded.procs import Child
 
 __all__ = ["main"]
 
@@ -65,17 +63,6 @@ def load_redis(port: int, answers: dict[str, bytes]) -> None:
     r = redis.Redis(port=port)
     r.mset({PREFIX + k: v for k, v in answers.items()})
     r.close()
-
-
-def start_raw(tmp: Path, keys: int) -> tuple[Child, str]:
-    """``loadtest.raw_asgi`` on a free port, holding ``page-0`` .. ``page-<keys - 1>``."""
-    port = free_port()
-    raw = Child("raw", [sys.executable, "-m", "uvicorn", "loadtest.raw_asgi:app", "--http",
-                        "httptools", "--port", str(port), "--log-level", "warning",
-                        "--no-access-log"], tmp / "raw.log",
-                env={**os.environ, "RAW_KEYS": str(keys)}).start()
-    wait_for_port("127.0.0.1", port, 30, raw.proc)
-    return raw, f"http://127.0.0.1:{port}/v1/state/shop/views_1m/views/"
 
 
 def row(name: str, r: dict[str, float]) -> str:
@@ -143,7 +130,8 @@ def main() -> None:
         keys.write_text("\n".join(answers) + "\n")
         redis_proc, port = start_redis(tmp)
         load_redis(port, answers)
-        raw, raw_url = start_raw(tmp, KEYS)
+        raw, raw_base = start_raw(tmp, KEYS)
+        raw_url = raw_base + "/v1/state/shop/views_1m/views/"
         raw_keys = tmp / "raw-keys.txt"
         raw_keys.write_text("".join(f"page-{i}\n" for i in range(KEYS)))
         for rate in rates:

@@ -129,6 +129,18 @@ async def multiget(address: str, keys: int, duration: float, batch: int = 100) -
         return done / (time.perf_counter() - t0)
 
 
+def start_raw(log_dir: Path, keys: int) -> tuple[Child, str]:
+    """``loadtest.raw_asgi`` on a free port, holding ``page-0`` .. ``page-<keys - 1>``: the
+    child and its base URL."""
+    port = free_port()
+    raw = Child("raw", [sys.executable, "-m", "uvicorn", "loadtest.raw_asgi:app", "--http",
+                        "httptools", "--port", str(port), "--log-level", "warning",
+                        "--no-access-log"], log_dir / "raw.log",
+                env={**os.environ, "RAW_KEYS": str(keys)}).start()
+    wait_for_port("127.0.0.1", port, 30, raw.proc)
+    return raw, f"http://127.0.0.1:{port}"
+
+
 def load_redis(port: int, keys: int) -> None:
     """The raw server's answers in Redis, under the names redis-benchmark's ``-r`` makes:
     ``page-<12 digits>``."""
@@ -180,15 +192,10 @@ def main() -> None:
         hop = RouterProcess.make(storage.uri, tmp / "logs", "router-grpc", None,
                                  "--no-local-reads").start_and_wait()
         children += [router, hop]
-        raw_port = free_port()
-        raw = Child("raw", [sys.executable, "-m", "uvicorn", "loadtest.raw_asgi:app",
-                            "--http", "httptools", "--port", str(raw_port), "--log-level",
-                            "warning", "--no-access-log"], tmp / "logs" / "raw.log",
-                    # the same key set as the router's, at every --keys (else its misses
-                    # are cheap 404s and the ratio is void)
-                    env={**os.environ, "RAW_KEYS": str(args.keys)}).start()
+        # the same key set as the router's, at every --keys (else its misses are cheap 404s
+        # and the ratio is void)
+        raw, raw_url = start_raw(tmp / "logs", args.keys)
         children.append(raw)
-        wait_for_port("127.0.0.1", raw_port, 30, raw.proc)
         if args.pipeline:
             broker = KafkaBroker(tmp / "broker").start()
             children.append(Child("gen", qstate_command(
@@ -202,7 +209,7 @@ def main() -> None:
             time.sleep(45)  # past Spark's start-up, into steady batches
         wrk(router.url, args.keys, 2, tmp)  # warm-up
         wrk(hop.url, args.keys, 2, tmp)
-        raw_r = wrk(f"http://127.0.0.1:{raw_port}", args.keys, args.duration, tmp)
+        raw_r = wrk(raw_url, args.keys, args.duration, tmp)
         router_r = wrk(router.url, args.keys, args.duration, tmp)
         hop_r = wrk(hop.url, args.keys, args.duration, tmp)
         mg = asyncio.run(multiget(router.grpc_address, args.keys, args.duration))

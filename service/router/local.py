@@ -134,19 +134,13 @@ class LocalReader:
             codec = self._codecs[(spec.job, spec.operator)] = Codec(spec)
         return codec
 
-    def read(self, address: str, spec: OperatorSpec, pid: PartitionId, key: str,
-             rng: tuple[int, int] | None, limit: int = DEFAULTS.max_windows
-             ) -> tuple[Meta, list[WindowValue]] | None:
-        """The answer from the owner's files, or None: ask the owner over gRPC."""
-        got = self.read_many(address, spec, pid, (key,), rng, limit)
-        return None if got is None else (got[0], got[1][0])
-
     def read_many(self, address: str, spec: OperatorSpec, pid: PartitionId,
                   keys: Sequence[str], rng: tuple[int, int] | None,
                   limit: int = DEFAULTS.max_windows
                   ) -> tuple[Meta, list[list[WindowValue]]] | None:
-        """``read`` of keys of one partition, as of one batch: the owner, the marker and
-        the secondary are checked once for them all."""
+        """The answers of keys of one partition from the owner's files, as of one batch (the
+        owner, the marker and the secondary are checked once for them all), or None: ask
+        the owner over gRPC."""
         info = self.servers.get(address)
         if info is None or pid not in self.ready.get(address, ()):
             return None

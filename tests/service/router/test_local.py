@@ -49,10 +49,10 @@ def world(tmp_path: Path):
 
 
 def value(reader: LocalReader, key: str = "k") -> tuple[int, int | float | None] | None:
-    res = reader.read(ADDRESS, SPEC, PID, key, None)
+    res = reader.read_many(ADDRESS, SPEC, PID, [key], None)
     if res is None:
         return None
-    meta, ws = res
+    meta, [ws] = res
     return meta.last_batch, (ws[-1].values[0] if ws else None)
 
 
@@ -88,8 +88,9 @@ def test_refuses_what_it_must_not_read(world, tmp_path: Path) -> None:
     store, reader, _ = world
     store.apply(0, 0, 1, delta("k", 0, 1), None)
     assert value(reader) == (0, 1)
-    assert reader.read("10.0.0.9:7100", SPEC, PID, "k", None) is None  # not co-located
-    assert reader.read(ADDRESS, SPEC, PartitionId("j", "op", 4), "k", None) is None  # not ready
+    assert reader.read_many("10.0.0.9:7100", SPEC, PID, ["k"], None) is None  # not co-located
+    assert reader.read_many(ADDRESS, SPEC, PartitionId("j", "op", 4), ["k"],
+                            None) is None  # not ready
     reader.set_ready(ADDRESS, set())  # restoring (the owner's Describe says so)
     assert value(reader) is None
     reader.set_ready(ADDRESS, {PID})
