@@ -86,6 +86,54 @@ class MultiGetResponse(_message.Message):
     results: _containers.RepeatedCompositeFieldContainer[StateValue]
     def __init__(self, results: _Optional[_Iterable[_Union[StateValue, _Mapping]]] = ...) -> None: ...
 
+class TopRequest(_message.Message):
+    __slots__ = ("job", "operator", "state", "n", "ascending", "window_start_ms", "min_batch")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    OPERATOR_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    N_FIELD_NUMBER: _ClassVar[int]
+    ASCENDING_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_START_MS_FIELD_NUMBER: _ClassVar[int]
+    MIN_BATCH_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    operator: str
+    state: str
+    n: int
+    ascending: bool
+    window_start_ms: int
+    min_batch: int
+    def __init__(self, job: _Optional[str] = ..., operator: _Optional[str] = ..., state: _Optional[str] = ..., n: _Optional[int] = ..., ascending: _Optional[bool] = ..., window_start_ms: _Optional[int] = ..., min_batch: _Optional[int] = ...) -> None: ...
+
+class TopEntry(_message.Message):
+    __slots__ = ("key", "int_value", "double_value")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    INT_VALUE_FIELD_NUMBER: _ClassVar[int]
+    DOUBLE_VALUE_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    int_value: int
+    double_value: float
+    def __init__(self, key: _Optional[str] = ..., int_value: _Optional[int] = ..., double_value: _Optional[float] = ...) -> None: ...
+
+class TopResponse(_message.Message):
+    __slots__ = ("job", "operator", "state", "start_ms", "end_ms", "batch", "watermark_ms", "entries")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    OPERATOR_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    START_MS_FIELD_NUMBER: _ClassVar[int]
+    END_MS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    WATERMARK_MS_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    operator: str
+    state: str
+    start_ms: int
+    end_ms: int
+    batch: int
+    watermark_ms: int
+    entries: _containers.RepeatedCompositeFieldContainer[TopEntry]
+    def __init__(self, job: _Optional[str] = ..., operator: _Optional[str] = ..., state: _Optional[str] = ..., start_ms: _Optional[int] = ..., end_ms: _Optional[int] = ..., batch: _Optional[int] = ..., watermark_ms: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[TopEntry, _Mapping]]] = ...) -> None: ...
+
 class ListJobsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

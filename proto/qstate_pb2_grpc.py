@@ -44,6 +44,11 @@ class QueryableStateStub:
                 request_serializer=qstate_dot_proto_dot_qstate__pb2.MultiGetRequest.SerializeToString,
                 response_deserializer=qstate_dot_proto_dot_qstate__pb2.MultiGetResponse.FromString,
                 _registered_method=True)
+        self.Top = channel.unary_unary(
+                '/qstate.v1.QueryableState/Top',
+                request_serializer=qstate_dot_proto_dot_qstate__pb2.TopRequest.SerializeToString,
+                response_deserializer=qstate_dot_proto_dot_qstate__pb2.TopResponse.FromString,
+                _registered_method=True)
         self.ListJobs = channel.unary_unary(
                 '/qstate.v1.QueryableState/ListJobs',
                 request_serializer=qstate_dot_proto_dot_qstate__pb2.ListJobsRequest.SerializeToString,
@@ -77,6 +82,16 @@ class QueryableStateServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Top(self, request, context):
+        """The n keys with the largest (ascending: smallest) value of one state in one window
+        across every partition, ties by key. INVALID_ARGUMENT: session windows, a state that
+        does not order (approx_count_distinct), n out of bounds. UNAVAILABLE: a partition
+        cannot answer; the answer is never short of one.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListJobs(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -101,6 +116,11 @@ def add_QueryableStateServicer_to_server(servicer, server):
                     servicer.MultiGet,
                     request_deserializer=qstate_dot_proto_dot_qstate__pb2.MultiGetRequest.FromString,
                     response_serializer=qstate_dot_proto_dot_qstate__pb2.MultiGetResponse.SerializeToString,
+            ),
+            'Top': grpc.unary_unary_rpc_method_handler(
+                    servicer.Top,
+                    request_deserializer=qstate_dot_proto_dot_qstate__pb2.TopRequest.FromString,
+                    response_serializer=qstate_dot_proto_dot_qstate__pb2.TopResponse.SerializeToString,
             ),
             'ListJobs': grpc.unary_unary_rpc_method_handler(
                     servicer.ListJobs,
@@ -167,6 +187,33 @@ class QueryableState:
             '/qstate.v1.QueryableState/MultiGet',
             qstate_dot_proto_dot_qstate__pb2.MultiGetRequest.SerializeToString,
             qstate_dot_proto_dot_qstate__pb2.MultiGetResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Top(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qstate.v1.QueryableState/Top',
+            qstate_dot_proto_dot_qstate__pb2.TopRequest.SerializeToString,
+            qstate_dot_proto_dot_qstate__pb2.TopResponse.FromString,
             options,
             channel_credentials,
             insecure,

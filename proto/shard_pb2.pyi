@@ -161,3 +161,55 @@ class DescribeReply(_message.Message):
     partitions: _containers.RepeatedCompositeFieldContainer[PartitionInfo]
     draining: bool
     def __init__(self, server_id: _Optional[str] = ..., address: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[PartitionInfo, _Mapping]]] = ..., draining: _Optional[bool] = ...) -> None: ...
+
+class TopRequest(_message.Message):
+    __slots__ = ("job", "operator", "state", "partitions", "current", "start_ms", "n", "ascending")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    OPERATOR_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_FIELD_NUMBER: _ClassVar[int]
+    START_MS_FIELD_NUMBER: _ClassVar[int]
+    N_FIELD_NUMBER: _ClassVar[int]
+    ASCENDING_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    operator: str
+    state: str
+    partitions: _containers.RepeatedScalarFieldContainer[int]
+    current: bool
+    start_ms: int
+    n: int
+    ascending: bool
+    def __init__(self, job: _Optional[str] = ..., operator: _Optional[str] = ..., state: _Optional[str] = ..., partitions: _Optional[_Iterable[int]] = ..., current: _Optional[bool] = ..., start_ms: _Optional[int] = ..., n: _Optional[int] = ..., ascending: _Optional[bool] = ...) -> None: ...
+
+class TopEntry(_message.Message):
+    __slots__ = ("key", "int_value", "double_value")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    INT_VALUE_FIELD_NUMBER: _ClassVar[int]
+    DOUBLE_VALUE_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    int_value: int
+    double_value: float
+    def __init__(self, key: _Optional[str] = ..., int_value: _Optional[int] = ..., double_value: _Optional[float] = ...) -> None: ...
+
+class PartitionTop(_message.Message):
+    __slots__ = ("partition", "status", "batch", "watermark_ms", "start_ms", "entries")
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    WATERMARK_MS_FIELD_NUMBER: _ClassVar[int]
+    START_MS_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    partition: int
+    status: KeyStatus
+    batch: int
+    watermark_ms: int
+    start_ms: int
+    entries: _containers.RepeatedCompositeFieldContainer[TopEntry]
+    def __init__(self, partition: _Optional[int] = ..., status: _Optional[_Union[KeyStatus, str]] = ..., batch: _Optional[int] = ..., watermark_ms: _Optional[int] = ..., start_ms: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[TopEntry, _Mapping]]] = ...) -> None: ...
+
+class TopReply(_message.Message):
+    __slots__ = ("partitions",)
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    partitions: _containers.RepeatedCompositeFieldContainer[PartitionTop]
+    def __init__(self, partitions: _Optional[_Iterable[_Union[PartitionTop, _Mapping]]] = ...) -> None: ...

@@ -49,6 +49,11 @@ class ShardStub:
                 request_serializer=qstate_dot_proto_dot_shard__pb2.DescribeRequest.SerializeToString,
                 response_deserializer=qstate_dot_proto_dot_shard__pb2.DescribeReply.FromString,
                 _registered_method=True)
+        self.Top = channel.unary_unary(
+                '/qstate.shard.v1.Shard/Top',
+                request_serializer=qstate_dot_proto_dot_shard__pb2.TopRequest.SerializeToString,
+                response_deserializer=qstate_dot_proto_dot_shard__pb2.TopReply.FromString,
+                _registered_method=True)
 
 
 class ShardServicer:
@@ -76,6 +81,14 @@ class ShardServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Top(self, request, context):
+        """The `n` keys with the largest (or smallest) value of one state in one window, per
+        listed partition, as of the batch each partition holds.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ShardServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -93,6 +106,11 @@ def add_ShardServicer_to_server(servicer, server):
                     servicer.Describe,
                     request_deserializer=qstate_dot_proto_dot_shard__pb2.DescribeRequest.FromString,
                     response_serializer=qstate_dot_proto_dot_shard__pb2.DescribeReply.SerializeToString,
+            ),
+            'Top': grpc.unary_unary_rpc_method_handler(
+                    servicer.Top,
+                    request_deserializer=qstate_dot_proto_dot_shard__pb2.TopRequest.FromString,
+                    response_serializer=qstate_dot_proto_dot_shard__pb2.TopReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -176,6 +194,33 @@ class Shard:
             '/qstate.shard.v1.Shard/Describe',
             qstate_dot_proto_dot_shard__pb2.DescribeRequest.SerializeToString,
             qstate_dot_proto_dot_shard__pb2.DescribeReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Top(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qstate.shard.v1.Shard/Top',
+            qstate_dot_proto_dot_shard__pb2.TopRequest.SerializeToString,
+            qstate_dot_proto_dot_shard__pb2.TopReply.FromString,
             options,
             channel_credentials,
             insecure,

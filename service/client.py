@@ -27,7 +27,7 @@ from urllib.parse import quote
 
 import httpx
 
-from qstate.core.answer import BatchAnswer, JobInfo, JobList, StateAnswer
+from qstate.core.answer import BatchAnswer, JobInfo, JobList, StateAnswer, TopAnswer
 from qstate.core.errors import InvalidRequest, QStateError, from_http
 from qstate.core.security import clean_token, is_loopback
 
@@ -61,6 +61,17 @@ def _state_path(job: str, operator: str, state: str) -> str:
 
 def _key_path(job: str, operator: str, state: str, key: str) -> str:
     return f"{_state_path(job, operator, state)}/{quote(key, safe='')}"
+
+
+def _top(job: str, operator: str, state: str, n: int, descending: bool, window: TimeArg,
+         min_batch: int | None) -> tuple[str, dict[str, str]]:
+    """The path and parameters of a top-N request."""
+    path = f"/v1/top/{quote(job, safe='')}/{quote(operator, safe='')}/{quote(state, safe='')}"
+    params = {"n": str(n), "order": "desc" if descending else "asc",
+              "window": _t(window) or "current"}
+    if min_batch is not None:
+        params["min_batch"] = str(min_batch)
+    return path, params
 
 
 def _connection(url: str, ca: str | None, token: str | None, token_file: str | None = None,
@@ -165,6 +176,15 @@ class Client(_Base):
                           json={"keys": keys}, params=_params(from_, to, min_batch))
         return BatchAnswer.model_validate_json(r.content).results
 
+    def top(self, job: str, operator: str, state: str, n: int = 10, *,
+            descending: bool = True, window: TimeArg = None,
+            min_batch: int | None = None) -> TopAnswer:
+        """The ``n`` keys with the largest (``descending=False``: smallest) value of
+        ``state`` in one window across every partition, ties by key; ``window``: a time in
+        the window (None: the current one, the oldest still open at the watermark)."""
+        path, params = _top(job, operator, state, n, descending, window, min_batch)
+        return TopAnswer.model_validate_json(self._request("GET", path, params=params).content)
+
     def jobs(self) -> JobList:
         return JobList.model_validate_json(self._request("GET", "/v1/jobs").content)
 
@@ -218,6 +238,14 @@ class AsyncClient(_Base):
         r = await self._request("POST", f"{_state_path(job, operator, state)}:batchGet",
                                 json={"keys": keys}, params=_params(from_, to, min_batch))
         return BatchAnswer.model_validate_json(r.content).results
+
+    async def top(self, job: str, operator: str, state: str, n: int = 10, *,
+                  descending: bool = True, window: TimeArg = None,
+                  min_batch: int | None = None) -> TopAnswer:
+        """``Client.top``."""
+        path, params = _top(job, operator, state, n, descending, window, min_batch)
+        r = await self._request("GET", path, params=params)
+        return TopAnswer.model_validate_json(r.content)
 
     async def jobs(self) -> JobList:
         return JobList.model_validate_json((await self._request("GET", "/v1/jobs")).content)

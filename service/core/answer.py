@@ -23,8 +23,11 @@ __all__ = [
     "ShardStatus",
     "StateAnswer",
     "StateInfo",
+    "TopAnswer",
+    "TopEntry",
     "Window",
     "WindowInfo",
+    "WindowSpan",
     "error_responses",
 ]
 
@@ -70,6 +73,41 @@ class BatchAnswer(BaseModel):
     model_config = _STRICT
 
     results: list[StateAnswer] = Field(description="One per key asked, in the same order")
+
+
+class WindowSpan(BaseModel):
+    model_config = _STRICT
+
+    start: int = Field(description="Window start, epoch ms")
+    end: int = Field(description="Window end, epoch ms, exclusive")
+
+
+class TopEntry(BaseModel):
+    model_config = _STRICT
+
+    key: str
+    value: int | float = Field(description="The key's value of the state in the window")
+
+
+class TopAnswer(BaseModel):
+    """The keys with the largest (or smallest) values of one state in one window, across
+    every partition, ties broken by key."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
+        "job": "tweets", "operator": "per_tweet_1h", "state": "impressions",
+        "window": {"start": 1767225600000, "end": 1767229200000}, "order": "desc",
+        "batch": 311, "watermark": 1767225590000,
+        "entries": [{"key": "tw-42", "value": 17}, {"key": "tw-7", "value": 11}]}]})
+
+    job: str
+    operator: str
+    state: str
+    window: WindowSpan | None = Field(description="The window ranked (null: not windowed)")
+    order: str = Field(description="desc: largest first; asc: smallest first")
+    batch: int = Field(description="The lowest batch of the partitions read: every "
+                       "partition's part is as of this batch or a later one (-1: none yet)")
+    watermark: int = Field(description="The lowest watermark of those partitions, epoch ms")
+    entries: list[TopEntry] = Field(description="At most n, in order; ties by key, ascending")
 
 
 class Point(BaseModel):

@@ -160,6 +160,12 @@ class Settings(BaseSettings):
         "`limit` windows of a time-range read. A batch range read without a `limit` gets "
         "limit = min(max_windows, this ÷ keys); one that asks more is refused with a 400 "
         "naming this budget.")
+    max_top_n: int = Field(
+        1000, ge=1, description="Router: most keys a top-N answer holds (`n`).")
+    max_top_scan_keys: int = Field(
+        100_000, ge=1, description="Routers and shards: most keys one partition reads for "
+        "a top-N of a merged sliding window, which has no rank index (its windows are "
+        "folded from panes at read time); a window holding more is a 413 naming this.")
     min_batch_wait_s: float = Field(
         5.0, ge=0, description="Router: longest a read with `min_batch` waits for its "
         "partitions to have that batch; then 503 + Retry-After naming the batch they have.")

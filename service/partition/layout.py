@@ -3,6 +3,7 @@
 ``d | len(key):u16 | key | start:u64``            -> value (``qstate.partition.codec``)
 ``d | len(key):u16 | key | pane:u64 | tag:u64``   -> value of a (sub-)pane of a sliding window
 ``e | end:u64 | <data key without d>``            -> b""   (time index, for retention)
+``r | state:u8 | start:u64 | rank:u64 | key``   -> b""   (rank index, for top-N)
 ``m``                                             -> orjson meta (last_batch, watermark, epoch)
 
 Times are epoch ms shifted by 2**63 so big-endian bytes sort like signed integers. The
@@ -21,13 +22,14 @@ import pyarrow.compute as pc
 
 from qstate.core.errors import CorruptState
 
-__all__ = ["DATA", "INDEX", "META", "NO_WINDOW", "DataKey", "data_key", "data_key_of_index",
+__all__ = ["DATA", "INDEX", "META", "NO_WINDOW", "RANK", "DataKey", "data_key", "data_key_of_index",
            "data_keys", "dec_time", "enc_time", "index_key", "index_keys", "key_prefix",
-           "pane_of", "parse_data_key", "start_of", "tag_of"]
+           "pane_of", "parse_data_key", "rank_keys", "rank_prefix", "start_of", "tag_of"]
 
 DATA = b"d"
 INDEX = b"e"
 META = b"m"
+RANK = b"r"
 NO_WINDOW = -(1 << 63)  # the start of non-windowed state
 
 _U64 = struct.Struct(">Q")
@@ -132,3 +134,17 @@ def pane_of(data: bytes) -> int:
 def tag_of(data: bytes) -> int:
     """The tag of a pane's data key (``qstate.core.windows.pane_tag``)."""
     return dec_time(data[-8:])
+
+
+def rank_prefix(state: int, start: int) -> bytes:
+    """Where the rank entries of one state's window begin (``NO_WINDOW``: unwindowed)."""
+    return RANK + bytes((state,)) + enc_time(start)
+
+
+def rank_keys(state: int, starts: np.ndarray, ranks: np.ndarray, keys: pa.Array) -> pa.Array:
+    """Rank entries of many rows at once: ``ranks`` are order-preserving u64
+    (``qstate.partition.rank.ranks_of``), so one state's window sorts by value, then key."""
+    n = len(keys)
+    return pc.binary_join_element_wise(
+        pa.array([RANK + bytes((state,))] * n, pa.binary()), _times(starts),
+        _fixed(ranks.astype(">u8"), 8), keys.cast(pa.binary()), b"")

@@ -19,6 +19,9 @@ class Meta:
     last_batch: int = -1
     watermark_ms: int = 0
     epoch: int = 0
+    # the version of the rank index its writer keeps (``qstate.partition.rank``): 0, a
+    # partition written before it existed, which the shard indexes when it opens it
+    ranks: int = 0
 
 
 class _Gets(Protocol):  # an Rdict, or a snapshot of one

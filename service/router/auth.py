@@ -33,10 +33,10 @@ def _open(path: str, metrics_public: bool) -> bool:
 
 
 def target_of(path: str) -> tuple[str, str | None] | None:
-    """The job and operator a data path asks for: /v1/state|series/{job}/{op}/..., or
+    """The job and operator a data path asks for: /v1/state|series|top/{job}/{op}/..., or
     /v1/jobs/{job} (operator None); None for paths that name no job."""
     parts = path.split("/", 5)
-    if len(parts) >= 5 and parts[1] == "v1" and parts[2] in ("state", "series"):
+    if len(parts) >= 5 and parts[1] == "v1" and parts[2] in ("state", "series", "top"):
         return parts[3], parts[4]
     if len(parts) == 4 and parts[1] == "v1" and parts[2] == "jobs" and parts[3]:
         return parts[3], None

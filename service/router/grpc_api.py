@@ -53,7 +53,7 @@ def _limit(req: pb.GetRequest | pb.MultiGetRequest) -> int | None:
     return req.limit if req.HasField("limit") else None
 
 
-def _min_batch(req: pb.GetRequest | pb.MultiGetRequest) -> int | None:
+def _min_batch(req: pb.GetRequest | pb.MultiGetRequest | pb.TopRequest) -> int | None:
     return req.min_batch if req.HasField("min_batch") else None
 
 
@@ -101,6 +101,29 @@ class QueryableStateService(pb_grpc.QueryableStateServicer):
         RPCS.labels("MultiGet", "OK").inc()
         RPC_LATENCY.labels("MultiGet").observe(time.perf_counter() - t0)
         return pb.MultiGetResponse(results=[_value(spec, q.state, k, h) for k, h in hits])
+
+    async def Top(self, request: pb.TopRequest, context: grpc.aio.ServicerContext
+                  ) -> pb.TopResponse:
+        t0 = time.perf_counter()
+        try:
+            self.auth.check(context, request.job, request.operator)
+            q = self.query.top_query(
+                request.job, request.operator, request.state, request.n or None,
+                not request.ascending,
+                request.window_start_ms if request.HasField("window_start_ms") else None,
+                _min_batch(request))
+            r = await self.query.top(q)
+        except QStateError as exc:
+            await _fail(context, "Top", exc)
+        RPCS.labels("Top", "OK").inc()
+        RPC_LATENCY.labels("Top").observe(time.perf_counter() - t0)
+        out = pb.TopResponse(job=r.spec.job, operator=r.spec.operator, state=r.state,
+                             batch=r.batch, watermark_ms=r.watermark_ms)
+        if r.start is not None and r.end is not None:
+            out.start_ms, out.end_ms = r.start, r.end
+        for k, v in r.entries:
+            set_value(out.entries.add(key=k), v)
+        return out
 
     async def ListJobs(self, request: pb.ListJobsRequest, context: grpc.aio.ServicerContext
                        ) -> pb.ListJobsResponse:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import orjson
 from fastapi import Body, FastAPI, Path, Query, Request
@@ -32,7 +32,10 @@ from qstate.core.answer import (
     Series,
     StateAnswer,
     StateInfo,
+    TopAnswer,
+    TopEntry,
     WindowInfo,
+    WindowSpan,
     error_responses,
 )
 from qstate.core.errors import InvalidRequest, QStateError
@@ -52,6 +55,7 @@ from qstate.router.wire import (
     error_response,
     parse_limit,
     parse_min_batch,
+    parse_time,
     time_range,
 )
 
@@ -236,6 +240,34 @@ def create_app(query: QueryService, ready: Callable[[], bool] = lambda: True) ->
         if a.next_from is not None:
             out.headers[NEXT_FROM] = str(a.next_from)
         return out
+
+    max_n = query.max_top_n
+    n_param = Query(None, ge=1, le=max_n, description=f"How many keys (default 10; most: "
+                    f"{max_n}, QSTATE_MAX_TOP_N)")
+
+    @app.get("/v1/top/{job}/{operator}/{state}", response_model=TopAnswer, responses=errors,
+             summary="The n keys with the largest (or smallest) value in one window, across "
+                     "every partition; ties by key")
+    async def get_top(job: Name, operator: Name, state: Name, n: int | None = n_param,
+                      order: Annotated[Literal["desc", "asc"], Query(
+                          description="desc: largest first; asc: smallest first")] = "desc",
+                      window: Annotated[str, Query(
+                          description="current: the oldest window still open at the "
+                          f"watermark (the one still counting); or a time ({_TIME_DOC}): "
+                          "the newest window starting at or before it. Ignored for state "
+                          "without windows", examples=["current", "now-1h"],
+                          json_schema_extra={"pattern": f"^(?:current|{TIME_PATTERN[1:-1]})$"})
+                      ] = "current",
+                      min_batch: int | None = min_batch_param) -> Any:
+        start = None if window == "current" else parse_time("window", window)
+        r = await query.top(query.top_query(job, operator, state, n, order == "desc", start,
+                                            min_batch))
+        return json_response(TopAnswer.model_construct(
+            job=r.spec.job, operator=r.spec.operator, state=r.state,
+            window=None if r.start is None or r.end is None
+            else WindowSpan.model_construct(start=r.start, end=r.end),
+            order=order, batch=r.batch, watermark=r.watermark_ms,
+            entries=[TopEntry.model_construct(key=k, value=v) for k, v in r.entries]))
 
     @app.get("/v1/jobs", response_model=JobList, responses=errors,
              summary="Jobs whose state is queryable (with tokens: those the token may read)")

@@ -26,10 +26,12 @@ from rocksdict import AccessType, Options, Rdict
 from qstate.core.address import PartitionId
 from qstate.core.assignment import ServerInfo
 from qstate.core.config import DEFAULTS
+from qstate.core.errors import TooLarge
 from qstate.core.operator import OperatorSpec
 from qstate.partition.codec import Codec
 from qstate.partition.files import MARKER, Marker, file_signature, partition_dir, read_marker
 from qstate.partition.meta import Meta, read_meta
+from qstate.partition.rank import Ranked, read_top
 from qstate.partition.reader import WindowValue, read_many
 
 __all__ = ["LocalReader"]
@@ -134,13 +136,10 @@ class LocalReader:
             codec = self._codecs[(spec.job, spec.operator)] = Codec(spec)
         return codec
 
-    def read_many(self, address: str, spec: OperatorSpec, pid: PartitionId,
-                  keys: Sequence[str], rng: tuple[int, int] | None,
-                  limit: int = DEFAULTS.max_windows
-                  ) -> tuple[Meta, list[list[WindowValue]]] | None:
-        """The answers of keys of one partition from the owner's files, as of one batch (the
-        owner, the marker and the secondary are checked once for them all), or None: ask
-        the owner over gRPC."""
+    def _secondary(self, address: str, pid: PartitionId) -> _Secondary | None:
+        """The partition's secondary, caught up as of its marker, when its owner runs on
+        this host and reports it ready; else None (ask the owner over gRPC). Raises when
+        the files move under it (a restore, a drop)."""
         info = self.servers.get(address)
         if info is None or pid not in self.ready.get(address, ()):
             return None
@@ -152,17 +151,45 @@ class LocalReader:
             path = partition_dir(Path(info.data_dir), pid)
             paths = self._paths[k] = (path, str(path / MARKER))
         path, marker_file = paths
+        signature = file_signature(marker_file)  # gone: not served from here (any more)
+        sec = self._dbs.get(k)
+        now = time.monotonic()
+        if sec is None or sec.signature != signature or now - sec.read_at > MARKER_RECHECK_S:
+            sec = self._follow(k, path, sec)
+            sec.signature, sec.read_at = signature, now
+        return sec
+
+    def read_many(self, address: str, spec: OperatorSpec, pid: PartitionId,
+                  keys: Sequence[str], rng: tuple[int, int] | None,
+                  limit: int = DEFAULTS.max_windows
+                  ) -> tuple[Meta, list[list[WindowValue]]] | None:
+        """The answers of keys of one partition from the owner's files, as of one batch (the
+        owner, the marker and the secondary are checked once for them all), or None: ask
+        the owner over gRPC."""
         try:
-            signature = file_signature(marker_file)  # gone: not served from here (any more)
-            sec = self._dbs.get(k)
-            now = time.monotonic()
-            if sec is None or sec.signature != signature or \
-                    now - sec.read_at > MARKER_RECHECK_S:
-                sec = self._follow(k, path, sec)
-                sec.signature, sec.read_at = signature, now
-            result = read_many(sec.db, self._codec(spec), keys, rng, limit, sec.meta)
+            sec = self._secondary(address, pid)
+            if sec is None:
+                return None
+            return read_many(sec.db, self._codec(spec), keys, rng, limit, sec.meta)
         except Exception as exc:  # files moving under us (restore, drop): use gRPC
-            log.debug("local read of %s failed: %s", k, exc)
-            self._close(k)
+            log.debug("local read of %s at %s failed: %s", pid, address, exc)
+            self._close((address, pid))
             return None
-        return result
+
+    def top(self, address: str, spec: OperatorSpec, pid: PartitionId, state: int,
+            start: int | None, n: int, descending: bool, max_keys: int
+            ) -> tuple[Meta, int, list[Ranked]] | None:
+        """``qstate.partition.rank.read_top`` of one partition from the owner's files, or
+        None: ask the owner over gRPC. A window too large to fold raises TooLarge."""
+        try:
+            sec = self._secondary(address, pid)
+            if sec is None:
+                return None
+            return read_top(sec.db, self._codec(spec), state, start, n, descending, max_keys,
+                            sec.meta)
+        except TooLarge:
+            raise
+        except Exception as exc:  # files moving under us (restore, drop): use gRPC
+            log.debug("local top-N of %s at %s failed: %s", pid, address, exc)
+            self._close((address, pid))
+            return None

@@ -32,9 +32,10 @@ GRPC_REQUESTS = Counter("qstate_router_grpc_requests_total", "gRPC requests", ["
 GRPC_LATENCY = Histogram("qstate_router_grpc_request_seconds", "gRPC latency", ["method"],
                          buckets=_BUCKETS)
 SHARD_READS = Counter("qstate_router_shard_reads_total",
-                      "Key lookups by path: local (in-process from a co-located shard's files), "
-                      "remote (the owner's gRPC API, coalesced) or follower (a copy's gRPC API, "
-                      "when the owner is down or restoring)", ["path"])
+                      "Key lookups (and partitions a top-N reads) by path: local (in-process "
+                      "from a co-located shard's files), remote (the owner's gRPC API, "
+                      "coalesced) or follower (a copy's gRPC API, when the owner is down or "
+                      "restoring)", ["path"])
 LOCAL_READS, REMOTE_READS = SHARD_READS.labels("local"), SHARD_READS.labels("remote")
 FOLLOWER_READS = SHARD_READS.labels("follower")
 # every reason a router answers 503 for (``Unavailable.reason``), each a series from the start

@@ -17,8 +17,9 @@ from qstate.core.operator import OperatorSpec
 from qstate.core.shard_client import held_partitions
 from qstate.proto import shard_pb2 as pb
 from qstate.router.reads import Hit, PartitionReads
-from qstate.router.request import StateQuery
+from qstate.router.request import StateQuery, TopQuery
 from qstate.router.routing import RoutingTable
+from qstate.router.top import TopReads, TopResult
 
 __all__ = ["OperatorStatus", "QueryService", "absent", "absent_key"]
 
@@ -49,13 +50,17 @@ class QueryService:
                  max_batch_keys: int = DEFAULTS.max_batch_keys,
                  max_windows: int = DEFAULTS.max_windows,
                  max_request_windows: int = DEFAULTS.max_request_windows,
-                 min_batch_wait_s: float = DEFAULTS.min_batch_wait_s) -> None:
+                 min_batch_wait_s: float = DEFAULTS.min_batch_wait_s,
+                 max_top_n: int = DEFAULTS.max_top_n,
+                 max_top_scan_keys: int = DEFAULTS.max_top_scan_keys) -> None:
         self.routing = routing
         self.reads = reads
         self.max_batch_keys = max_batch_keys
         self.max_windows = max_windows
         self.max_request_windows = max_request_windows
         self.min_batch_wait_s = min_batch_wait_s
+        self.max_top_n = max_top_n
+        self.top_reads = TopReads(reads, max_top_scan_keys, min_batch_wait_s)
 
     def point(self, job: str, operator: str, state: str, key: str,
               rng: tuple[int, int] | None = None, limit: int | None = None,
@@ -74,6 +79,18 @@ class QueryService:
         return StateQuery.of(job, operator, state, keys, rng, limit,
                              max_windows=self.max_windows, max_keys=self.max_batch_keys,
                              max_request_windows=self.max_request_windows, min_batch=min_batch)
+
+    def top_query(self, job: str, operator: str, state: str, n: int | None = None,
+                  descending: bool = True, start_ms: int | None = None,
+                  min_batch: int | None = None) -> TopQuery:
+        """A top-N query under this router's bound on ``n`` (QSTATE_MAX_TOP_N)."""
+        return TopQuery.of(job, operator, state, n, descending, start_ms,
+                           max_n=self.max_top_n, min_batch=min_batch)
+
+    async def top(self, q: TopQuery) -> TopResult:
+        """The query's top n across every partition of its operator."""
+        spec = await self.routing.spec(q.job, q.operator, q.state)
+        return await self.top_reads.top(spec, q)
 
     async def _at_least(self, q: StateQuery, spec: OperatorSpec, pid: PartitionId, key: str,
                         hit: Hit) -> Hit:

@@ -8,8 +8,8 @@ as of one batch (a follower's may be a batch older), or ``Unavailable``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from typing import NamedTuple
+from collections.abc import Awaitable, Callable, Sequence
+from typing import NamedTuple, Protocol, TypeVar
 
 import grpc
 
@@ -30,6 +30,14 @@ __all__ = ["Hit", "PartitionReads", "Row"]
 log = logging.getLogger(__name__)
 
 _TRANSPORT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+class _Status(Protocol):  # a shard's answer about one partition: KeyResult, PartitionTop
+    @property
+    def status(self) -> pb.KeyStatus: ...
+
+
+Answer = TypeVar("Answer", bound=_Status)
 
 
 class Row(NamedTuple):
@@ -105,30 +113,38 @@ class PartitionReads:
                           owner: str | None) -> Hit:
         """From ``owner`` over gRPC (None: the routing table names none yet), following a
         move once; from a follower when the owner cannot answer."""
-        try:
-            return await self._read_owner(pid, q, key, owner)
-        except Unavailable:
-            hit = await self._read_follower(pid, q, key)
-            if hit is None:
-                raise
-            return hit
+        kq = pb.KeyQuery(key=key, partition=pid.partition)
+        return _hit(await self.ask(pid, owner, lambda address: self.caller.lookup(
+            address, pid, q.state, kq, q.range_ms, q.limit)))
 
-    async def _read_follower(self, pid: PartitionId, q: StateQuery, key: str) -> Hit | None:
+    async def ask(self, pid: PartitionId, owner: str | None,
+                  call: Callable[[str], Awaitable[Answer]]) -> Answer:
+        """``call(address)`` of the partition's owner (None: the routing table names none
+        yet), following a move once; of a follower when the owner cannot answer. The answer
+        has the partition's ``status``: FOUND or ABSENT, never NOT_OWNED or RESTORING."""
+        try:
+            return await self._ask_owner(pid, owner, call)
+        except Unavailable:
+            answer = await self._ask_follower(pid, call)
+            if answer is None:
+                raise
+            return answer
+
+    async def _ask_follower(self, pid: PartitionId,
+                            call: Callable[[str], Awaitable[Answer]]) -> Answer | None:
         """From the first follower that serves the partition, or None."""
         for address in self.routing.followers_now(pid):
             FOLLOWER_READS.inc()
             try:
-                r = await self.caller.lookup(address, pid, q.state,
-                                             pb.KeyQuery(key=key, partition=pid.partition),
-                                             q.range_ms, q.limit)
+                r = await call(address)
             except grpc.aio.AioRpcError:
                 continue
             if r.status in (pb.FOUND, pb.ABSENT):
-                return _hit(r)
+                return r
         return None
 
-    async def _read_owner(self, pid: PartitionId, q: StateQuery, key: str,
-                          address: str | None) -> Hit:
+    async def _ask_owner(self, pid: PartitionId, address: str | None,
+                         call: Callable[[str], Awaitable[Answer]]) -> Answer:
         for attempt in (0, 1):
             if attempt or address is None:  # after a move, or none named yet: refresh once
                 address = await self.routing.owner(pid)
@@ -137,9 +153,7 @@ class PartitionReads:
                                         "no-owner")
             REMOTE_READS.inc()
             try:
-                r = await self.caller.lookup(address, pid, q.state,
-                                             pb.KeyQuery(key=key, partition=pid.partition),
-                                             q.range_ms, q.limit)
+                r = await call(address)
             except grpc.aio.AioRpcError as exc:
                 if exc.code() in _TRANSPORT:
                     if attempt == 0 and await self.routing.moved(pid, address):
@@ -162,7 +176,7 @@ class PartitionReads:
                 raise self._unavailable(f"partition {pid} is being restored on {address}", pid,
                                         "restoring")
             if r.status != pb.NOT_OWNED:
-                return _hit(r)
+                return r
             await self.routing.refresh(force=True)
         raise self._unavailable(f"partition {pid} is moving between shard servers", pid,
                                 "moving")

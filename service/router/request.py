@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from qstate.core.address import check_key, check_name
 from qstate.core.errors import InvalidRequest
 
-__all__ = ["StateQuery", "check_limit", "check_min_batch", "check_range"]
+__all__ = ["StateQuery", "TopQuery", "check_limit", "check_min_batch", "check_range"]
 
 
 def check_range(rng: tuple[int, int] | None) -> None:
@@ -75,3 +75,31 @@ class StateQuery:
                     "keys or a smaller limit, and page on with 'next_from'")
         return cls(job, operator, state, tuple(keys), range_ms, check_limit(limit, max_windows),
                    check_min_batch(min_batch))
+
+
+@dataclass(frozen=True, slots=True)
+class TopQuery:
+    """The ``n`` keys of one state with the largest (``descending``) or smallest values in
+    one window across every partition, ties by key."""
+
+    job: str
+    operator: str
+    state: str
+    n: int
+    descending: bool = True
+    start_ms: int | None = None  # the window starting here; None: the current one
+    min_batch: int | None = None  # every partition, as in StateQuery
+
+    @classmethod
+    def of(cls, job: str, operator: str, state: str, n: int | None, descending: bool = True,
+           start_ms: int | None = None, *, max_n: int,
+           min_batch: int | None = None) -> TopQuery:
+        """The query, or the InvalidRequest (400) that says what to fix."""
+        check_name("job", job)
+        check_name("operator", operator)
+        check_name("state", state)
+        if n is None:
+            n = min(10, max_n)
+        if not 1 <= n <= max_n:
+            raise InvalidRequest(f"'n' is {n}: ask for 1 to {max_n} keys (QSTATE_MAX_TOP_N)")
+        return cls(job, operator, state, n, descending, start_ms, check_min_batch(min_batch))

@@ -119,7 +119,7 @@ async def serve(o: ShardOptions) -> None:
     metrics.HELD.watch(partitions.server_dir, partitions.held_now)
     server = grpc.aio.server(options=[*CHANNEL_OPTIONS, security.NO_REUSEPORT],
                              interceptors=security.cluster_interceptors(cfg))
-    service = ShardService(partitions, server_id, "", cfg.max_windows)
+    service = ShardService(partitions, server_id, "", cfg.max_windows, cfg.max_top_scan_keys)
     pb_grpc.add_ShardServicer_to_server(service, server)
 
     def ready() -> bool:  # no partition restoring: gRPC health and /readyz alike

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from qstate.shard.held import Held
 
 __all__ = ["APPLIED_ROWS", "APPLY_SECONDS", "CAUGHT_UP", "COMMITS", "COMMIT_SECONDS", "HELD",
-           "LAST_SKIPPED", "LOOKUPS", "LOOKUP_SECONDS", "STATES", "STATE_WRITES",
+           "LAST_SKIPPED", "LOOKUPS", "LOOKUP_SECONDS", "STATES", "STATE_WRITES", "TOP_SECONDS",
            "HeldCollector", "refused_commit"]
 
 COMMITS = Counter("qstate_shard_commits_total",
@@ -51,6 +51,8 @@ CAUGHT_UP = Counter("qstate_shard_caught_up_batches_total",
 LOOKUPS = Counter("qstate_shard_lookup_keys_total", "Keys looked up", ["status"])
 LOOKUP_SECONDS = Histogram("qstate_shard_lookup_seconds", "Time per MultiGet call",
                            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05))
+TOP_SECONDS = Histogram("qstate_shard_top_seconds", "Time per Top call (all its partitions)",
+                        buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5))
 # with qstate_shard_commits_total{result="skipped"} (how many partitions): which batch a
 # restarted driver re-ran (or a committer re-sent) that this server already had
 LAST_SKIPPED = Gauge("qstate_shard_last_skipped_batch",

@@ -17,9 +17,16 @@ import grpc
 from qstate.core import faults
 from qstate.core.address import PartitionId, check_key, check_name, partition_of
 from qstate.core.config import DEFAULTS
-from qstate.core.errors import InvalidRequest, QStateError, UnknownOperator, grpc_trailers
+from qstate.core.errors import (
+    InvalidRequest,
+    QStateError,
+    TooLarge,
+    UnknownOperator,
+    grpc_trailers,
+)
 from qstate.core.operator import OperatorSpec
 from qstate.core.values import set_value
+from qstate.partition import rank
 from qstate.partition.reader import WindowValue, page
 from qstate.proto import shard_pb2 as pb
 from qstate.proto import shard_pb2_grpc as pb_grpc
@@ -31,6 +38,7 @@ __all__ = ["ShardService"]
 log = logging.getLogger(__name__)
 
 MAX_KEYS = 10_000
+MAX_TOP_N = 10_000  # a router asks at most its max_top_n of each partition
 # A lookup reading more windows than this (keys × the windows each may return) runs on the
 # read threads, not on the event loop that answers heartbeats (Describe) and commits:
 # a read storm makes reads slower, never a server that looks dead (docs/architecture.md §5).
@@ -61,11 +69,13 @@ async def _abort(context: grpc.aio.ServicerContext, exc: QStateError) -> None:
 
 class ShardService(pb_grpc.ShardServicer):
     def __init__(self, partitions: Partitions, server_id: str, address: str,
-                 max_windows: int = DEFAULTS.max_windows) -> None:
+                 max_windows: int = DEFAULTS.max_windows,
+                 max_top_scan_keys: int = DEFAULTS.max_top_scan_keys) -> None:
         self.partitions = partitions
         self.server_id = server_id
         self.address = address
         self.max_windows = max_windows
+        self.max_top_scan_keys = max_top_scan_keys
         self.draining = False  # stopping: serves until its partitions have moved (main.py)
         self.coordinator_at = float("-inf")  # monotonic time of a coordinator's last beat
         # its own threads: a read storm must not take the ones commits run on either
@@ -115,12 +125,17 @@ class ShardService(pb_grpc.ShardServicer):
         return pb.CommitReply(applied=res.applied, skipped=res.skipped,
                               caught_up_batches=res.caught_up)
 
+    def _state_spec(self, job: str, operator: str, state: str,
+                    partitions: Iterable[int]) -> OperatorSpec:
+        spec = self._spec(job, operator, partitions)
+        check_name("state", state)
+        if state not in spec.states:
+            raise UnknownOperator(f"operator {job}/{operator} has no state {state!r}")
+        return spec
+
     def _check_lookup(self, request: pb.LookupRequest) -> OperatorSpec:
-        spec = self._spec(request.job, request.operator, [kq.partition for kq in request.keys])
-        check_name("state", request.state)
-        if request.state not in spec.states:
-            raise UnknownOperator(
-                f"operator {request.job}/{request.operator} has no state {request.state!r}")
+        spec = self._state_spec(request.job, request.operator, request.state,
+                                [kq.partition for kq in request.keys])
         if len(request.keys) > MAX_KEYS:
             raise InvalidRequest(f"at most {MAX_KEYS} keys per call")
         for kq in request.keys:
@@ -182,6 +197,59 @@ class ShardService(pb_grpc.ShardServicer):
             r.batch, r.watermark_ms = meta.last_batch, meta.watermark_ms
             r.status = pb.FOUND if windows else pb.ABSENT
             r.windows.extend(_window(w, idx) for w in windows)
+        return reply
+
+    async def Top(self, request: pb.TopRequest, context: grpc.aio.ServicerContext
+                  ) -> pb.TopReply:
+        t0 = time.perf_counter()
+        try:
+            spec = self._state_spec(request.job, request.operator, request.state,
+                                    request.partitions)
+            state = rank.check_top(spec, request.state)
+            if not 1 <= request.n <= MAX_TOP_N:
+                raise InvalidRequest(f"n is {request.n}: ask 1 to {MAX_TOP_N}")
+            for p in request.partitions:
+                if p >= spec.partitions:
+                    raise InvalidRequest(f"partition {p} >= {spec.partitions}")
+            # on the read thread: it reads n entries of each partition, or folds a sliding
+            # window's keys, and must not hold up commits and heartbeats (§5)
+            reply = await asyncio.get_running_loop().run_in_executor(
+                self.read_pool, self._top, request, spec, state)
+        except QStateError as exc:
+            await _abort(context, exc)
+        metrics.TOP_SECONDS.observe(time.perf_counter() - t0)
+        return reply
+
+    def _top(self, request: pb.TopRequest, spec: OperatorSpec, state: int) -> pb.TopReply:
+        reply = pb.TopReply()
+        start = None if request.current else request.start_ms
+        for p in request.partitions:
+            pid = PartitionId(request.job, request.operator, p)
+            held = self.partitions.lookup(pid)
+            r = reply.partitions.add(partition=p)
+            if held is None:
+                r.status = pb.NOT_OWNED
+                continue
+            if not held.ready.is_set():
+                r.status = pb.RESTORING
+                continue
+            try:
+                meta, at, ranked = rank.read_top(held.store.db, held.store.codec, state, start,
+                                                 request.n, not request.ascending,
+                                                 self.max_top_scan_keys)
+            except TooLarge:
+                raise
+            except Exception as exc:  # closed under us: the partition just moved away
+                if self.partitions.lookup(pid) is held:
+                    log.exception("top-N of %s failed", pid)
+                    raise
+                log.info("%s moved away during a top-N read: %s", pid, exc)
+                r.status = pb.NOT_OWNED
+                continue
+            r.status, r.batch, r.watermark_ms, r.start_ms = (
+                pb.FOUND, meta.last_batch, meta.watermark_ms, at)
+            for k, v in ranked:
+                set_value(r.entries.add(key=k), v)
         return reply
 
     async def Describe(self, request: pb.DescribeRequest, context: grpc.aio.ServicerContext

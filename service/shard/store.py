@@ -10,10 +10,11 @@ tag) for a sliding window — and session windows merge per key (``_merge_sessio
 
 from __future__ import annotations
 
+import logging
 import threading
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -23,13 +24,15 @@ from rocksdict import BlockBasedOptions, Options, Rdict, WriteBatch, WriteOption
 
 from qstate.core.errors import StaleEpoch
 from qstate.core.operator import OperatorSpec
-from qstate.partition import files, layout
+from qstate.partition import files, layout, rank
 from qstate.partition.codec import Codec
 from qstate.partition.layout import INDEX, META, NO_WINDOW
 from qstate.partition.meta import Meta, encode_meta, read_meta
 from qstate.partition.reader import WindowValue, read_windows
 
 __all__ = ["ApplyStats", "PartitionStore"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -67,9 +70,20 @@ class PartitionStore:
         self._sync = WriteOptions()
         self._sync.sync = True  # WAL synced at each commit (docs/architecture.md §4)
         self.lock = threading.RLock()  # one writer at a time; readers use snapshots
+        self.ranked = rank.ranked_states(spec)
         self.meta = read_meta(self.db)
+        self._index_ranks()
         self.last_apply = ApplyStats()
         self._mark()
+
+    def _index_ranks(self) -> None:
+        """A partition written before the rank index existed gets one before it serves."""
+        if self.meta.ranks >= rank.VERSION or self.meta.last_batch < 0:
+            return
+        rows = rank.rebuild(self.db, self.spec)
+        self.meta = replace(self.meta, ranks=rank.VERSION)
+        self.db.put(META, encode_meta(self.meta), self._sync)
+        log.info("rank index of %s built from %d rows", self.path, rows)
 
     def _mark(self) -> None:
         """Publish "incarnation batch" for same-host readers (qstate.partition.files)."""
@@ -87,6 +101,7 @@ class PartitionStore:
         self.db = Rdict(str(self.path), _options())
         self.token = uuid.uuid4().hex[:12]  # a new incarnation: readers must reopen
         self.meta = read_meta(self.db)
+        self._index_ranks()
         self._mark()
 
     # ---- write path -------------------------------------------------------------
@@ -112,7 +127,7 @@ class PartitionStore:
                     stats.writes += self._merge_sessions(wb, delta, late, cutoff)
                 else:
                     stats.writes += self._merge_rows(wb, delta, cutoff)
-            meta = Meta(batch, watermark_ms, max(epoch, self.meta.epoch))
+            meta = Meta(batch, watermark_ms, max(epoch, self.meta.epoch), rank.VERSION)
             wb.put(META, encode_meta(meta))
             self.db.write(wb, self._sync)
             self.meta = meta
@@ -140,9 +155,11 @@ class PartitionStore:
         if not self.spec.windowed:
             for dk, value in zip(dks, values, strict=True):
                 wb.put(dk, value)
+            self._rank(wb, delta, old, present, merged, np.ones(len(dks), bool))
             return len(dks)
         ends = self._index_ends(delta, merged["end"])
         keep = ends > cutoff
+        self._rank(wb, delta, old, present, merged, keep)
         for dk, value, kept in zip(dks, values, keep.tolist(), strict=True):
             if kept:
                 wb.put(dk, value)
@@ -151,6 +168,13 @@ class PartitionStore:
             for ik in layout.index_keys(ends[fresh], keys.filter(pa.array(fresh))).to_pylist():
                 wb.put(ik, b"")
         return int(keep.sum())
+
+    def _rank(self, wb: WriteBatch, delta: pa.Table, old: np.ndarray, present: np.ndarray,
+              merged: np.ndarray, keep: np.ndarray) -> None:
+        if self.ranked:
+            rank.update(wb, self.spec, delta.column("key").combine_chunks(),
+                        delta.column("start").fill_null(NO_WINDOW).to_numpy(), old, present,
+                        merged, keep)
 
     def _fold_duplicates(self, keys: pa.Array, delta: pa.Table, new: np.ndarray,
                          new_blobs: list[list[bytes | None]]
@@ -271,6 +295,7 @@ class PartitionStore:
             n += 1
         if n:
             wb.delete_range(INDEX, hi)
+            rank.drop_windows(wb, self.spec, cutoff_ms)
         return n
 
     # ---- read path --------------------------------------------------------------

@@ -12,6 +12,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import grpc
 import httpx
 import pandas as pd
 import pytest
@@ -30,6 +31,8 @@ from qstate.jobs.examples.workloads import (
 from qstate.jobs.job import JobContext
 from qstate.jobs.launch import start_job
 from qstate.jobs.parse import KINDS
+from qstate.proto import qstate_pb2 as qpb
+from qstate.proto import qstate_pb2_grpc as qpb_grpc
 from tests.helpers import (
     Windows,
     grpc_windows,
@@ -56,6 +59,32 @@ def assert_router_answers(router, job: str, operator: str, state: str, keys: lis
     latest = latest_only(want)
     assert http_windows(router.url, job, operator, state, keys, latest=True) == latest
     assert grpc_windows(router.grpc_address, job, operator, state, keys, latest=True) == latest
+
+
+def assert_top_answers(router, job: str, operator: str, state: str, want: Windows,
+                       n: int = 25) -> None:
+    """Every window's top ``n`` through the router (HTTP and gRPC): the keys with the most,
+    ties by key, as ground truth ranks them; and ``current`` is the oldest open window."""
+    url = f"{router.url}/v1/top/{job}/{operator}/{state}"
+    starts = sorted({s for _, s in want})
+
+    def truth(start: int) -> list[tuple[str, int | float]]:
+        return sorted(((k, v) for (k, s), v in want.items() if s == start and v),
+                      key=lambda kv: (-kv[1], kv[0]))[:n]
+
+    with httpx.Client(timeout=30) as c:
+        for start in starts:
+            r = c.get(url, params={"n": n, "window": start})
+            assert r.status_code == 200, r.text
+            assert [(e["key"], e["value"]) for e in r.json()["entries"]] == truth(start), start
+        now = c.get(url, params={"n": n}).json()
+    assert now["window"]["start"] <= now["watermark"] < now["window"]["end"]
+    assert [(e["key"], e["value"]) for e in now["entries"]] == truth(now["window"]["start"])
+    with grpc.insecure_channel(router.grpc_address) as ch:
+        rpc = qpb_grpc.QueryableStateStub(ch).Top(qpb.TopRequest(
+            job=job, operator=operator, state=state, n=n, window_start_ms=starts[0]),
+            timeout=30)
+    assert [(e.key, e.int_value) for e in rpc.entries] == truth(starts[0])
 
 
 @pytest.fixture(scope="module")
@@ -233,6 +262,11 @@ def test_tweets_exact_with_out_of_order_late_and_bad_events(
     assert_router_answers(router, job_name, "per_tweet_1m", "impressions", keys, minute)
     assert_router_answers(router, job_name, "per_tweet_1h", "impressions", keys,
                           as_map(impressions, "tweet_id"))
+    # top-N of a tumbling window (rank index) and of a sliding one (folded from panes),
+    # after late events and across partitions, ties by key
+    assert_top_answers(router, job_name, "per_tweet_1h", "impressions",
+                       as_map(impressions, "tweet_id"))
+    assert_top_answers(router, job_name, "per_tweet_1m", "impressions", minute)
     # what the job's /metrics says it did: every record produced read once (the good, the
     # late and the bad ones), the dead letters by the reasons the reports give
     assert_job_metrics(job_metrics, router, job_name, topic,

@@ -27,6 +27,7 @@ STATE = "/v1/state/{job}/{operator}/{state}/{key}"
 BATCH = "/v1/state/{job}/{operator}/{state}:batchGet"
 SERIES = "/v1/series/{job}/{operator}/{state}/{key}"
 JOB = "/v1/jobs/{job}"
+TOP = "/v1/top/{job}/{operator}/{state}"
 READS = (("get", STATE), ("post", BATCH), ("get", SERIES))
 REQUESTS = 400
 
@@ -49,13 +50,14 @@ def test_generated_requests_get_no_5xx_and_documented_answers(shop: Shop, route:
     assert report.violations == 0, "\n".join(report.examples)
     # the requests reached the state, not only validation: answers of each kind
     ok = {op for (op, status), _ in report.by_status.items() if status == 200}
-    assert {"GET " + STATE, "POST " + BATCH, "GET " + SERIES} <= ok, report.by_status
+    assert {"GET " + STATE, "POST " + BATCH, "GET " + SERIES, "GET " + TOP} <= ok, \
+        report.by_status
     refused = {status for (_, status), _ in report.by_status.items()}
     assert {400, 404} <= refused, report.by_status
 
 
 def test_names_keys_and_limits_are_documented_as_enforced(doc: dict[str, Any]) -> None:
-    for method, path in (*READS, ("get", JOB)):
+    for method, path in (*READS, ("get", JOB), ("get", TOP)):
         params = _params(doc, method, path)
         for name in ("job", "operator", "state"):
             if name in params:
@@ -69,13 +71,17 @@ def test_names_keys_and_limits_are_documented_as_enforced(doc: dict[str, Any]) -
             1, DEFAULTS.max_windows)
         for t in ("from", "to"):
             assert params[t] == {**params[t], "type": "string", "pattern": TIME_PATTERN}
+    top = _params(doc, "get", TOP)
+    assert (top["n"]["minimum"], top["n"]["maximum"]) == (1, DEFAULTS.max_top_n)
+    assert top["order"]["enum"] == ["desc", "asc"]
+    assert top["window"]["pattern"] == f"^(?:current|{TIME_PATTERN[1:-1]})$"
     body = doc["components"]["schemas"]["BatchGetIn"]["properties"]["keys"]
     assert body["maxItems"] == DEFAULTS.max_batch_keys
     assert (body["items"]["minLength"], body["items"]["maxLength"]) == (1, MAX_KEY_BYTES)
 
 
 def test_every_error_of_a_read_is_documented_with_the_error_body(doc: dict[str, Any]) -> None:
-    for method, path in READS:
+    for method, path in (*READS, ("get", TOP)):
         responses = doc["paths"][path][method]["responses"]
         want = {"400", "401", "403", "404", "429", "503"} | ({"413"} if method == "post" else set())
         assert want <= set(responses), (path, sorted(responses))

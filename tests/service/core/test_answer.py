@@ -23,8 +23,11 @@ from qstate.core.answer import (
     ShardStatus,
     StateAnswer,
     StateInfo,
+    TopAnswer,
+    TopEntry,
     Window,
     WindowInfo,
+    WindowSpan,
     error_responses,
 )
 from qstate.core.errors import InvalidAddress, NotFound, Unavailable, UnknownOperator
@@ -54,6 +57,11 @@ VALID: dict[type[BaseModel], dict[str, Any]] = {
     ShardStatus: SHARD,
     ClusterInfo: {"now": 3500, "shards": [SHARD], "unassigned": []},
     Point: {"time": 1767225600000, "value": 17},
+    WindowSpan: {"start": 0, "end": 60_000},
+    TopEntry: {"key": "k", "value": 3},
+    TopAnswer: {"job": "j", "operator": "op", "state": "n", "window": {"start": 0, "end": 60_000},
+                "order": "desc", "batch": 5, "watermark": 1000,
+                "entries": [{"key": "k", "value": 3}, {"key": "a", "value": 2.5}]},
 }
 ROOTS: dict[type[BaseModel], list[Any]] = {Series: [{"time": 0, "value": 1}]}  # JSON arrays
 FAST = settings(max_examples=25, deadline=None)

@@ -1,0 +1,287 @@
+"""Top-N of one state in one window of a partition (docs/architecture.md §5).
+
+The rank index holds, per (key, window) with a value, ``r | state | start | rank | key``
+(``qstate.partition.layout``), where ``rank`` is the value as an order-preserving u64: one
+state's window is one contiguous range sorted by value, then by key, so the N largest are a
+seek and N steps back (and the ties at the cut a seek forward: ties go by key, ascending).
+The shard keeps it in the same WriteBatch as the rows (``qstate.shard.store``), so a top-N is
+as of one batch like any read; retention drops a window's entries with one range delete.
+
+Which states: what orders as a number (count, sum, min, max, avg, value), of windows stored
+whole (tumbling; sliding in spark-state mode) and unwindowed state. A merged sliding window
+is stored as panes and has no stored value to rank: its top-N reads the keys of the window
+from the time index and folds each (``scan_top``), at most ``max_keys`` of them. Session
+windows differ per key, so "one window across keys" does not exist: refused (``check_top``).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+import numpy as np
+import pyarrow as pa
+from rocksdict import Rdict, WriteBatch
+
+from qstate.core.errors import InvalidRequest, TooLarge
+from qstate.core.operator import Aggregate, OperatorSpec
+from qstate.core.windows import first_open_start
+from qstate.partition import layout
+from qstate.partition.codec import Codec
+from qstate.partition.layout import DATA, INDEX, NO_WINDOW, RANK
+from qstate.partition.meta import Meta, decode_meta
+from qstate.partition.reader import read_many
+
+__all__ = ["RANKED_KINDS", "VERSION", "Ranked", "check_top", "current_start", "drop_windows",
+           "rank_of", "ranked_states", "ranks_of", "read_top", "rebuild", "scan_top", "top",
+           "update", "value_of_rank"]
+
+VERSION = 1  # of the rank index a writer keeps (``Meta.ranks``)
+RANKED_KINDS = ("count", "sum", "min", "max", "avg", "value")
+_SHIFT = np.uint64(1 << 63)
+_MASK = (1 << 64) - 1
+_U16 = struct.Struct(">H")
+_REBUILD_CHUNK = 10_000
+
+
+class Ranked(NamedTuple):
+    key: str
+    value: int | float
+
+
+def ranked_states(spec: OperatorSpec) -> list[int]:
+    """Indexes of the states the rank index keeps (none for panes or sessions)."""
+    if spec.panes or spec.window.kind == "session":
+        return []
+    return [i for i, a in enumerate(spec.states.values()) if a.kind in RANKED_KINDS]
+
+
+def check_top(spec: OperatorSpec, state: str) -> int:
+    """The state's index, or the InvalidRequest (400) saying why it has no top-N."""
+    a = spec.states[state]
+    if spec.window.kind == "session":
+        raise InvalidRequest(
+            f"{spec.job}/{spec.operator} has session windows: each key's sessions start and "
+            "end on their own, so there is no one window to rank keys in; read keys "
+            "(GET /v1/state) or rank a tumbling or sliding operator")
+    if a.kind not in RANKED_KINDS:
+        raise InvalidRequest(f"state {state!r} is {a.kind}: top-N ranks "
+                             f"{', '.join(RANKED_KINDS)} states")
+    return spec.state_index[state]
+
+
+def current_start(spec: OperatorSpec, watermark_ms: int) -> int:
+    """The window ``window=current`` means: the oldest one still open (its end is after the
+    watermark), the most complete window still counting (``NO_WINDOW``: unwindowed)."""
+    if not spec.windowed:
+        return NO_WINDOW
+    w = spec.window
+    return first_open_start(watermark_ms, w.size_ms, w.slide)
+
+
+def _long(a: Aggregate) -> bool:
+    """Stored as int64 (``qstate.partition.codec``): counts, and long sums, mins, maxes."""
+    return a.kind == "count" or (a.kind != "avg" and a.type == "long")
+
+
+def ranks_of(spec: OperatorSpec, records: np.ndarray, state: int
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """Each record's value of ``state`` as an order-preserving u64, and which have one.
+    Longs flip the sign bit; doubles flip it too, or every bit when negative, so -inf <
+    ... < -0 = 0 < ... < inf < NaN (Spark orders NaN above every number)."""
+    name, a = list(spec.states.items())[state]
+    if a.kind == "count":
+        vals, has = records[name], np.ones(len(records), bool)
+    elif a.kind == "avg":
+        n = records[f"{name}__n"]
+        has = n > 0
+        with np.errstate(invalid="ignore", divide="ignore"):
+            vals = np.where(has, records[f"{name}__sum"] / np.where(has, n, 1), 0.0)
+    else:
+        vals, has = records[name], records[f"{name}__has"] >= 1
+    if _long(a):
+        return vals.astype(np.int64).view(np.uint64) ^ _SHIFT, has
+    bits = (vals.astype(np.float64) + 0.0).view(np.uint64)  # + 0.0: -0.0 ranks as 0.0
+    return np.where(bits >> np.uint64(63), ~bits, bits | _SHIFT), has
+
+
+def value_of_rank(a: Aggregate, rank: int) -> int | float:
+    """The answer a rank stands for, typed as the state's answers are."""
+    if _long(a):
+        return a.typed(rank - (1 << 63))  # type: ignore[return-value]
+    bits = rank ^ (1 << 63) if rank >> 63 else ~rank & _MASK
+    return a.typed(struct.unpack(">d", bits.to_bytes(8, "big"))[0])  # type: ignore[return-value]
+
+
+def rank_of(a: Aggregate, value: int | float) -> int:
+    """``ranks_of`` of one answer: how answers of one state sort (NaN above every number),
+    for the few a top-N merges, not the hot path."""
+    if _long(a):
+        return int(value) + (1 << 63)
+    (bits,) = struct.unpack(">Q", struct.pack(">d", float(value) + 0.0))
+    return int(bits) ^ _MASK if bits >> 63 else int(bits) | (1 << 63)
+
+
+def update(wb: WriteBatch, spec: OperatorSpec, keys: pa.Array, starts: np.ndarray,
+           old: np.ndarray, present: np.ndarray, new: np.ndarray, keep: np.ndarray) -> None:
+    """Move each row's rank entries from its stored value (``old`` where ``present``) to
+    its new one (where ``keep``: a row past retention is not stored)."""
+    for i in ranked_states(spec):
+        o, o_has = ranks_of(spec, old, i)
+        n, n_has = ranks_of(spec, new, i)
+        o_has &= present
+        n_has &= keep
+        same = o_has & n_has & (o == n)
+        for mask, rank, put in ((o_has & ~same, o, False), (n_has & ~same, n, True)):
+            if not mask.any():
+                continue
+            entries = layout.rank_keys(i, starts[mask], rank[mask], keys.filter(pa.array(mask)))
+            for e in entries.to_pylist():
+                if put:
+                    wb.put(e, b"")
+                else:
+                    wb.delete(e)
+
+
+def drop_windows(wb: WriteBatch, spec: OperatorSpec, cutoff_ms: int) -> None:
+    """Retention: the entries of every window that ended at or before ``cutoff_ms``."""
+    size = spec.window.size_ms
+    for i in ranked_states(spec):
+        wb.delete_range(RANK + bytes((i,)), layout.rank_prefix(i, cutoff_ms - size + 1))
+
+
+def rebuild(db: Rdict, spec: OperatorSpec) -> int:
+    """The rank index written from the stored rows (a partition kept before it existed):
+    returns the rows read. Runs before the store serves; one WriteBatch per chunk."""
+    if not ranked_states(spec):
+        return 0
+    codec = Codec(spec)
+    db.delete_range(RANK, RANK + b"\xff")
+    rows = 0
+    it: Iterator[tuple[bytes, bytes]] = db.items(from_key=DATA)  # type: ignore[assignment]
+    chunk: list[tuple[bytes, bytes]] = []
+
+    def flush() -> None:
+        recs, _, _ = codec.decode([v for _, v in chunk])
+        parsed = [layout.parse_data_key(k) for k, _ in chunk]
+        wb = WriteBatch(raw_mode=True)
+        update(wb, spec, pa.array([p.key for p in parsed], pa.string()),
+               np.array([p.start for p in parsed], np.int64), recs,
+               np.zeros(len(chunk), bool), recs, np.ones(len(chunk), bool))
+        db.write(wb)
+
+    for k, v in it:
+        if not k.startswith(DATA):
+            break
+        chunk.append((k, v))
+        rows += 1
+        if len(chunk) >= _REBUILD_CHUNK:
+            flush()
+            chunk = []
+    if chunk:
+        flush()
+    return rows
+
+
+def top(db: Any, spec: OperatorSpec, state: int, start: int, n: int,
+        descending: bool = True) -> list[Ranked]:
+    """The ``n`` keys of the window starting at ``start`` with the largest values (or the
+    smallest), ties by key, from the rank index of ``db`` (an Rdict or a snapshot of one):
+    at most 2n steps whatever the window holds."""
+    prefix = layout.rank_prefix(state, start)
+    cut = len(prefix)
+    it = db.iter()
+    got: list[bytes] = []
+    if not descending:
+        it.seek(prefix)
+        while it.valid() and len(got) < n:
+            k = it.key()
+            if not k.startswith(prefix):
+                break
+            got.append(k[cut:])
+            it.next()
+    else:
+        it.seek_for_prev(prefix + b"\xff" * 9)  # past every rank: UTF-8 has no 0xff byte
+        while it.valid() and len(got) < n:
+            k = it.key()
+            if not k.startswith(prefix):
+                break
+            got.append(k[cut:])
+            it.prev()
+        if got and len(got) == n:
+            # walking back met the ties at the cut in descending key order: take them
+            # again from the first, ascending
+            last = got[-1][:8]
+            got = [g for g in got if g[:8] != last]
+            it.seek(prefix + last)
+            while it.valid() and len(got) < n:
+                k = it.key()
+                if not k.startswith(prefix + last):
+                    break
+                got.append(k[cut:])
+                it.next()
+    ranked = [(int.from_bytes(g[:8], "big"), g[8:].decode("utf-8")) for g in got]
+    if descending:  # the walk back met equal values in descending key order
+        ranked.sort(key=lambda rk: (-rk[0], rk[1]))
+    a = list(spec.states.values())[state]
+    return [Ranked(k, value_of_rank(a, r)) for r, k in ranked]
+
+
+def scan_top(db: Any, codec: Codec, state: int, start: int, n: int, descending: bool,
+             meta: Meta, max_keys: int) -> list[Ranked]:
+    """``top`` of a merged sliding window, which has no rank index: the keys with a pane in
+    the window, from the time index (a pane's entry is under the end of the newest window
+    that covers it, ``PartitionStore._index_ends``), each key's window folded from its panes.
+    More than ``max_keys`` keys is TooLarge: one request's work stays bounded."""
+    spec = codec.spec
+    size = spec.window.size_ms
+    lo, hi = INDEX + layout.enc_time(start + size), INDEX + layout.enc_time(start + 2 * size)
+    keys: set[str] = set()
+    it = db.iter()
+    it.seek(lo)
+    while it.valid():
+        k = it.key()
+        if k >= hi:
+            break
+        (klen,) = _U16.unpack_from(k, 9)
+        pane = layout.dec_time(k[11 + klen:19 + klen])
+        if start <= pane < start + size:
+            keys.add(k[11:11 + klen].decode("utf-8"))
+            if len(keys) > max_keys:
+                raise TooLarge(
+                    f"the window holds more than {max_keys} keys in one partition: a top-N "
+                    f"of {spec.job}/{spec.operator}, a sliding window kept as panes, folds "
+                    "every key of the window (QSTATE_MAX_TOP_SCAN_KEYS)")
+        it.next()
+    ordered = sorted(keys)
+    _, per_key = read_many(db, codec, ordered, (start, start + 1), 1, meta)
+    a = list(spec.states.values())[state]
+    found = [(k, ws[0].values[state]) for k, ws in zip(ordered, per_key, strict=True)
+             if ws and ws[0].values[state] is not None]
+    sign = -1 if descending else 1
+    found.sort(key=lambda kv: (sign * rank_of(a, kv[1]), kv[0]))  # type: ignore[arg-type]
+    return [Ranked(k, v) for k, v in found[:n]]  # type: ignore[arg-type]
+
+
+def read_top(db: Rdict, codec: Codec, state: int, start: int | None, n: int,
+             descending: bool, max_keys: int, meta: Meta | None = None
+             ) -> tuple[Meta, int, list[Ranked]]:
+    """A partition's top ``n`` of the window starting at ``start`` (None: the current one by
+    its watermark), with the meta of the batch it is as of and the window's start. One
+    snapshot, or none given ``meta``: ``db`` is a secondary between two catch-ups, which does
+    not change (docs/architecture.md §5)."""
+    view: Any = db
+    if meta is None:
+        view = db.snapshot()
+        it = view.iter()
+        it.seek(layout.META)
+        meta = decode_meta(it.value() if it.valid() and it.key() == layout.META else None)
+    spec = codec.spec
+    if not spec.windowed:
+        start = NO_WINDOW
+    elif start is None:
+        start = current_start(spec, meta.watermark_ms)
+    if spec.panes:
+        return meta, start, scan_top(view, codec, state, start, n, descending, meta, max_keys)
+    return meta, start, top(view, spec, state, start, n, descending)

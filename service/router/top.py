@@ -1,0 +1,178 @@
+"""Top-N across an operator's partitions (docs/architecture.md §5).
+
+Each partition's top n is read where it is: in-process from a co-located shard's files, else
+one ``Top`` call per owner for all the partitions it holds; a partition whose owner cannot
+answer is asked again on its own, following a move, then of a follower
+(``PartitionReads.ask``). The answers merge by value, then key. Every partition answers or
+the whole answer is the 503 of the one that could not: a leaderboard never silently misses a
+partition. ``window=current`` is resolved by each partition from its watermark; partitions a
+batch apart can disagree at a window's end, and those behind are asked the newest window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import grpc
+
+from qstate.core.address import PartitionId
+from qstate.core.errors import Unavailable
+from qstate.core.operator import OperatorSpec
+from qstate.core.values import value_of
+from qstate.core.windows import floor_to
+from qstate.partition.rank import Ranked, check_top, rank_of
+from qstate.proto import shard_pb2 as pb
+from qstate.router.metrics import LOCAL_READS, REMOTE_READS
+from qstate.router.reads import PartitionReads
+from qstate.router.request import TopQuery
+
+__all__ = ["PartitionTop", "TopReads", "TopResult"]
+
+_MIN_BATCH_POLL_S = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionTop:
+    """What one partition answered: its top n of the window starting at ``start``."""
+
+    batch: int
+    watermark_ms: int
+    start: int
+    entries: list[Ranked]
+
+
+@dataclass(frozen=True, slots=True)
+class TopResult:
+    spec: OperatorSpec
+    state: str
+    start: int | None  # None: unwindowed state
+    end: int | None
+    batch: int  # the lowest of the partitions read: each is at least there
+    watermark_ms: int
+    entries: list[Ranked]
+
+
+def _partition_top(r: pb.PartitionTop) -> PartitionTop:
+    return PartitionTop(r.batch, r.watermark_ms, r.start_ms,
+                        [Ranked(e.key, value_of(e)) for e in r.entries])  # type: ignore[arg-type]
+
+
+class TopReads:
+    def __init__(self, reads: PartitionReads, max_scan_keys: int,
+                 min_batch_wait_s: float) -> None:
+        self.reads = reads
+        self.max_scan_keys = max_scan_keys
+        self.min_batch_wait_s = min_batch_wait_s
+
+    async def top(self, spec: OperatorSpec, q: TopQuery) -> TopResult:
+        state = check_top(spec, q.state)
+        asked = q.start_ms
+        if asked is not None and spec.windowed:  # the newest window starting at or before
+            asked = floor_to(asked, spec.window.slide)
+        got = await self._read(spec, q, state, range(spec.partitions), asked)
+        if spec.windowed and asked is None:
+            newest = max(t.start for t in got.values())
+            behind = [p for p, t in got.items() if t.start != newest]
+            if behind:
+                got.update(await self._read(spec, q, state, behind, newest))
+        if q.min_batch is not None:
+            got = await self._at_least(spec, q, state, got)
+        a = spec.states[q.state]
+        sign = -1 if q.descending else 1
+        entries = sorted((e for t in got.values() for e in t.entries),
+                         key=lambda e: (sign * rank_of(a, e.value), e.key))[:q.n]
+        any_top = next(iter(got.values()))
+        start = any_top.start if spec.windowed else None
+        return TopResult(spec, q.state, start,
+                         None if start is None else start + spec.window.size_ms,
+                         min(t.batch for t in got.values()),
+                         min(t.watermark_ms for t in got.values()), entries)
+
+    async def _at_least(self, spec: OperatorSpec, q: TopQuery, state: int,
+                        got: dict[int, PartitionTop]) -> dict[int, PartitionTop]:
+        """``got``, with each partition below ``q.min_batch`` read again until it has it: at
+        most ``min_batch_wait_s``, then Unavailable naming the batch it has (§5)."""
+        want = q.min_batch
+        assert want is not None
+        deadline = time.monotonic() + self.min_batch_wait_s
+        start = next(iter(got.values())).start
+        while True:
+            behind = [p for p, t in got.items() if t.batch < want]
+            if not behind:
+                return got
+            if time.monotonic() >= deadline:
+                p = min(behind, key=lambda p: got[p].batch)
+                raise Unavailable(
+                    f"partition {PartitionId(spec.job, spec.operator, p)} is at batch "
+                    f"{got[p].batch}, not yet at min_batch {want} (waited "
+                    f"{self.min_batch_wait_s:g}s, QSTATE_MIN_BATCH_WAIT_S)",
+                    self.reads.retry_after_s, reason="behind", partition=p,
+                    batch=got[p].batch)
+            await asyncio.sleep(_MIN_BATCH_POLL_S)
+            got = {**got, **await self._read(spec, q, state, behind, start)}
+
+    async def _read(self, spec: OperatorSpec, q: TopQuery, state: int, parts: Iterable[int],
+                    start: int | None) -> dict[int, PartitionTop]:
+        out: dict[int, PartitionTop] = {}
+        by_owner: dict[str | None, list[int]] = {}
+        local = self.reads.local
+        for p in parts:
+            pid = PartitionId(spec.job, spec.operator, p)
+            owner = self.reads.routing.owner_now(pid)
+            res = None if local is None or owner is None else local.top(
+                owner, spec, pid, state, start, q.n, q.descending, self.max_scan_keys)
+            if res is None:
+                by_owner.setdefault(owner, []).append(p)
+                continue
+            LOCAL_READS.inc()
+            meta, at, ranked = res
+            out[p] = PartitionTop(meta.last_batch, meta.watermark_ms, at, ranked)
+        calls = [self._owner(spec, q, owner, ps, start) for owner, ps in by_owner.items()]
+        for res_ in await asyncio.gather(*calls):
+            out.update(res_)
+        return out
+
+    def _request(self, spec: OperatorSpec, q: TopQuery, parts: list[int],
+                 start: int | None) -> pb.TopRequest:
+        return pb.TopRequest(job=spec.job, operator=spec.operator, state=q.state,
+                             partitions=parts, current=start is None, start_ms=start or 0,
+                             n=q.n, ascending=not q.descending)
+
+    async def _owner(self, spec: OperatorSpec, q: TopQuery, owner: str | None,
+                     parts: list[int], start: int | None) -> dict[int, PartitionTop]:
+        """One Top call to ``owner`` for its partitions; those it does not answer (moved,
+        restoring, the call failed) each asked again on their own (``PartitionReads.ask``)."""
+        caller = self.reads.caller
+        out: dict[int, PartitionTop] = {}
+        again = parts
+        if owner is not None:
+            REMOTE_READS.inc(len(parts))
+            try:
+                reply = await caller.stub(owner).Top(self._request(spec, q, parts, start),
+                                                     timeout=caller.timeout_s)
+                again = []
+                for r in reply.partitions:
+                    if r.status == pb.FOUND:
+                        out[r.partition] = _partition_top(r)
+                    else:
+                        again.append(r.partition)
+            except grpc.aio.AioRpcError:
+                pass  # each partition on its own says what failed
+        stub = caller.stub
+
+        async def one(p: int) -> tuple[int, PartitionTop]:
+            req = self._request(spec, q, [p], start)
+
+            async def call(address: str) -> pb.PartitionTop:
+                reply = await stub(address).Top(req, timeout=caller.timeout_s)
+                return reply.partitions[0]
+
+            pid = PartitionId(spec.job, spec.operator, p)
+            return p, _partition_top(await self.reads.ask(pid, owner, call))
+
+        for p, t in await asyncio.gather(*(one(p) for p in again)):
+            out[p] = t
+        return out
