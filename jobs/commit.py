@@ -31,6 +31,7 @@ from qstate.core.errors import (
 from qstate.core.manifest import (
     BatchManifest,
     Fragments,
+    Offsets,
     delete_manifests_through,
     write_manifest,
 )
@@ -68,11 +69,12 @@ class Committer:
         return self.deliver(spec, batch, watermark_ms, written)
 
     def record(self, spec: OperatorSpec, batch: int, watermark_ms: int,
-               written: dict[int, Fragments]) -> None:
+               written: dict[int, Fragments], offsets: Offsets | None = None) -> None:
         """Make batch ``batch`` durable for every shard: its manifest (its delta files are
-        written). From here on a shard that missed the commit catches up from storage."""
+        written), with where the batch ends in its source (``offsets``). From here on a
+        shard that missed the commit catches up from storage."""
         write_manifest(self.coordinator.storage, spec.job, spec.operator,
-                       BatchManifest(batch, watermark_ms, dict(written)))
+                       BatchManifest(batch, watermark_ms, dict(written), dict(offsets or {})))
 
     def deliver(self, spec: OperatorSpec, batch: int, watermark_ms: int,
                 written: dict[int, Fragments]) -> CommitOutcome:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 
 from qstate.core import delta as deltas
 from qstate.core.address import PartitionId
+from qstate.core.manifest import Offsets
 from qstate.core.operator import OperatorSpec
 from qstate.core.storage import Storage
 from qstate.core.windows import ALL_WINDOWS, first_open_start
@@ -50,6 +51,9 @@ class Plan:
     spec: OperatorSpec
     late_ms: int  # batch N-1's watermark: a window ended at or before it takes no more rows
     batch: int
+    # where the batch ends in its source (Spark's offset log), recorded in its manifest for
+    # GET /v1/jobs/{job}/position (docs/architecture.md §5); the driver's, not the tasks'
+    offsets: Offsets = field(default_factory=dict, compare=False)
 
 
 def _assign(t: np.ndarray, plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

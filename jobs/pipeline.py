@@ -35,6 +35,7 @@ from qstate.jobs.queryable import QueryableJob
 from qstate.jobs.reports import BatchReport, Reports
 from qstate.jobs.sinks import (
     PartialsSink,
+    batch_offsets,
     batch_watermark_ms,
     written_by_operator,
 )
@@ -64,7 +65,8 @@ def start(job: QueryableJob, checkpoint: str, sink: PartialsSink, *, partitions:
         t0 = time.perf_counter()
         late = batch_watermark_ms(checkpoint, batch - 1)
         watermark = batch_watermark_ms(checkpoint, batch)
-        plans = [Plan(spec, late, batch) for spec in specs]
+        offsets = batch_offsets(checkpoint, batch)
+        plans = [Plan(spec, late, batch, offsets) for spec in specs]
         # one action over the whole batch: Spark also sees every event time (its watermark)
         result = df.select(*projection).mapInArrow(
             run_operators(plans, target, ERROR_KIND), RESULT).collect()

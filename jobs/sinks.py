@@ -19,7 +19,7 @@ from pyspark.sql import DataFrame, Row
 from qstate.control.coordinator import coordinator_for
 from qstate.core import faults
 from qstate.core.config import settings
-from qstate.core.manifest import Fragments
+from qstate.core.manifest import Fragments, Offsets
 from qstate.core.operator import OperatorSpec, save_spec
 from qstate.core.storage import Storage
 from qstate.jobs import metrics
@@ -27,16 +27,39 @@ from qstate.jobs.commit import CommitOutcome, Committer
 from qstate.jobs.partials import PART, RESULT, DeltaFiles, Discard, Plan, Target, final_writer
 from qstate.jobs.reports import OperatorReport
 
-__all__ = ["NoopSink", "PartialsSink", "QStateSink", "batch_watermark_ms",
+__all__ = ["NoopSink", "PartialsSink", "QStateSink", "batch_offsets", "batch_watermark_ms",
            "written_by_operator"]
+
+
+def _offset_log(checkpoint: str, batch: int) -> list[bytes]:
+    """Spark's offset log entry of ``batch``: a version line, the batch's metadata (its
+    watermark), then one line per source (Kafka's: {topic: {partition: end offset}})."""
+    return Storage(checkpoint).read_bytes(f"offsets/{batch}").split(b"\n")
 
 
 def batch_watermark_ms(checkpoint: str, batch: int) -> int:
     """The watermark of ``batch``, from Spark's offset log (0 before the first batch)."""
     if batch < 0:
         return 0
-    lines = Storage(checkpoint).read_bytes(f"offsets/{batch}").split(b"\n")
-    return int(orjson.loads(lines[1]).get("batchWatermarkMs", 0))
+    return int(orjson.loads(_offset_log(checkpoint, batch)[1]).get("batchWatermarkMs", 0))
+
+
+def batch_offsets(checkpoint: str, batch: int) -> Offsets:
+    """Where ``batch`` ends in its Kafka source, exclusive (Spark's offset log): each
+    partition's next offset to read. Lines of other sources are not Kafka's and left out."""
+    out: Offsets = {}
+    for line in _offset_log(checkpoint, batch)[2:]:
+        try:
+            source = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        if not isinstance(source, dict):
+            continue
+        for topic, parts in source.items():
+            if isinstance(parts, dict) and all(
+                    str(p).isdigit() and type(o) is int for p, o in parts.items()):
+                out[str(topic)] = {int(p): o for p, o in parts.items()}
+    return out
 
 
 class PartialsSink(Protocol):
@@ -103,7 +126,7 @@ class QStateSink:
         before = self.flush(spec.operator)
         waited = time.perf_counter() - t0
         faults.hit("driver.after-deltas", plan.batch, spec.operator)
-        self.committer.record(spec, plan.batch, watermark_ms, written)
+        self.committer.record(spec, plan.batch, watermark_ms, written, plan.offsets)
         faults.hit("driver.after-record", plan.batch, spec.operator)
         with self._lock:
             self._pending[spec.operator] = self._pool.submit(
@@ -142,7 +165,7 @@ class QStateSink:
         batch, operator = plan.batch, plan.spec.operator
         faults.hit("driver.after-deltas", batch, operator)
         # delivered before the batch ends: spark-state mode is not pipelined
-        self.committer.record(plan.spec, batch, watermark_ms, written)
+        self.committer.record(plan.spec, batch, watermark_ms, written, plan.offsets)
         faults.hit("driver.after-record", batch, operator)
         done = self._deliver(plan.spec, batch, watermark_ms, written)
         faults.hit("driver.after-commit", batch, operator)

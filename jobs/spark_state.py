@@ -27,7 +27,7 @@ from qstate.jobs import metrics
 from qstate.jobs.aggregates import state_type
 from qstate.jobs.partials import PART, Plan
 from qstate.jobs.reports import BatchReport, Reports
-from qstate.jobs.sinks import QStateSink, batch_watermark_ms
+from qstate.jobs.sinks import QStateSink, batch_offsets, batch_watermark_ms
 
 __all__ = ["serve"]
 
@@ -95,7 +95,8 @@ def serve(df: DataFrame, *, job: str, operator: str, key: str,
         t0 = time.perf_counter()
         watermark = batch_watermark_ms(checkpoint, batch)
         late = batch_watermark_ms(checkpoint, batch - 1)
-        done = sink.write_final(_rows(batch_df, spec, window_col), Plan(spec, late, batch),
+        done = sink.write_final(_rows(batch_df, spec, window_col),
+                                Plan(spec, late, batch, batch_offsets(checkpoint, batch)),
                                 watermark)
         report = BatchReport(batch, done.rows, {}, watermark, late, 0.0,
                              time.perf_counter() - t0, {operator: done})

@@ -17,6 +17,10 @@ once per sink, from the earliest offset, with batches capped at ``--max-rows``:
 * ``qstate+reads``: the same, with a router reading the job's state beside it at a constant
   ``--read-rate`` GET/s of random keys (``qstate-openloop``, ``make bench-setup``) for the
   whole run: the ingest a read load leaves, and the reads' latency meanwhile;
+* ``qstate+top``: the same, with ``--top-rate`` top-N requests a second (n = ``--top-n``,
+  the current hour of ``per_tweet_1h``) beside it: top-N latency while the job ingests;
+* ``qstate-norank``: ``qstate`` with shards that keep no rank index (QSTATE_RANK_INDEX=false):
+  beside ``qstate``, what the index top-N reads costs ingest;
 * ``spark-state``: the same operators as Spark stateful aggregations (RocksDB state store),
   served by qstate's sink: what qstate did before merge mode;
 * ``redis``: the classic architecture, the partials pushed to a ``redis-server`` the bench
@@ -37,6 +41,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import logging
+import os
 import shutil
 import statistics
 import subprocess
@@ -76,7 +81,9 @@ from qstate.jobs.source import read_kafka
 from qstate.jobs.spark import spark_session
 
 console = Console(stderr=True)
-SINKS = ("read", "parse", "noop", "qstate", "qstate+reads", "spark-state", "redis")
+SINKS = ("read", "parse", "noop", "qstate", "qstate+reads", "qstate+top", "qstate-norank",
+         "spark-state", "redis")
+SHARD_SINKS = ("qstate", "qstate+reads", "qstate+top", "qstate-norank", "spark-state")
 T0 = 1_767_225_600_000  # 2026-01-01T00:00Z
 P = 16
 log = logging.getLogger(__name__)
@@ -276,7 +283,13 @@ def table(runs: list[Run], header: str) -> str:
             f"{f('batch_s')} | {f('spark_s')} | {f('commit_s')} | "
             f"{f('partial_rows_per_event')} | "
             f"{f('state_writes_per_event')} | {f('shard_merge_rows_per_s', '{:,.0f}')} |")
-    return "\n".join(lines)
+    beside = [f"- {r.sink}: {r.detail[w + '_per_s']:,} {what}/s beside the job, p50 "
+              f"{r.detail[w + '_p50_ms']:.1f} ms, p99 {r.detail[w + '_p99_ms']:.1f} ms, p999 "
+              f"{r.detail.get(w + '_p999_ms') or 0:.1f} ms (from due time), "
+              f"{r.detail[w + '_answered']:,} answered, {r.detail[w + '_failed']:,} failed"
+              for r in runs for w, what in (("reads", "GET"), ("top", "top-N"))
+              if f"{w}_per_s" in r.detail]
+    return "\n".join(lines + (["", *beside] if beside else []))
 
 
 def bench(args: argparse.Namespace) -> dict[str, Any]:
@@ -316,7 +329,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             for sink in sinks:
                 console.print(f"[bold]{sink}[/bold] ({keys:,} keys)")
                 try:
-                    if sink in ("qstate", "qstate+reads", "spark-state"):
+                    if sink in SHARD_SINKS:
                         run = run_with_shards(sink, spark, args, broker, topic, tmp, options)
                     else:
                         run = run_sink(sink, spark, args.workload, broker, topic, args.events,
@@ -361,10 +374,13 @@ def run_with_shards(sink: str, spark: SparkSession, args: argparse.Namespace,
     """Two shard servers live as long as the sink's run, over its own storage, so their
     counters are the run's."""
     storage = tmp / f"storage-{sink}-{int(time.time())}"
+    env = {**os.environ, "QSTATE_RANK_INDEX": "false"} if sink == "qstate-norank" else None
     live = [ShardProcess.make(f"b{i}", tmp / f"data-{sink}-{int(time.time())}", str(storage),
-                              tmp / "logs").start_and_wait() for i in range(2)]
+                              tmp / "logs", env=env).start_and_wait() for i in range(2)]
     job_name = f"{sink.replace('-', '').replace('+', '')}{int(time.time()) % 100000}"
-    reads = ReadLoad(tmp, str(storage), job_name, args) if sink == "qstate+reads" else None
+    reads = None
+    if sink in ("qstate+reads", "qstate+top"):
+        reads = ReadLoad(tmp, str(storage), job_name, args, top=sink == "qstate+top")
     try:
         run = run_sink_on(sink, spark, args, broker, topic, tmp, live, str(storage), options,
                           job_name, reads)
@@ -381,17 +397,26 @@ def run_with_shards(sink: str, spark: SparkSession, args: argparse.Namespace,
 
 class ReadLoad:
     """A router over the run's storage and ``qstate-openloop`` GETs of random tweet keys of
-    the job at ``--read-rate``/s, from the job's start until ``result``."""
+    the job at ``--read-rate``/s (``top``: ``--top-rate`` top-N requests of the current
+    hour), from the job's start until ``result``."""
 
-    def __init__(self, tmp: Path, storage: str, job: str, args: argparse.Namespace) -> None:
+    def __init__(self, tmp: Path, storage: str, job: str, args: argparse.Namespace,
+                 top: bool = False) -> None:
         self.router = RouterProcess.make(storage, tmp / "logs", f"router-{job}").start_and_wait()
         keys = tmp / f"read-keys-{job}.txt"
-        keys.write_text("".join(f"tw-{i}\n" for i in range(0, int(args.keys),
-                                                            max(1, int(args.keys) // 10_000))))
         self.proc: subprocess.Popen[str] | None = None
-        self.args = [openloop_binary(), "-http",
-                     f"{self.router.url}/v1/state/{job}/per_tweet_1h/impressions/", "-keys",
-                     str(keys), "-rate", str(args.read_rate), "-duration", "3600s"]
+        self.top = top
+        if top:  # the tool appends a "key" to the URL: here, n
+            keys.write_text(f"{args.top_n}\n")
+            url, rate = f"{self.router.url}/v1/top/{job}/per_tweet_1h/impressions?n=", \
+                args.top_rate
+        else:
+            keys.write_text("".join(f"tw-{i}\n" for i in range(
+                0, int(args.keys), max(1, int(args.keys) // 10_000))))
+            url, rate = f"{self.router.url}/v1/state/{job}/per_tweet_1h/impressions/", \
+                args.read_rate
+        self.args = [openloop_binary(), "-http", url, "-keys", str(keys), "-rate", str(rate),
+                     "-duration", "3600s"]
 
     def start(self) -> None:
         self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, text=True)
@@ -404,9 +429,10 @@ class ReadLoad:
         out, _ = self.proc.communicate(timeout=60)
         self.proc = None
         r = orjson.loads(out)
-        return {"reads_per_s": round(r["achieved_rate"]), "reads_p50_ms": r["p50_ms"],
-                "reads_p99_ms": r["p99_ms"], "reads_answered": r["ok"] + r["missing"],
-                "reads_failed": r["errors"]}
+        what = "top" if self.top else "reads"
+        return {f"{what}_per_s": round(r["achieved_rate"], 1), f"{what}_p50_ms": r["p50_ms"],
+                f"{what}_p99_ms": r["p99_ms"], f"{what}_p999_ms": r.get("p999_ms"),
+                f"{what}_answered": r["ok"] + r["missing"], f"{what}_failed": r["errors"]}
 
     def stop(self) -> None:
         if self.proc is not None:
@@ -536,6 +562,10 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("loadtest/results/ingest.md"))
     ap.add_argument("--read-rate", type=int, default=5000,
                     help="qstate+reads: GET/s beside the job (default: %(default)s)")
+    ap.add_argument("--top-rate", type=float, default=20.0,
+                    help="qstate+top: top-N requests/s beside the job (default: %(default)s)")
+    ap.add_argument("--top-n", type=int, default=100,
+                    help="qstate+top: n of each (default: %(default)s)")
     ap.add_argument("--freshness", type=int, default=0,
                     help="events/s: measure freshness instead of throughput")
     ap.add_argument("--duration", type=float, default=120.0)

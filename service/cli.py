@@ -171,6 +171,36 @@ def router(
         raise _refused_start(exc) from None
 
 
+def _ask(url: str, ca: str, token: str, token_file: str, question: Any) -> Any:
+    """``question(client)`` of the router at ``url``; a failure leaves as its exit code:
+    1 not found, 2 bad request, 3 unavailable or overloaded (after retries), 4 the router
+    cannot be reached, 5 no valid token or one that may not read this job."""
+    import httpx
+
+    from qstate.client import Client
+    from qstate.core.errors import (
+        Forbidden,
+        InvalidRequest,
+        NotFound,
+        QStateError,
+        Unauthenticated,
+    )
+
+    try:
+        with Client(url, ca=ca or None, token=token or None, token_file=token_file or None,
+                    insecure_token=S.allow_insecure) as c:
+            return question(c)
+    except QStateError as exc:
+        typer.echo(f"error: {exc.message}", err=True)
+        code = 1 if isinstance(exc, NotFound) else 2 if isinstance(exc, InvalidRequest) else \
+            5 if isinstance(exc, Unauthenticated | Forbidden) else 3
+        raise typer.Exit(code) from None
+    except httpx.TransportError as exc:
+        why = " ".join(str(exc).split()) or type(exc).__name__  # one line; a timeout has no text
+        typer.echo(f"error: the router at {url} cannot be reached: {why}", err=True)
+        raise typer.Exit(4) from None
+
+
 @app.command()
 def get(
     job: str, operator: str, state: str, key: str,
@@ -187,31 +217,35 @@ def get(
     request; 3 the owning shard is unavailable or the router overloaded (after retries); 4
     the router cannot be reached; 5 no valid token, or the token may not read this job.
     """
-    import httpx
-
-    from qstate.client import Client
-    from qstate.core.errors import (
-        Forbidden,
-        InvalidRequest,
-        NotFound,
-        QStateError,
-        Unauthenticated,
-    )
-
-    try:
-        with Client(url, ca=ca or None, token=token or None, token_file=token_file or None,
-                    insecure_token=S.allow_insecure) as c:
-            v = c.get(job, operator, state, key, from_=from_, to=to)
-    except QStateError as exc:
-        typer.echo(f"error: {exc.message}", err=True)
-        code = 1 if isinstance(exc, NotFound) else 2 if isinstance(exc, InvalidRequest) else \
-            5 if isinstance(exc, Unauthenticated | Forbidden) else 3
-        raise typer.Exit(code) from None
-    except httpx.TransportError as exc:
-        why = " ".join(str(exc).split()) or type(exc).__name__  # one line; a timeout has no text
-        typer.echo(f"error: the router at {url} cannot be reached: {why}", err=True)
-        raise typer.Exit(4) from None
+    v = _ask(url, ca, token, token_file,
+             lambda c: c.get(job, operator, state, key, from_=from_, to=to))
     typer.echo(v.model_dump_json(indent=2))
+
+
+@app.command()
+def top(
+    job: str, operator: str, state: str,
+    n: Annotated[int, typer.Option("-n", "--n", help="How many keys.")] = 10,
+    asc: Annotated[bool, typer.Option("--asc", help="Smallest values first.")] = False,
+    window: Annotated[str | None, typer.Option(
+        help="A time in the window to rank: epoch ms, ISO-8601 or now-1h. Default: the "
+             "current one, the oldest window still open at the watermark.")] = None,
+    url: Annotated[str, option("router_url", "--url")] = S.router_url,
+    ca: Annotated[str, option("tls_ca", "--ca")] = S.tls_ca,
+    token: Annotated[str, option("token", "--token", show_default=False)] = S.token,
+    token_file: Annotated[str, option("token_file", "--token-file")] = S.token_file,
+) -> None:
+    """Print the N keys with the largest (--asc: smallest) value of a state in one window,
+    across every partition, ties by key, as JSON.
+
+    Exit codes: 0 answered (an empty window too); 1 unknown job/operator/state; 2 bad
+    request (n out of bounds, session windows, a state that does not order); 3 a partition
+    is unavailable or the router overloaded (after retries); 4 the router cannot be reached;
+    5 no valid token, or the token may not read this job.
+    """
+    board = _ask(url, ca, token, token_file, lambda c: c.top(
+        job, operator, state, n, descending=not asc, window=window))
+    typer.echo(board.model_dump_json(indent=2))
 
 
 @app.command()

@@ -27,7 +27,14 @@ from urllib.parse import quote
 
 import httpx
 
-from qstate.core.answer import BatchAnswer, JobInfo, JobList, StateAnswer, TopAnswer
+from qstate.core.answer import (
+    BatchAnswer,
+    JobInfo,
+    JobList,
+    JobPosition,
+    StateAnswer,
+    TopAnswer,
+)
 from qstate.core.errors import InvalidRequest, QStateError, from_http
 from qstate.core.security import clean_token, is_loopback
 
@@ -72,6 +79,10 @@ def _top(job: str, operator: str, state: str, n: int, descending: bool, window: 
     if min_batch is not None:
         params["min_batch"] = str(min_batch)
     return path, params
+
+
+def _position(topic: str, partition: int, offset: int) -> dict[str, str]:
+    return {"topic": topic, "partition": str(partition), "offset": str(offset)}
 
 
 def _connection(url: str, ca: str | None, token: str | None, token_file: str | None = None,
@@ -185,6 +196,15 @@ class Client(_Base):
         path, params = _top(job, operator, state, n, descending, window, min_batch)
         return TopAnswer.model_validate_json(self._request("GET", path, params=params).content)
 
+    def position(self, job: str, topic: str, partition: int, offset: int) -> JobPosition:
+        """The batch of ``job`` that counted the Kafka record at ``offset`` (the offset a
+        producer's delivery report gives): read with ``min_batch`` set to its ``batch`` and
+        the answer counts the record. While the job has not read it, the router answers 503,
+        retried like any other."""
+        r = self._request("GET", f"/v1/jobs/{quote(job, safe='')}/position",
+                          params=_position(topic, partition, offset))
+        return JobPosition.model_validate_json(r.content)
+
     def jobs(self) -> JobList:
         return JobList.model_validate_json(self._request("GET", "/v1/jobs").content)
 
@@ -246,6 +266,13 @@ class AsyncClient(_Base):
         path, params = _top(job, operator, state, n, descending, window, min_batch)
         r = await self._request("GET", path, params=params)
         return TopAnswer.model_validate_json(r.content)
+
+    async def position(self, job: str, topic: str, partition: int, offset: int
+                       ) -> JobPosition:
+        """``Client.position``."""
+        r = await self._request("GET", f"/v1/jobs/{quote(job, safe='')}/position",
+                                params=_position(topic, partition, offset))
+        return JobPosition.model_validate_json(r.content)
 
     async def jobs(self) -> JobList:
         return JobList.model_validate_json((await self._request("GET", "/v1/jobs")).content)

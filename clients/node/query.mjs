@@ -3,7 +3,11 @@
 //
 //   node query.mjs get      JOB OPERATOR STATE KEY    [--from MS --to MS] [--addr HOST:PORT]
 //   node query.mjs multiget JOB OPERATOR STATE KEY... [--from MS --to MS] [--addr HOST:PORT]
+//   node query.mjs top      JOB OPERATOR STATE [--n N] [--asc] [--window MS] [--addr HOST:PORT]
 //
+// top: the N keys (default 10) with the largest (--asc: smallest) value in one window across
+// every partition, ties by key; --window: the window starting at or holding MS (default:
+// the current one, the oldest window still open at the watermark).
 // Address: --addr, else $QSTATE_GRPC, else 127.0.0.1:50051. TLS: --ca FILE (else
 // $QSTATE_TLS_CA), the CA bundle that signed the router's certificate; plain text without it.
 // Read your writes: --min-batch N answers as of batch N or a later one.
@@ -25,7 +29,8 @@ const PROTO = fileURLToPath(new URL("../../proto/qstate.proto", import.meta.url)
 const EXIT = { NOT_FOUND: 2, UNAVAILABLE: 3, INVALID_ARGUMENT: 4, UNAUTHENTICATED: 5,
   PERMISSION_DENIED: 5 };
 const USAGE = "usage: query.mjs get JOB OPERATOR STATE KEY [--from MS --to MS] [--addr HOST:PORT] [--ca FILE] [--token T | --token-file F] [--allow-insecure]\n" +
-  "       query.mjs multiget JOB OPERATOR STATE KEY... [--from MS --to MS] [--addr HOST:PORT]";
+  "       query.mjs multiget JOB OPERATOR STATE KEY... [--from MS --to MS] [--addr HOST:PORT]\n" +
+  "       query.mjs top JOB OPERATOR STATE [--n N] [--asc] [--window MS] [--addr HOST:PORT]";
 
 function usage(msg) {
   console.error(`${msg}\n${USAGE}`);
@@ -39,14 +44,20 @@ try {
     options: { from: { type: "string" }, to: { type: "string" }, addr: { type: "string" },
                ca: { type: "string" }, token: { type: "string" },
                "token-file": { type: "string" }, "allow-insecure": { type: "boolean" },
-               "min-batch": { type: "string" } },
+               "min-batch": { type: "string" }, n: { type: "string" },
+               asc: { type: "boolean" }, window: { type: "string" } },
   });
 } catch (e) {
   usage(e.message);
 }
 const { values: opts, positionals: [cmd, job, operator, state, ...keys] } = args;
-if (!["get", "multiget"].includes(cmd)) usage(`unknown command: ${cmd ?? "(none)"}`);
-if (keys.length === 0 || (cmd === "get" && keys.length !== 1)) usage(`${cmd}: wrong arguments`);
+if (!["get", "multiget", "top"].includes(cmd)) usage(`unknown command: ${cmd ?? "(none)"}`);
+if (cmd === "top" ? keys.length !== 0 || state === undefined
+  : keys.length === 0 || (cmd === "get" && keys.length !== 1)) usage(`${cmd}: wrong arguments`);
+if (opts.n !== undefined && !/^\d+$/.test(opts.n)) usage(`not a count: ${opts.n}`);
+if (opts.window !== undefined && !/^-?\d+$/.test(opts.window)) {
+  usage(`not epoch milliseconds: ${opts.window}`);
+}
 if ((opts.from === undefined) !== (opts.to === undefined)) usage("--from and --to go together");
 for (const v of [opts.from, opts.to]) {
   if (v !== undefined && !/^-?\d+$/.test(v)) usage(`not epoch milliseconds: ${v}`);
@@ -93,8 +104,14 @@ const range = {
   // read your writes: as of this batch or later (the router waits a while for it)
   ...(opts["min-batch"] === undefined ? {} : { min_batch: opts["min-batch"] }),
 };
+const top = {
+  n: opts.n ?? "10", ascending: Boolean(opts.asc),
+  ...(opts.window === undefined ? {} : { window_start_ms: opts.window }),
+  ...(opts["min-batch"] === undefined ? {} : { min_batch: opts["min-batch"] }),
+};
 const [method, request] = cmd === "get"
   ? ["Get", { job, operator, state, key: keys[0], ...range }]
+  : cmd === "top" ? ["Top", { job, operator, state, ...top }]
   : ["MultiGet", { job, operator, state, keys, ...range }];
 
 client[method](request, metadata, { deadline: Date.now() + 10_000 }, (err, response) => {

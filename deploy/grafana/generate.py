@@ -248,6 +248,16 @@ def live_counts() -> dict[str, Any]:
                root='operators.#(name=="${operator}")')],
            "fieldConfig": {"defaults": {}, "overrides": []},
            "options": {"showHeader": True}}, 16, 6)
+    g.add({"type": "table", "title": "Top 10 now",
+           "description": "The ten keys with the largest value of ${job}/${operator}/${state} "
+                          "in the current window (the oldest still open at the watermark), "
+                          "across every partition, ties by key (GET /v1/top)",
+           "datasource": ROUTER,
+           "targets": [infinity("/v1/top/${job}/${operator}/${state}",
+                                [("key", "key", "string"), ("value", "value", "number")],
+                                root="entries", params={"n": "10"})],
+           "fieldConfig": {"defaults": {}, "overrides": []},
+           "options": {"showHeader": True}}, 24, 9)
     g.add(timeseries("${key}: windows in the time range", [], "short",
                      "Every window of the key that the dashboard's time range holds "
                      "(GET /v1/series?from=${__from}&to=${__to}: epoch ms)") | {

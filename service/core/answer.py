@@ -15,6 +15,7 @@ __all__ = [
     "ErrorBody",
     "JobInfo",
     "JobList",
+    "JobPosition",
     "JobSummary",
     "OperatorInfo",
     "PartitionStatus",
@@ -73,6 +74,24 @@ class BatchAnswer(BaseModel):
     model_config = _STRICT
 
     results: list[StateAnswer] = Field(description="One per key asked, in the same order")
+
+
+class JobPosition(BaseModel):
+    """The batch of a job that counted one Kafka record: read with ``min_batch`` set to it
+    and the answer counts the record."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
+        "job": "tweets", "topic": "tweets", "partition": 2, "offset": 81234, "batch": 311,
+        "end_offset": 81766}]})
+
+    job: str
+    topic: str
+    partition: int
+    offset: int
+    batch: int = Field(description="The first batch recorded whose end is past the offset: "
+                       "the batch that counted the record (for a record older than the "
+                       "manifests kept, a later one that has counted it too)")
+    end_offset: int = Field(description="Where that batch ended in the partition, exclusive")
 
 
 class WindowSpan(BaseModel):

@@ -132,6 +132,10 @@ class Settings(BaseSettings):
         "SIGINT, a second signal, or 0 here: stop at once.")
     commit_workers: int = Field(
         4, ge=1, description="Shard: partitions of one commit applied in parallel.")
+    rank_index: bool = Field(
+        True, description="Shard: keep each partition's rank index, which answers top-N of "
+        "tumbling windows and unwindowed state (GET /v1/top). Off: a commit writes less and "
+        "such a top-N is refused; turned on again, a partition is indexed when it opens.")
 
     # ---- routers ----------------------------------------------------------------------
     router_host: str = Field("127.0.0.1", description="Address the router binds to.")
@@ -163,7 +167,7 @@ class Settings(BaseSettings):
     max_top_n: int = Field(
         1000, ge=1, description="Router: most keys a top-N answer holds (`n`).")
     max_top_scan_keys: int = Field(
-        100_000, ge=1, description="Routers and shards: most keys one partition reads for "
+        5_000, ge=1, description="Shard: most keys one partition reads for "
         "a top-N of a merged sliding window, which has no rank index (its windows are "
         "folded from panes at read time); a window holding more is a 413 naming this.")
     min_batch_wait_s: float = Field(

@@ -9,7 +9,7 @@ has a delta file for that batch, one not listed had no rows.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import orjson
 
@@ -18,11 +18,14 @@ from qstate.core.catalog import manifest_batches
 from qstate.core.errors import DeltaMismatch
 from qstate.core.storage import Storage
 
-__all__ = ["BatchManifest", "Fragments", "delete_manifests_through", "read_manifest",
-           "write_manifest"]
+__all__ = ["BatchManifest", "Fragments", "Offsets", "delete_manifests_through",
+           "read_manifest", "write_manifest"]
 
 
 Fragments = dict[int, int]  # fragment -> rows in it
+# topic -> Kafka partition -> the offset the batch read up to, exclusive (Spark's offset log):
+# the batch counted every record of the partition below it that the batch before did not
+Offsets = dict[str, dict[int, int]]
 
 
 @dataclass(frozen=True)
@@ -30,12 +33,15 @@ class BatchManifest:
     batch: int
     watermark_ms: int
     deltas: dict[int, Fragments]  # partition -> its delta fragments
+    offsets: Offsets = field(default_factory=dict)  # where the batch ended in its source
 
 
 def write_manifest(storage: Storage, job: str, operator: str, m: BatchManifest) -> None:
     data = orjson.dumps({"batch": m.batch, "watermark_ms": m.watermark_ms,
                          "deltas": {str(p): {str(f): n for f, n in sorted(fs.items())}
-                                    for p, fs in sorted(m.deltas.items())}})
+                                    for p, fs in sorted(m.deltas.items())},
+                         "offsets": {t: {str(p): o for p, o in sorted(ps.items())}
+                                     for t, ps in sorted(m.offsets.items())}})
     storage.write_bytes(paths.manifest(job, operator, m.batch), data)
 
 
@@ -47,12 +53,20 @@ def read_manifest(storage: Storage, job: str, operator: str, batch: int) -> Batc
     try:
         m = BatchManifest(_int(raw["batch"]), _int(raw["watermark_ms"]),
                           {_int(int(p)): {_int(int(f)): _int(n) for f, n in fs.items()}
-                           for p, fs in raw["deltas"].items()})
+                           for p, fs in raw["deltas"].items()},
+                          {_str(t): {_int(int(p)): _int(o) for p, o in ps.items()}
+                           for t, ps in raw.get("offsets", {}).items()})
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise DeltaMismatch(f"manifest {path} is not a batch manifest: {exc!r}") from None
     if m.batch != batch:
         raise DeltaMismatch(f"manifest {path} names batch {m.batch}")
     return m
+
+
+def _str(v: object) -> str:
+    if type(v) is not str:
+        raise TypeError(f"{v!r} is not a string")
+    return v
 
 
 def _int(v: object) -> int:

@@ -284,4 +284,8 @@ def read_top(db: Rdict, codec: Codec, state: int, start: int | None, n: int,
         start = current_start(spec, meta.watermark_ms)
     if spec.panes:
         return meta, start, scan_top(view, codec, state, start, n, descending, meta, max_keys)
+    if meta.ranks < VERSION and meta.last_batch >= 0:
+        raise InvalidRequest(
+            f"the shard holding {spec.job}/{spec.operator} keeps no rank index "
+            "(QSTATE_RANK_INDEX=false there), so it has no top-N of this state")
     return meta, start, top(view, spec, state, start, n, descending)

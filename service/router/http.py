@@ -26,6 +26,7 @@ from qstate.core.answer import (
     ClusterInfo,
     JobInfo,
     JobList,
+    JobPosition,
     JobSummary,
     OperatorInfo,
     Point,
@@ -284,6 +285,22 @@ def create_app(query: QueryService, ready: Callable[[], bool] = lambda: True) ->
         ops = await query.describe_job(job)
         return json_response(JobInfo(name=job, operators=[
             _operator(s) for s in ops if _may_read(request, job, s.spec.operator)]))
+
+    @app.get("/v1/jobs/{job}/position", response_model=JobPosition, responses=errors,
+             summary="The batch that counted a Kafka record: read with min_batch=<it> to "
+                     "read your own writes")
+    async def job_position(
+            job: Name,
+            topic: Annotated[str, Query(pattern=r"^[A-Za-z0-9._-]{1,249}$",
+                                        description="The Kafka topic the job reads")],
+            partition: Annotated[int, Query(ge=0, description="The record's partition")],
+            offset: Annotated[int, Query(ge=0, lt=2**63, description="The record's offset, "
+                                         "as the producer's delivery report gives it")]
+    ) -> Any:
+        p = await query.position(job, topic, partition, offset)
+        return json_response(JobPosition(job=p.job, topic=p.topic, partition=p.partition,
+                                         offset=p.offset, batch=p.batch,
+                                         end_offset=p.end_offset))
 
     @app.get("/v1/cluster", response_model=ClusterInfo,
              summary="Shard servers, their partitions and how each stands: state, last batch, "

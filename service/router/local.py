@@ -26,12 +26,10 @@ from rocksdict import AccessType, Options, Rdict
 from qstate.core.address import PartitionId
 from qstate.core.assignment import ServerInfo
 from qstate.core.config import DEFAULTS
-from qstate.core.errors import TooLarge
 from qstate.core.operator import OperatorSpec
 from qstate.partition.codec import Codec
 from qstate.partition.files import MARKER, Marker, file_signature, partition_dir, read_marker
 from qstate.partition.meta import Meta, read_meta
-from qstate.partition.rank import Ranked, read_top
 from qstate.partition.reader import WindowValue, read_many
 
 __all__ = ["LocalReader"]
@@ -173,23 +171,5 @@ class LocalReader:
             return read_many(sec.db, self._codec(spec), keys, rng, limit, sec.meta)
         except Exception as exc:  # files moving under us (restore, drop): use gRPC
             log.debug("local read of %s at %s failed: %s", pid, address, exc)
-            self._close((address, pid))
-            return None
-
-    def top(self, address: str, spec: OperatorSpec, pid: PartitionId, state: int,
-            start: int | None, n: int, descending: bool, max_keys: int
-            ) -> tuple[Meta, int, list[Ranked]] | None:
-        """``qstate.partition.rank.read_top`` of one partition from the owner's files, or
-        None: ask the owner over gRPC. A window too large to fold raises TooLarge."""
-        try:
-            sec = self._secondary(address, pid)
-            if sec is None:
-                return None
-            return read_top(sec.db, self._codec(spec), state, start, n, descending, max_keys,
-                            sec.meta)
-        except TooLarge:
-            raise
-        except Exception as exc:  # files moving under us (restore, drop): use gRPC
-            log.debug("local top-N of %s at %s failed: %s", pid, address, exc)
             self._close((address, pid))
             return None

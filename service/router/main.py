@@ -84,8 +84,7 @@ async def serve(o: RouterOptions, scratch: Path | None = None) -> None:
     local = LocalReader(scratch or Path(tempfile.mkdtemp(prefix="qstate-router-")))
     reads = PartitionReads(routing, caller, cfg.retry_after_s, local if o.local_reads else None)
     query = QueryService(routing, reads, cfg.max_batch_keys, cfg.max_windows,
-                         cfg.max_request_windows, cfg.min_batch_wait_s, cfg.max_top_n,
-                         cfg.max_top_scan_keys)
+                         cfg.max_request_windows, cfg.min_batch_wait_s, cfg.max_top_n)
     watch = asyncio.create_task(_watch_local_shards(routing, caller, local,
                                                     cfg.local_ready_poll_s)) \
         if o.local_reads else None

@@ -16,6 +16,7 @@ from qstate.core.errors import NotFound, Unavailable, UnknownOperator
 from qstate.core.operator import OperatorSpec
 from qstate.core.shard_client import held_partitions
 from qstate.proto import shard_pb2 as pb
+from qstate.router.position import Position, batch_of_offset
 from qstate.router.reads import Hit, PartitionReads
 from qstate.router.request import StateQuery, TopQuery
 from qstate.router.routing import RoutingTable
@@ -51,8 +52,7 @@ class QueryService:
                  max_windows: int = DEFAULTS.max_windows,
                  max_request_windows: int = DEFAULTS.max_request_windows,
                  min_batch_wait_s: float = DEFAULTS.min_batch_wait_s,
-                 max_top_n: int = DEFAULTS.max_top_n,
-                 max_top_scan_keys: int = DEFAULTS.max_top_scan_keys) -> None:
+                 max_top_n: int = DEFAULTS.max_top_n) -> None:
         self.routing = routing
         self.reads = reads
         self.max_batch_keys = max_batch_keys
@@ -60,7 +60,7 @@ class QueryService:
         self.max_request_windows = max_request_windows
         self.min_batch_wait_s = min_batch_wait_s
         self.max_top_n = max_top_n
-        self.top_reads = TopReads(reads, max_top_scan_keys, min_batch_wait_s)
+        self.top_reads = TopReads(reads, min_batch_wait_s)
 
     def point(self, job: str, operator: str, state: str, key: str,
               rng: tuple[int, int] | None = None, limit: int | None = None,
@@ -200,6 +200,13 @@ class QueryService:
                     batches.append(info.last_batch)
                     marks.append(info.watermark_ms)
         return OperatorStatus(spec, min(batches, default=-1), min(marks, default=0), available)
+
+    async def position(self, job: str, topic: str, partition: int, offset: int) -> Position:
+        """The batch of ``job`` that counted the record at ``offset`` (read your writes:
+        read with ``min_batch`` set to it)."""
+        specs = (await self.jobs()).get(job, [])
+        return await batch_of_offset(self.routing.storage, job, [s.operator for s in specs],
+                                     topic, partition, offset, self.reads.retry_after_s)
 
     async def jobs(self) -> dict[str, list[OperatorSpec]]:
         await self.routing.refresh()

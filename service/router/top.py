@@ -1,8 +1,9 @@
 """Top-N across an operator's partitions (docs/architecture.md §5).
 
-Each partition's top n is read where it is: in-process from a co-located shard's files, else
-one ``Top`` call per owner for all the partitions it holds; a partition whose owner cannot
-answer is asked again on its own, following a move, then of a follower
+Each partition's top n comes from its owner: one ``Top`` call per shard server for all the
+partitions it holds (not from a co-located shard's files: catching a RocksDB secondary up
+with a busy primary costs more than the read, measured in §5), and a partition whose owner
+cannot answer is asked again on its own, following a move, then of a follower
 (``PartitionReads.ask``). The answers merge by value, then key. Every partition answers or
 the whole answer is the 503 of the one that could not: a leaderboard never silently misses a
 partition. ``window=current`` is resolved by each partition from its watermark; partitions a
@@ -25,7 +26,7 @@ from qstate.core.values import value_of
 from qstate.core.windows import floor_to
 from qstate.partition.rank import Ranked, check_top, rank_of
 from qstate.proto import shard_pb2 as pb
-from qstate.router.metrics import LOCAL_READS, REMOTE_READS
+from qstate.router.metrics import REMOTE_READS
 from qstate.router.reads import PartitionReads
 from qstate.router.request import TopQuery
 
@@ -61,10 +62,8 @@ def _partition_top(r: pb.PartitionTop) -> PartitionTop:
 
 
 class TopReads:
-    def __init__(self, reads: PartitionReads, max_scan_keys: int,
-                 min_batch_wait_s: float) -> None:
+    def __init__(self, reads: PartitionReads, min_batch_wait_s: float) -> None:
         self.reads = reads
-        self.max_scan_keys = max_scan_keys
         self.min_batch_wait_s = min_batch_wait_s
 
     async def top(self, spec: OperatorSpec, q: TopQuery) -> TopResult:
@@ -116,23 +115,14 @@ class TopReads:
 
     async def _read(self, spec: OperatorSpec, q: TopQuery, state: int, parts: Iterable[int],
                     start: int | None) -> dict[int, PartitionTop]:
-        out: dict[int, PartitionTop] = {}
         by_owner: dict[str | None, list[int]] = {}
-        local = self.reads.local
         for p in parts:
-            pid = PartitionId(spec.job, spec.operator, p)
-            owner = self.reads.routing.owner_now(pid)
-            res = None if local is None or owner is None else local.top(
-                owner, spec, pid, state, start, q.n, q.descending, self.max_scan_keys)
-            if res is None:
-                by_owner.setdefault(owner, []).append(p)
-                continue
-            LOCAL_READS.inc()
-            meta, at, ranked = res
-            out[p] = PartitionTop(meta.last_batch, meta.watermark_ms, at, ranked)
-        calls = [self._owner(spec, q, owner, ps, start) for owner, ps in by_owner.items()]
-        for res_ in await asyncio.gather(*calls):
-            out.update(res_)
+            owner = self.reads.routing.owner_now(PartitionId(spec.job, spec.operator, p))
+            by_owner.setdefault(owner, []).append(p)
+        out: dict[int, PartitionTop] = {}
+        for got in await asyncio.gather(*(self._owner(spec, q, owner, ps, start)
+                                          for owner, ps in by_owner.items())):
+            out.update(got)
         return out
 
     def _request(self, spec: OperatorSpec, q: TopQuery, parts: list[int],

@@ -115,7 +115,7 @@ async def serve(o: ShardOptions) -> None:
     server_id = o.id
     partitions = Partitions(o.data_dir / server_id, storage, server_id, cfg.snapshot_every,
                             cfg.snapshots_kept, cfg.commit_workers, cfg.restore_timeout_s,
-                            cfg.restore_retry_s)
+                            cfg.restore_retry_s, cfg.rank_index)
     metrics.HELD.watch(partitions.server_dir, partitions.held_now)
     server = grpc.aio.server(options=[*CHANNEL_OPTIONS, security.NO_REUSEPORT],
                              interceptors=security.cluster_interceptors(cfg))

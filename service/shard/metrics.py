@@ -25,8 +25,8 @@ if TYPE_CHECKING:
     from qstate.shard.held import Held
 
 __all__ = ["APPLIED_ROWS", "APPLY_SECONDS", "CAUGHT_UP", "COMMITS", "COMMIT_SECONDS", "HELD",
-           "LAST_SKIPPED", "LOOKUPS", "LOOKUP_SECONDS", "STATES", "STATE_WRITES", "TOP_SECONDS",
-           "HeldCollector", "refused_commit"]
+           "LAST_SKIPPED", "LOOKUPS", "LOOKUP_SECONDS", "STATES", "STATE_WRITES",
+           "TOP_PARTITIONS", "TOP_SECONDS", "HeldCollector", "refused_commit"]
 
 COMMITS = Counter("qstate_shard_commits_total",
                   "Partition commits by result: applied, skipped (this server already had the "
@@ -51,6 +51,11 @@ CAUGHT_UP = Counter("qstate_shard_caught_up_batches_total",
 LOOKUPS = Counter("qstate_shard_lookup_keys_total", "Keys looked up", ["status"])
 LOOKUP_SECONDS = Histogram("qstate_shard_lookup_seconds", "Time per MultiGet call",
                            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05))
+TOP_PARTITIONS = Counter("qstate_shard_top_partitions_total",
+                         "Partitions a Top call answered, by how: read (from the rank index "
+                         "or the panes) or cached (the same top-N at the same batch)", ["how"])
+for _how in ("read", "cached"):
+    TOP_PARTITIONS.labels(_how)
 TOP_SECONDS = Histogram("qstate_shard_top_seconds", "Time per Top call (all its partitions)",
                         buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5))
 # with qstate_shard_commits_total{result="skipped"} (how many partitions): which batch a

@@ -58,8 +58,10 @@ class Partitions:
                  snapshots_kept: int = DEFAULTS.snapshots_kept,
                  workers: int = DEFAULTS.commit_workers,
                  restore_timeout_s: float = DEFAULTS.restore_timeout_s,
-                 restore_retry_s: float = DEFAULTS.restore_retry_s) -> None:
+                 restore_retry_s: float = DEFAULTS.restore_retry_s,
+                 rank_index: bool = DEFAULTS.rank_index) -> None:
         self.server_dir = server_dir
+        self.rank_index = rank_index
         self.storage = storage
         self.server_id = server_id
         self.restore_timeout_s = restore_timeout_s
@@ -121,7 +123,8 @@ class Partitions:
 
     def _acquire(self, pid: PartitionId, owner: bool) -> None:
         spec = self.spec(pid.job, pid.operator)
-        held = Held(PartitionStore(partition_dir(self.server_dir, pid), spec), owner=owner)
+        held = Held(PartitionStore(partition_dir(self.server_dir, pid), spec,
+                                   self.rank_index), owner=owner)
         self._held[pid] = held
         self._bg.submit(self.recovery.bring_up, pid, held, lambda: self._held.get(pid) is held)
 

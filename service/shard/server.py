@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -20,7 +21,6 @@ from qstate.core.config import DEFAULTS
 from qstate.core.errors import (
     InvalidRequest,
     QStateError,
-    TooLarge,
     UnknownOperator,
     grpc_trailers,
 )
@@ -39,6 +39,11 @@ log = logging.getLogger(__name__)
 
 MAX_KEYS = 10_000
 MAX_TOP_N = 10_000  # a router asks at most its max_top_n of each partition
+# A partition's top-N changes only with its batch: answers are kept until it moves on, so
+# a leaderboard many dashboards poll costs one read per partition per batch. Bounded: at
+# most this many answers, each of n <= TOP_CACHE_N keys (docs/architecture.md §5).
+TOP_CACHE_SIZE = 512
+TOP_CACHE_N = 1000
 # A lookup reading more windows than this (keys × the windows each may return) runs on the
 # read threads, not on the event loop that answers heartbeats (Describe) and commits:
 # a read storm makes reads slower, never a server that looks dead (docs/architecture.md §5).
@@ -80,6 +85,10 @@ class ShardService(pb_grpc.ShardServicer):
         self.coordinator_at = float("-inf")  # monotonic time of a coordinator's last beat
         # its own threads: a read storm must not take the ones commits run on either
         self.read_pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="reads")
+        # (partition, state, start or None, n, ascending) -> (incarnation, batch), answer;
+        # used on the read thread only
+        self._top_cache: OrderedDict[tuple[PartitionId, str, int | None, int, bool],
+                                     tuple[tuple[str, int], pb.PartitionTop]] = OrderedDict()
 
     def _spec(self, job: str, operator: str, partitions: Iterable[int] = ()) -> OperatorSpec:
         """The spec; read again when a partition is past its count (a rescale since)."""
@@ -233,11 +242,19 @@ class ShardService(pb_grpc.ShardServicer):
             if not held.ready.is_set():
                 r.status = pb.RESTORING
                 continue
+            key = (pid, request.state, start, request.n, request.ascending)
+            version = (held.store.token, held.store.meta.last_batch)
+            cached = self._top_cache.get(key)
+            if cached is not None and cached[0] == version:
+                self._top_cache.move_to_end(key)
+                r.CopyFrom(cached[1])
+                metrics.TOP_PARTITIONS.labels("cached").inc()
+                continue
             try:
                 meta, at, ranked = rank.read_top(held.store.db, held.store.codec, state, start,
                                                  request.n, not request.ascending,
                                                  self.max_top_scan_keys)
-            except TooLarge:
+            except QStateError:  # the answer: too large, no rank index
                 raise
             except Exception as exc:  # closed under us: the partition just moved away
                 if self.partitions.lookup(pid) is held:
@@ -250,6 +267,14 @@ class ShardService(pb_grpc.ShardServicer):
                 pb.FOUND, meta.last_batch, meta.watermark_ms, at)
             for k, v in ranked:
                 set_value(r.entries.add(key=k), v)
+            metrics.TOP_PARTITIONS.labels("read").inc()
+            if request.n <= TOP_CACHE_N:
+                # labelled with the batch it read: a commit between the snapshot and
+                # store.meta makes the two differ, and the next call reads again
+                self._top_cache[key] = ((held.store.token, meta.last_batch), pb.PartitionTop())
+                self._top_cache[key][1].CopyFrom(r)
+                if len(self._top_cache) > TOP_CACHE_SIZE:
+                    self._top_cache.popitem(last=False)
         return reply
 
     async def Describe(self, request: pb.DescribeRequest, context: grpc.aio.ServicerContext

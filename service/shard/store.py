@@ -59,7 +59,7 @@ def _options() -> Options:
 
 
 class PartitionStore:
-    def __init__(self, path: Path, spec: OperatorSpec) -> None:
+    def __init__(self, path: Path, spec: OperatorSpec, rank_index: bool = True) -> None:
         path.mkdir(parents=True, exist_ok=True)
         self.token = uuid.uuid4().hex[:12]
         self.path = path
@@ -70,7 +70,8 @@ class PartitionStore:
         self._sync = WriteOptions()
         self._sync.sync = True  # WAL synced at each commit (docs/architecture.md §4)
         self.lock = threading.RLock()  # one writer at a time; readers use snapshots
-        self.ranked = rank.ranked_states(spec)
+        self.rank_index = rank_index  # QSTATE_RANK_INDEX
+        self.ranked = rank.ranked_states(spec) if rank_index else []
         self.meta = read_meta(self.db)
         self._index_ranks()
         self.last_apply = ApplyStats()
@@ -78,7 +79,7 @@ class PartitionStore:
 
     def _index_ranks(self) -> None:
         """A partition written before the rank index existed gets one before it serves."""
-        if self.meta.ranks >= rank.VERSION or self.meta.last_batch < 0:
+        if not self.rank_index or self.meta.ranks >= rank.VERSION or self.meta.last_batch < 0:
             return
         rows = rank.rebuild(self.db, self.spec)
         self.meta = replace(self.meta, ranks=rank.VERSION)
@@ -127,7 +128,8 @@ class PartitionStore:
                     stats.writes += self._merge_sessions(wb, delta, late, cutoff)
                 else:
                     stats.writes += self._merge_rows(wb, delta, cutoff)
-            meta = Meta(batch, watermark_ms, max(epoch, self.meta.epoch), rank.VERSION)
+            meta = Meta(batch, watermark_ms, max(epoch, self.meta.epoch),
+                        rank.VERSION if self.rank_index else 0)
             wb.put(META, encode_meta(meta))
             self.db.write(wb, self._sync)
             self.meta = meta

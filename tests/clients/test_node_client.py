@@ -23,7 +23,7 @@ from google.protobuf.json_format import MessageToDict
 from qstate.embedded.ports import free_port
 from qstate.proto import qstate_pb2 as qpb
 from qstate.proto import qstate_pb2_grpc as qpb_grpc
-from tests.shop import BATCHES, BIG, KEYS, ROUTES, WINDOW, Shop, avg_ms, views
+from tests.shop import BATCHES, BIG, KEYS, MANY, ROUTES, WINDOW, Shop, avg_ms, views
 
 NODE_DIR = Path(__file__).resolve().parents[2] / "clients" / "node"
 SCRIPT = NODE_DIR / "query.mjs"
@@ -182,6 +182,26 @@ def test_errors_exit_with_documented_code(node, cluster, stub, args, code: str,
                  timeout=5)
     assert err.value.code().name == code
     assert err.value.details() in r.stderr
+
+
+def test_top_matches_stub_and_truth(node, shop, cluster, stub) -> None:
+    last = BATCHES - 1
+    got = node_json(node, cluster.grpc_address, "top", "shop", "views_1m", "views", "--n", "7")
+    py = as_dict(stub.Top(qpb.TopRequest(job="shop", operator="views_1m", state="views", n=7),
+                          timeout=5))
+    board = sorted(KEYS + MANY, key=lambda k: (-views(k, last), k))[:7]
+    assert got == py == {
+        "job": "shop", "operator": "views_1m", "state": "views",
+        "start_ms": str(last * WINDOW), "end_ms": str((last + 1) * WINDOW),
+        "batch": str(last), "watermark_ms": str(last * WINDOW),
+        "entries": [{"key": k, "int_value": str(views(k, last))} for k in board]}
+    asc = node_json(node, cluster.grpc_address, "top", "shop", "views_1m", "views", "--n", "3",
+                    "--asc", "--window", "60000")
+    assert [e["key"] for e in asc["entries"]] == sorted(
+        KEYS + MANY, key=lambda k: (views(k, 1), k))[:3]
+    too_many = run_node(node, cluster.grpc_address, "top", "shop", "views_1m", "views", "--n",
+                       "100000")
+    assert (too_many.returncode, too_many.stderr.split(":")[0]) == (4, "INVALID_ARGUMENT")
 
 
 def test_unreachable_router_is_unavailable(node) -> None:

@@ -51,7 +51,19 @@ from tests.deploy.kit import (
     targets,
 )
 from tests.helpers import wait_until
-from tests.shop import BATCHES, BIG, KEYS, SPEC, WINDOW, P, Shop, start_shop, views, window
+from tests.shop import (
+    BATCHES,
+    BIG,
+    KEYS,
+    MANY,
+    SPEC,
+    WINDOW,
+    P,
+    Shop,
+    start_shop,
+    views,
+    window,
+)
 
 RATE = "5m"  # $__rate_interval: a window that holds every sample since Prometheus started
 NEEDS_JOB = re.compile(r"\bqstate_(job|sink)_")  # series only a running job exports
@@ -112,6 +124,8 @@ def test_infinity_panels_answer_what_was_committed(kit: Kit) -> None:
                    "partitions": P}],
         "${key}: windows in the time range": [
             {"window start": window(b)[0], "value": views(key, b)} for b in range(kit.batches)],
+        "Top 10 now": [{"key": k, "value": views(k, last)} for k in sorted(
+            KEYS + MANY, key=lambda k: (-views(k, last), k))[:10]],
         "Keys: current window": [
             {"key": k, "found": k != "never-written",
              "value": views(k, last) if k != "never-written" else MISSING,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from qstate.embedded.ports import free_port
-from tests.shop import BATCHES, KEYS, Shop, views, window
+from tests.shop import BATCHES, KEYS, MANY, Shop, views, window
 
 ROOT = Path(__file__).resolve().parents[2]
 LAST = BATCHES - 1
@@ -32,6 +32,27 @@ def test_get_prints_the_answer_as_json(shop: Shop) -> None:
     assert (out["found"], out["batch"]) == (True, LAST)
     assert out["windows"] == [{"start": window(LAST)[0], "end": window(LAST)[1],
                                "value": views(KEYS[7], LAST)}]
+
+
+def test_top_prints_the_board_as_json(shop: Shop) -> None:
+    url = shop.routers["grpc"].url
+    r = qstate("top", "shop", "views_1m", "views", "-n", "3", "--url", url)
+    assert r.returncode == 0, r.stderr
+    board = json.loads(r.stdout)
+    mine = sorted(KEYS + MANY, key=lambda k: (-views(k, LAST), k))[:3]
+    assert (board["batch"], board["window"]) == (LAST, dict(zip(("start", "end"),
+                                                               window(LAST), strict=True)))
+    assert board["entries"] == [{"key": k, "value": views(k, LAST)} for k in mine]
+    asc = json.loads(qstate("top", "shop", "views_1m", "views", "-n", "2", "--asc",
+                            "--window", "0", "--url", url).stdout)
+    assert asc["order"] == "asc" and asc["entries"] == [
+        {"key": k, "value": views(k, 0)}
+        for k in sorted(KEYS + MANY, key=lambda k: (views(k, 0), k))[:2]]
+    for args, code in ((("-n", "0"), 2), (("--window", "soon"), 2)):
+        bad = qstate("top", "shop", "views_1m", "views", *args, "--url", url)
+        assert (bad.returncode, bad.stdout) == (code, "") and bad.stderr.startswith("error: ")
+    gone = qstate("top", "shop", "nope", "views", "--url", url)
+    assert gone.returncode == 1 and "no operator 'nope'" in gone.stderr
 
 
 @pytest.mark.parametrize(("args", "code", "says"), [

@@ -6,6 +6,8 @@
 const API = new URL("../v1/", location.href); // relative: works behind a path prefix too
 const POLL_MS = 1500;
 const RECENT = 10; // windows in the "recent windows" table
+const TOP_N = 10; // keys on the leaderboard
+const SVG = "http://www.w3.org/2000/svg";
 
 const $ = (id) => document.getElementById(id);
 const catalog = new Map(); // job -> [OperatorInfo]
@@ -39,6 +41,10 @@ async function api(path, params) {
   try { body = parseExact(text); } catch (_) { body = { message: text }; }
   return { ok: r.ok, status: r.status, body };
 }
+
+// one path segment: dots too, so a key "." or ".." never becomes a segment the URL
+// resolves away
+const segment = (v) => encodeURIComponent(v).replace(/\./g, "%2E");
 
 function el(tag, text, cls) {
   const e = document.createElement(tag);
@@ -163,6 +169,7 @@ async function refreshJobs() {
 // ---- one key --------------------------------------------------------------------------
 
 function clearAnswer(message) {
+  $("chart").replaceChildren();
   $("value").textContent = "—";
   $("window").textContent = "";
   $("batch").textContent = "—";
@@ -179,8 +186,6 @@ async function refreshKey() {
     clearAnswer(s.key ? "" : "Type a key to see its current value.");
     return;
   }
-  // dots too: a key "." or ".." must not become a path segment the URL resolves away
-  const segment = (v) => encodeURIComponent(v).replace(/\./g, "%2E");
   const path = ["state", s.job, s.operator, s.state].map(segment).join("/")
     + "/" + segment(s.key);
   const latest = await api(path);
@@ -214,6 +219,62 @@ async function refreshWindows(s, path, latest, seq) {
   if (seq !== keySeq || !r.ok) return;
   const ws = r.body.windows.slice(-RECENT).reverse();
   body.replaceChildren(...ws.map((x) => row([iso(x.start), iso(x.end), x.value === null ? "null" : x.value])));
+  drawChart(ws.slice().reverse());
+}
+
+// The key's recent windows as bars, oldest left, drawn here (no library, no CDN): each
+// bar's height is its value over the largest shown; a null value is a gap.
+function drawChart(ws) {
+  const svg = $("chart");
+  const values = ws.map((w) => (w.value === null ? null : Number(w.value)));
+  const top = Math.max(0, ...values.filter((v) => v !== null && isFinite(v)));
+  const width = 400 / Math.max(ws.length, 1);
+  const bars = ws.map((w, i) => {
+    const v = values[i];
+    const h = v === null || !isFinite(v) || top <= 0 ? 0 : Math.max(1, (v / top) * 110);
+    const bar = document.createElementNS(SVG, "rect");
+    bar.setAttribute("x", String(i * width + width * 0.1));
+    bar.setAttribute("width", String(width * 0.8));
+    bar.setAttribute("y", String(120 - h));
+    bar.setAttribute("height", String(h));
+    bar.setAttribute("class", "bar");
+    const tip = document.createElementNS(SVG, "title");
+    tip.textContent = `${iso(w.start)}: ${fmtValue(w.value)}`;
+    bar.append(tip);
+    return bar;
+  });
+  svg.replaceChildren(...bars);
+}
+
+// ---- the leaderboard --------------------------------------------------------------------
+
+let topSeq = 0;
+async function refreshTop() {
+  const s = selected();
+  const seq = ++topSeq;
+  const body = $("board").querySelector("tbody");
+  if (!s.job || !s.operator || !s.state) { body.replaceChildren(); return; }
+  const r = await api(["top", s.job, s.operator, s.state].map(segment).join("/"), { n: TOP_N });
+  if (seq !== topSeq) return;
+  if (!r.ok) { // e.g. session windows: the router says why there is no board
+    body.replaceChildren();
+    $("top-summary").textContent = `${s.job}/${s.operator}/${s.state}`;
+    $("top-message").textContent = r.body.message || `HTTP ${r.status}`;
+    return;
+  }
+  const b = r.body;
+  $("top-message").textContent = "";
+  $("top-summary").textContent = `${b.job}/${b.operator}/${b.state} · ` +
+    `${b.window ? `window ${windowText(b.window)}` : "not windowed"} · batch ${b.batch}`;
+  body.replaceChildren(...b.entries.map((e, i) => {
+    const key = el("a", e.key);
+    key.href = "#";
+    key.addEventListener("click", (ev) => { ev.preventDefault(); $("key").value = e.key; onSelection(); });
+    const td = el("td");
+    td.append(key);
+    return row([i + 1, td, e.value]);
+  }));
+  if (!b.entries.length) $("top-message").textContent = "no key has a value in this window yet";
 }
 
 function tickAge() {
@@ -277,7 +338,8 @@ async function refreshCluster() {
 async function tick() {
   clearTimeout(timer);
   try {
-    const results = await Promise.allSettled([refreshJobs().then(refreshKey), refreshCluster()]);
+    const results = await Promise.allSettled([
+      refreshJobs().then(() => Promise.all([refreshKey(), refreshTop()])), refreshCluster()]);
     const failed = results.filter((x) => x.status === "rejected");
     if (failed.length) throw failed[0].reason;
     $("status").textContent = `live · updated ${new Date().toLocaleTimeString()}`;
@@ -295,7 +357,10 @@ function onSelection() {
   fillSelects();
   saveHash();
   clearTimeout(typing);
-  typing = setTimeout(() => refreshKey().catch((e) => clearAnswer(String(e))), 150);
+  typing = setTimeout(() => {
+    refreshKey().catch((e) => clearAnswer(String(e)));
+    refreshTop().catch((e) => { $("top-message").textContent = String(e); });
+  }, 150);
 }
 
 document.addEventListener("DOMContentLoaded", () => {

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from qstate.core import paths
 from qstate.core.catalog import manifest_batches
+from qstate.core.errors import DeltaMismatch
 from qstate.core.manifest import (
     BatchManifest,
     delete_manifests_through,
@@ -25,6 +26,9 @@ manifests = st.builds(
     watermark_ms=st.integers(-(2**63), 2**63 - 1),
     deltas=st.dictionaries(st.integers(0, 4095), st.dictionaries(
         st.integers(0, 1000), st.integers(0, 2**40), min_size=1, max_size=4), max_size=20),
+    offsets=st.dictionaries(st.from_regex(r"[A-Za-z0-9._-]{1,20}", fullmatch=True),
+                            st.dictionaries(st.integers(0, 1000), st.integers(0, 2**62),
+                                            max_size=4), max_size=3),
 )
 
 
@@ -42,10 +46,22 @@ def test_write_read_round_trip(m: BatchManifest) -> None:
 
 def test_manifest_file_is_plain_json_at_its_path(tmp_path: Path) -> None:
     s = Storage(str(tmp_path))
-    write_manifest(s, "j", "op", BatchManifest(7, 1000, {3: {0: 10, 2: 4}, 1: {1: 2}}))
+    m = BatchManifest(7, 1000, {3: {0: 10, 2: 4}, 1: {1: 2}}, {"tw": {1: 40, 0: 17}})
+    write_manifest(s, "j", "op", m)
     raw = orjson.loads(s.read_bytes(paths.manifest("j", "op", 7)))
     assert raw == {"batch": 7, "watermark_ms": 1000,
-                   "deltas": {"1": {"1": 2}, "3": {"0": 10, "2": 4}}}
+                   "deltas": {"1": {"1": 2}, "3": {"0": 10, "2": 4}},
+                   "offsets": {"tw": {"0": 17, "1": 40}}}
+    assert read_manifest(s, "j", "op", 7) == m
+    # one written before offsets were recorded reads as none
+    s.write_bytes(paths.manifest("j", "op", 8), orjson.dumps(
+        {"batch": 8, "watermark_ms": 1, "deltas": {}}))
+    assert read_manifest(s, "j", "op", 8).offsets == {}
+    # offsets that are not topic -> partition -> integer: a DeltaMismatch naming the file
+    s.write_bytes(paths.manifest("j", "op", 9), orjson.dumps(
+        {"batch": 9, "watermark_ms": 1, "deltas": {}, "offsets": {"tw": {"0": "17"}}}))
+    with pytest.raises(DeltaMismatch, match="not a batch manifest"):
+        read_manifest(s, "j", "op", 9)
 
 
 def test_rewriting_a_batch_replaces_its_manifest(tmp_path: Path) -> None:

@@ -201,6 +201,26 @@ def test_a_sliding_window_with_too_many_keys_is_too_large() -> None:
             store.close()
 
 
+def test_a_shard_without_the_rank_index_refuses_top_n_and_indexes_when_turned_on() -> None:
+    w = WindowSpec("tumbling", 10)
+    with scratch() as d:
+        path, spec = Path(d) / "p", make_spec(w)
+        store = PartitionStore(path, spec, rank_index=False)
+        model = SparkModel(w)
+        run(store, model, [([ev("a", 1), ev("b", 2), ev("b", 3)], 1)])
+        assert not [k for k, _ in raw_items(store) if k.startswith(RANK)]  # nothing written
+        with pytest.raises(InvalidRequest, match="QSTATE_RANK_INDEX"):
+            rank.read_top(store.db, store.codec, 0, 0, 3, True, SCAN_ALL)
+        store.close()
+        store = PartitionStore(path, spec)
+        try:
+            assert rank.read_top(store.db, store.codec, 0, 0, 3, True, SCAN_ALL)[2] == [
+                rank.Ranked("b", 2), rank.Ranked("a", 1)]
+            check_all(store, model)
+        finally:
+            store.close()
+
+
 def test_a_partition_kept_before_the_rank_index_is_indexed_when_opened() -> None:
     w = WindowSpec("tumbling", 10)
     batches: Batches = [([ev(k, t) for k in ("a", "b", "c") for t in range(0, 30, 3)

@@ -1,9 +1,13 @@
 """Top-N through the router (issue 27): ``GET /v1/top/...`` and gRPC ``Top`` over the shop's
-shard processes, through both read paths, against the ground truth the shop committed
+shard processes, through both routers, against the ground truth the shop committed
 (``views(key, batch)`` of every key: 6,203 keys over 8 partitions and two shards, values 1 to
 1000, so ties cross partitions and are broken by key)."""
 
 from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import httpx
@@ -13,7 +17,20 @@ from qstate.client import Client
 from qstate.proto import qstate_pb2 as qpb
 from qstate.proto import qstate_pb2_grpc as qpb_grpc
 from tests.helpers import metric
-from tests.shop import BATCHES, KEYS, MANY, ROUTES, WINDOW, P, Shop, avg_ms, views, window
+from tests.shop import (
+    BATCHES,
+    KEYS,
+    MANY,
+    ROUTES,
+    WINDOW,
+    P,
+    Shop,
+    avg_ms,
+    shard_reads,
+    start_shop,
+    views,
+    window,
+)
 
 LAST = BATCHES - 1
 TOP = "/v1/top/shop/views_1m"
@@ -31,11 +48,15 @@ def truth(batch: int, n: int, descending: bool = True) -> list[dict[str, object]
     return [{"key": k, "value": views(k, batch)} for k in ranked[:n]]
 
 
-def test_top_n_is_the_ground_truth_through_both_read_paths(shop: Shop, route: str) -> None:
+def test_top_n_is_the_ground_truth_through_both_routers(shop: Shop, route: str) -> None:
     url = shop.routers[route].url
-    with shop.served_by(route, P):  # every partition, on the router's own path
-        r = httpx.get(f"{url}{TOP}/views", timeout=10)
+    before = shard_reads(url)
+    r = httpx.get(f"{url}{TOP}/views", timeout=10)
     assert r.status_code == 200, r.text
+    # every partition from its owner, even on a router that reads co-located shards'
+    # files for keys (docs/architecture.md §5)
+    after = shard_reads(url)
+    assert (after["remote"] - before["remote"], after["local"] - before["local"]) == (P, 0)
     start, end = window(LAST)
     assert r.json() == {"job": "shop", "operator": "views_1m", "state": "views",
                         "window": {"start": start, "end": end}, "order": "desc",
@@ -113,3 +134,49 @@ def test_a_partition_that_cannot_answer_is_a_503_never_a_short_board(shop: Shop,
     with Client(url, retries=8) as c:
         assert [{"key": e.key, "value": e.value}
                 for e in c.top("shop", "views_1m", "views").entries] == truth(LAST, 10)
+
+
+@pytest.fixture(scope="module")
+def own(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shop]:
+    """A shop of its own: a test here commits a batch the session's shop must not see."""
+    s = start_shop(tmp_path_factory.mktemp("top"), min_batch_wait_s=30)
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def test_a_board_is_read_once_per_batch_and_follows_each_commit(own: Shop) -> None:
+    """Shards keep a partition's top-N until its batch moves on: the same board asked again
+    is answered from that, a commit makes the next answer the new batch's; and a read with
+    min_batch asked before the commit answers once it is there."""
+    url = own.routers["grpc"].url
+    shard_urls = [own.metrics_url(s) for s in own.shards]
+
+    def served(how: str) -> float:
+        return sum(metric(u, "qstate_shard_top_partitions_total", how=how) for u in shard_urls)
+
+    def board(**params: int) -> dict:
+        r = httpx.get(f"{url}{TOP}/views", params={"n": 30, **params}, timeout=40)
+        assert r.status_code == 200, r.text
+        return dict(r.json())
+
+    reads, cached = served("read"), served("cached")
+    first = board()
+    assert (served("read") - reads, served("cached") - cached) == (P, 0)
+    assert board() == first and (served("read") - reads, served("cached") - cached) == (P, P)
+    asked = threading.Event()
+
+    def later() -> dict:
+        asked.set()
+        return board(min_batch=BATCHES)
+
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(later)
+        asked.wait(10)
+        assert not waiting.done()  # batch BATCHES is not there yet
+        own.commit(BATCHES)
+        after = waiting.result(40)
+    assert after["batch"] == BATCHES and after["window"]["start"] == window(BATCHES)[0]
+    assert after["entries"] == truth(BATCHES, 30)
+    assert board() == after  # and no older board is served again

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
-from tests.shop import BATCHES, BIG, KEYS, SPEC, WINDOW, Shop, start_shop, views
+from tests.shop import BATCHES, BIG, KEYS, MANY, SPEC, WINDOW, Shop, start_shop, views
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 LAST = BATCHES - 1
@@ -156,6 +156,27 @@ def test_the_page_shows_ground_truth_while_batches_commit(live: Shop, browser: B
              "tumbling 60 s", f"{SPEC.partitions} / {SPEC.partitions}", str(newest),
              re.compile(re.escape(iso(newest * WINDOW)) + r" \(.+ ago\)")],
             timeout=TIMEOUT_MS)
+
+        # the leaderboard of the selected state: the ten largest of the newest window, ties
+        # by key, as the shop wrote them; the chart: one bar per recent window, the
+        # tallest the largest value
+        board = sorted(KEYS + MANY, key=lambda k: (-views(k, newest), k))[:10]
+        expect(w.page.locator("#board tbody td:nth-child(2)")).to_have_text(
+            board, timeout=TIMEOUT_MS)
+        expect(w.page.locator("#board tbody td:nth-child(3)")).to_have_text(
+            [str(views(k, newest)) for k in board])
+        expect(w.page.locator("#top-summary")).to_contain_text(f"batch {newest}")
+        shown = range(max(0, newest - 9), newest + 1)  # oldest first, at most ten
+        expect(w.page.locator("#chart rect")).to_have_count(len(shown))
+        heights = w.page.evaluate("() => Array.from(document.querySelectorAll('#chart rect'),"
+                                  " r => Number(r.getAttribute('height')))")
+        values = [views(key, b) for b in shown]
+        assert heights.index(max(heights)) == values.index(max(values)), (heights, values)
+        assert heights == [pytest.approx(max(1, v / max(values) * 110)) for v in values]
+        w.page.locator("#board tbody a").first.click()  # a key on the board, looked up
+        expect(w.page.locator("#key")).to_have_value(board[0])
+        expect(w.page.locator("#value")).to_have_text(str(views(board[0], newest)),
+                                                      timeout=TIMEOUT_MS)
 
         shot = tmp_path / "ui.png"
         w.page.screenshot(path=str(shot), full_page=True)
