@@ -49,6 +49,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -478,63 +479,78 @@ def run_sink_on(sink: str, spark: SparkSession, args: argparse.Namespace, broker
 
 # ---- freshness ---------------------------------------------------------------------------
 
+@contextmanager
+def live_cluster(tmp: Path, prefix: str
+                 ) -> Iterator[tuple[KafkaBroker, str, list[ShardProcess], RouterProcess]]:
+    """A broker, two shard servers (``prefix``0, 1) over ``tmp``'s storage and a router: the
+    serving side of a live run, stopped on exit."""
+    broker = KafkaBroker(tmp / "broker", log_path=tmp / "broker.log").start()
+    storage = str(tmp / "storage")
+    shards: list[ShardProcess] = []
+    router: RouterProcess | None = None
+    try:
+        for i in range(2):
+            shards.append(ShardProcess.make(f"{prefix}{i}", tmp / "data", storage,
+                                            tmp / "logs").start_and_wait())
+        router = RouterProcess.make(storage, tmp / "logs").start_and_wait()
+        yield broker, storage, shards, router
+    finally:
+        if router is not None:
+            router.stop()
+        for s in shards:
+            s.stop()
+        broker.stop()
+
+
 def freshness(args: argparse.Namespace) -> dict[str, Any]:
     """Events at a steady rate, a probe event every 100 ms for key ``probe``: the poller reads
     the probe's hourly count through the router every 20 ms; probe i is visible when the
     count reaches i. Latency = visible - sent."""
     tmp = Path(tempfile.mkdtemp(prefix="qstate-fresh-"))
-    broker = KafkaBroker(tmp / "broker", log_path=tmp / "broker.log").start()
-    storage = str(tmp / "storage")
-    shards = [ShardProcess.make(f"f{i}", tmp / "data", storage, tmp / "logs").start_and_wait()
-              for i in range(2)]
-    router = RouterProcess.make(storage, tmp / "logs").start_and_wait()
-    spark = spark_session("bench-fresh", "local[2]")
-    topic = "tweets-live"
-    wl = Tweets(keys=args.keys_fresh, seed=3)
-    sent: list[float] = []
-    stop = threading.Event()
+    with live_cluster(tmp, "f") as (broker, storage, shards, router):
+        spark = spark_session("bench-fresh", "local[2]")
+        topic = "tweets-live"
+        wl = Tweets(keys=args.keys_fresh, seed=3)
+        sent: list[float] = []
+        stop = threading.Event()
 
-    def live() -> Iterator[dict[str, Any]]:
-        next_probe = time.time()
-        for _ in itertools.count():
-            if stop.is_set():
-                return
-            now = time.time()
-            if now >= next_probe:
-                sent.append(now)
-                next_probe += 0.1
-                yield {"tweet_id": "probe", "event": "impression", "time": int(now * 1000)}
-            yield wl.event(int(now * 1000) - 500)
+        def live() -> Iterator[dict[str, Any]]:
+            next_probe = time.time()
+            for _ in itertools.count():
+                if stop.is_set():
+                    return
+                now = time.time()
+                if now >= next_probe:
+                    sent.append(now)
+                    next_probe += 0.1
+                    yield {"tweet_id": "probe", "event": "impression", "time": int(now * 1000)}
+                yield wl.event(int(now * 1000) - 500)
 
-    gen = threading.Thread(target=lambda: produce(broker.bootstrap, topic, live(),
-                                                  rate=args.freshness, progress=False,
-                                                  partitions=4), daemon=True)
-    ctx = JobContext(broker.bootstrap, storage, tmp / "ckpt", P, DEFAULTS.trigger_interval,
-                     max_rows_per_trigger=args.max_rows, topic=topic, job="fresh",
-                     shards=[s.address for s in shards], starting_offsets="latest")
-    running = start_job(spark, tweets.build, ctx)
-    visible: list[float] = []
-    try:
-        gen.start()
-        deadline = time.time() + args.duration
-        with httpx.Client(base_url=router.url, timeout=2) as c:
-            while time.time() < deadline:
-                r = c.get("/v1/state/fresh/per_tweet_1h/impressions/probe",
-                          params={"from": "0", "to": str(1 << 62)})
-                if r.status_code == 200:
-                    total = sum(w["value"] for w in r.json()["windows"])
-                    now = time.time()
-                    while len(visible) < min(total, len(sent)):
-                        visible.append(now)
-                time.sleep(0.02)
-    finally:
-        stop.set()
-        running.stop()
-        spark.stop()
-        router.stop()
-        for s in shards:
-            s.stop()
-        broker.stop()
+        gen = threading.Thread(target=lambda: produce(broker.bootstrap, topic, live(),
+                                                      rate=args.freshness, progress=False,
+                                                      partitions=4), daemon=True)
+        ctx = JobContext(broker.bootstrap, storage, tmp / "ckpt", P, DEFAULTS.trigger_interval,
+                         max_rows_per_trigger=args.max_rows, topic=topic, job="fresh",
+                         shards=[s.address for s in shards], starting_offsets="latest")
+        running = start_job(spark, tweets.build, ctx)
+        visible: list[float] = []
+        try:
+            gen.start()
+            deadline = time.time() + args.duration
+            with httpx.Client(base_url=router.url, timeout=2) as c:
+                while time.time() < deadline:
+                    r = c.get("/v1/state/fresh/per_tweet_1h/impressions/probe",
+                              params={"from": "0", "to": str(1 << 62)})
+                    if r.status_code == 200:
+                        total = sum(w["value"] for w in r.json()["windows"])
+                        now = time.time()
+                        while len(visible) < min(total, len(sent)):
+                            visible.append(now)
+                    time.sleep(0.02)
+        finally:
+            stop.set()
+            running.stop()
+            spark.stop()
     warm = args.duration / 4  # leave the start-up out
     lat = [v - s for s, v in zip(sent, visible, strict=False) if s - sent[0] > warm]
     lat.sort()

@@ -34,13 +34,13 @@ from typing import Any
 import httpx
 
 from loadtest import results
-from loadtest.bench_ingest import P, wait_all
+from loadtest.bench_ingest import P, live_cluster, wait_all
 from loadtest.openloop_tool import openloop_binary, run_openloop
+from qstate.core.assignment import list_servers
 from qstate.core.config import DEFAULTS
+from qstate.core.storage import Storage
 from qstate.embedded.demo import BATCH_NICE
 from qstate.embedded.generate import produce
-from qstate.embedded.kafka import KafkaBroker
-from qstate.embedded.procs import RouterProcess, ShardProcess
 from qstate.jobs.examples import tweets
 from qstate.jobs.examples.workloads import Tweets, events_over_span
 from qstate.jobs.job import JobContext
@@ -65,76 +65,104 @@ def _nice(by: int) -> bool:
     return True
 
 
-def _row(what: str, n: int, r: dict[str, Any]) -> str:
+def _row(what: str, n: int, r: dict[str, Any], shard: tuple[str, str]) -> str:
     return (f"| {what} | {n} | {r['achieved_rate']:.1f} | {r['p50_ms']:.1f} | "
-            f"{r['p99_ms']:.1f} | {r['p999_ms']:.1f} | {r['ok']:,} | {r['errors']:,} |")
+            f"{r['p99_ms']:.1f} | {r['p999_ms']:.1f} | {r['ok']:,} | {r['errors']:,} | "
+            f"{shard[0]} | {shard[1]} |")
+
+
+def top_buckets(urls: list[str]) -> dict[float, float]:
+    """The shards' ``qstate_shard_top_seconds`` buckets (cumulative, summed over shards)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[float, float] = {}
+    for url in urls:
+        text = httpx.get(f"{url}/metrics", timeout=10).text
+        for f in text_string_to_metric_families(text):
+            for s in f.samples:
+                if s.name == "qstate_shard_top_seconds_bucket":
+                    le = float(s.labels["le"])
+                    out[le] = out.get(le, 0.0) + s.value
+    return out
+
+
+def shard_quantiles(before: dict[float, float], after: dict[float, float]
+                    ) -> tuple[str, str]:
+    """p50 and p99 of the Top calls between two scrapes, as the bucket they fall in ("<= 5
+    ms"): how long a shard took, apart from the router and the network."""
+    counts = {le: after.get(le, 0.0) - before.get(le, 0.0) for le in sorted(after)}
+    total = counts.get(float("inf"), 0.0)
+
+    def q(p: float) -> str:
+        if not total:
+            return "-"
+        le = next(le for le, c in counts.items() if c >= p * total)
+        return "> 500 ms" if le == float("inf") else f"<= {le * 1000:g} ms"
+
+    return q(0.5), q(0.99)
 
 
 def bench(args: argparse.Namespace) -> str:
     tool = openloop_binary()
     tmp = Path(tempfile.mkdtemp(prefix="qstate-top-"))
-    broker = KafkaBroker(tmp / "broker", log_path=tmp / "broker.log").start()
-    storage = str(tmp / "storage")
-    shards = [ShardProcess.make(f"t{i}", tmp / "data", storage, tmp / "logs").start_and_wait()
-              for i in range(2)]
-    router = RouterProcess.make(storage, tmp / "logs").start_and_wait()
-    niced = _nice(BATCH_NICE)  # Spark's JVM and the generator thread inherit it
-    spark = spark_session("bench-top", "local[2]")
-    wl = Tweets(keys=args.keys, seed=5)
-    hour = (int(time.time() * 1000) // HOUR) * HOUR  # H: every event falls in it
-    topic = "tweets-top"
-    print(f"producing {args.events:,} events over {args.keys:,} keys", flush=True)
-    produce(broker.bootstrap, topic, events_over_span(wl, args.events, t0_ms=hour,
-                                                      span_ms=HOUR // 2, seed=5),
-            total=args.events, progress=True, partitions=4)
-    ctx = JobContext(broker.bootstrap, storage, tmp / "ckpt", P, DEFAULTS.trigger_interval,
-                     max_rows_per_trigger=250_000, topic=topic, job=JOB,
-                     shards=[s.address for s in shards])
-    running = start_job(spark, tweets.build, ctx)
-    stop = threading.Event()
-    rows = []
-    try:
-        t0 = time.perf_counter()
-        wait_all(list(running.queries.values()), args.events)
-        print(f"loaded in {time.perf_counter() - t0:.0f} s", flush=True)
+    rows: list[str] = []
+    with live_cluster(tmp, "t") as (broker, storage, shards, router):
+        niced = _nice(BATCH_NICE)  # Spark's JVM and the generator thread inherit it
+        spark = spark_session("bench-top", "local[2]")
+        wl = Tweets(keys=args.keys, seed=5)
+        hour = (int(time.time() * 1000) // HOUR) * HOUR  # H: every event falls in it
+        topic = "tweets-top"
+        print(f"producing {args.events:,} events over {args.keys:,} keys", flush=True)
+        produce(broker.bootstrap, topic, events_over_span(wl, args.events, t0_ms=hour,
+                                                          span_ms=HOUR // 2, seed=5),
+                total=args.events, progress=True, partitions=4)
+        ctx = JobContext(broker.bootstrap, storage, tmp / "ckpt", P, DEFAULTS.trigger_interval,
+                         max_rows_per_trigger=250_000, topic=topic, job=JOB,
+                         shards=[s.address for s in shards])
+        running = start_job(spark, tweets.build, ctx)
+        stop = threading.Event()
+        try:
+            t0 = time.perf_counter()
+            wait_all(list(running.queries.values()), args.events)
+            print(f"loaded in {time.perf_counter() - t0:.0f} s", flush=True)
 
-        def live() -> Iterator[dict[str, Any]]:
-            start = time.time()
-            for _ in itertools.count():
-                if stop.is_set():
-                    return
-                # the second half of H, at the pace of the clock: H stays the current hour
-                yield wl.event(hour + HOUR // 2 + int((time.time() - start) * 1000))
+            def live() -> Iterator[dict[str, Any]]:
+                start = time.time()
+                for _ in itertools.count():
+                    if stop.is_set():
+                        return
+                    # the second half of H, at the pace of the clock: H stays the current hour
+                    yield wl.event(hour + HOUR // 2 + int((time.time() - start) * 1000))
 
-        gen = threading.Thread(target=lambda: produce(
-            broker.bootstrap, topic, live(), rate=args.rate, progress=False, partitions=4),
-            daemon=True)
-        gen.start()
-        if niced:
-            _nice(-BATCH_NICE)  # back: the load tool this thread starts is not batch work
-        board = httpx.get(f"{router.url}/v1/top/{JOB}/per_tweet_1h/impressions",
-                          params={"n": 3}, timeout=30).json()
-        info = httpx.get(f"{router.url}/v1/jobs/{JOB}", timeout=30).json()
-        print("current board:", board, flush=True)
-        for op, rate in (("per_tweet_1h", args.top_rate), ("per_tweet_1m", args.sliding_rate)):
-            if rate <= 0:
-                continue
-            for n in (int(x) for x in args.n.split(",")):
-                keys = tmp / f"n-{n}.txt"
-                keys.write_text(f"{n}\n")  # the tool appends a "key" to the URL: here, n
-                url = f"{router.url}/v1/top/{JOB}/{op}/impressions?n="
-                print(f"{op} n={n}: {rate}/s for {args.duration} s", flush=True)
-                r = run_openloop(tool, ["-http", url], keys, rate, args.duration)
-                rows.append(_row(op, n, r))
-                print(rows[-1], flush=True)
-    finally:
-        stop.set()
-        running.stop()
-        spark.stop()
-        router.stop()
-        for s in shards:
-            s.stop()
-        broker.stop()
+            gen = threading.Thread(target=lambda: produce(
+                broker.bootstrap, topic, live(), rate=args.rate, progress=False,
+                partitions=4), daemon=True)
+            gen.start()
+            if niced:
+                _nice(-BATCH_NICE)  # back: the load tool this thread starts is not batch work
+            board = httpx.get(f"{router.url}/v1/top/{JOB}/per_tweet_1h/impressions",
+                              params={"n": 3}, timeout=30).json()
+            info = httpx.get(f"{router.url}/v1/jobs/{JOB}", timeout=30).json()
+            print("current board:", board, flush=True)
+            metric_urls = [f"http://{i.metrics}" for i in list_servers(Storage(storage))]
+            for op, rate in (("per_tweet_1h", args.top_rate),
+                             ("per_tweet_1m", args.sliding_rate)):
+                if rate <= 0:
+                    continue
+                for n in (int(x) for x in args.n.split(",")):
+                    keys = tmp / f"n-{n}.txt"
+                    keys.write_text(f"{n}\n")  # the tool appends a "key" to the URL: here, n
+                    url = f"{router.url}/v1/top/{JOB}/{op}/impressions?n="
+                    print(f"{op} n={n}: {rate}/s for {args.duration} s", flush=True)
+                    before = top_buckets(metric_urls)
+                    r = run_openloop(tool, ["-http", url], keys, rate, args.duration)
+                    rows.append(_row(op, n, r, shard_quantiles(before,
+                                                               top_buckets(metric_urls))))
+                    print(rows[-1], flush=True)
+        finally:
+            stop.set()
+            running.stop()
+            spark.stop()
     ops = {o["name"]: o for o in info["operators"]}
     return "\n".join([
         f"### top-N at {args.keys:,} keys while the job ingests {args.rate:,} events/s "
@@ -145,8 +173,10 @@ def bench(args: argparse.Namespace) -> str:
         f"(batch {ops['per_tweet_1h']['last_batch']} when the reads began); the board then "
         f"began {board['entries']}. Constant arrival rate (`qstate-openloop`), latency from "
         "due time, ms.", "",
-        "| operator | n | top-N/s | p50 | p99 | p999 | answered | errors |",
-        "|---|---|---|---|---|---|---|---|", *rows])
+        "| operator | n | top-N/s | p50 | p99 | p999 | answered | errors | shard Top p50 | "
+        "shard Top p99 |", "|---|---|---|---|---|---|---|---|---|---|", *rows, "",
+        "shard Top p50/p99: the shards' own time per Top call (all its partitions; "
+        "`qstate_shard_top_seconds` buckets), apart from the router and the network."])
 
 
 def main() -> None:

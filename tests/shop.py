@@ -173,6 +173,17 @@ def start_shop(tmp: Path, min_batch_wait_s: float = 0.05) -> Shop:
     return shop
 
 
+@contextmanager
+def own_shop(tmp: Path, min_batch_wait_s: float = 0.05) -> Iterator[Shop]:
+    """A shop of a module's own, for tests that commit batches the session's shop must not
+    see; stopped on exit."""
+    s = start_shop(tmp, min_batch_wait_s)
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
 def shard_reads(url: str) -> dict[str, float]:
     """A router's key lookups so far, by read path."""
     return {path: metric(url, READS, path=path) for path in READ_PATH.values()}

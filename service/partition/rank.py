@@ -41,7 +41,6 @@ VERSION = 1  # of the rank index a writer keeps (``Meta.ranks``)
 RANKED_KINDS = ("count", "sum", "min", "max", "avg", "value")
 _SHIFT = np.uint64(1 << 63)
 _MASK = (1 << 64) - 1
-_U16 = struct.Struct(">H")
 _REBUILD_CHUNK = 10_000
 
 
@@ -244,10 +243,9 @@ def scan_top(db: Any, codec: Codec, state: int, start: int, n: int, descending: 
         k = it.key()
         if k >= hi:
             break
-        (klen,) = _U16.unpack_from(k, 9)
-        pane = layout.dec_time(k[11 + klen:19 + klen])
-        if start <= pane < start + size:
-            keys.add(k[11:11 + klen].decode("utf-8"))
+        pane = layout.parse_data_key(layout.data_key_of_index(k))
+        if start <= pane.start < start + size:
+            keys.add(pane.key)
             if len(keys) > max_keys:
                 raise TooLarge(
                     f"the window holds more than {max_keys} keys in one partition: a top-N "
@@ -265,18 +263,14 @@ def scan_top(db: Any, codec: Codec, state: int, start: int, n: int, descending: 
 
 
 def read_top(db: Rdict, codec: Codec, state: int, start: int | None, n: int,
-             descending: bool, max_keys: int, meta: Meta | None = None
-             ) -> tuple[Meta, int, list[Ranked]]:
+             descending: bool, max_keys: int) -> tuple[Meta, int, list[Ranked]]:
     """A partition's top ``n`` of the window starting at ``start`` (None: the current one by
-    its watermark), with the meta of the batch it is as of and the window's start. One
-    snapshot, or none given ``meta``: ``db`` is a secondary between two catch-ups, which does
-    not change (docs/architecture.md §5)."""
-    view: Any = db
-    if meta is None:
-        view = db.snapshot()
-        it = view.iter()
-        it.seek(layout.META)
-        meta = decode_meta(it.value() if it.valid() and it.key() == layout.META else None)
+    its watermark), with the meta of the batch it is as of and the window's start: all from
+    one snapshot."""
+    view: Any = db.snapshot()
+    it = view.iter()
+    it.seek(layout.META)
+    meta = decode_meta(it.value() if it.valid() and it.key() == layout.META else None)
     spec = codec.spec
     if not spec.windowed:
         start = NO_WINDOW

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import grpc
 
 from qstate.core.address import PartitionId
-from qstate.core.errors import Unavailable
+from qstate.core.errors import InvalidRequest, NotFound, Unavailable, from_grpc
 from qstate.core.operator import OperatorSpec
 from qstate.core.values import value_of
 from qstate.core.windows import floor_to
@@ -149,8 +149,11 @@ class TopReads:
                         out[r.partition] = _partition_top(r)
                     else:
                         again.append(r.partition)
-            except grpc.aio.AioRpcError:
-                pass  # each partition on its own says what failed
+            except grpc.aio.AioRpcError as exc:
+                answer = from_grpc(exc)
+                if isinstance(answer, InvalidRequest | NotFound):
+                    raise answer from None  # the request's fault (too large, unknown state)
+                # the shard's: each partition on its own says what failed
         stub = caller.stub
 
         async def one(p: int) -> tuple[int, PartitionTop]:

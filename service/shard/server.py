@@ -31,6 +31,7 @@ from qstate.partition.reader import WindowValue, page
 from qstate.proto import shard_pb2 as pb
 from qstate.proto import shard_pb2_grpc as pb_grpc
 from qstate.shard import metrics
+from qstate.shard.held import Held
 from qstate.shard.partitions import PartitionCommit, Partitions
 
 __all__ = ["ShardService"]
@@ -181,23 +182,15 @@ class ShardService(pb_grpc.ShardServicer):
         # this server's cap cut short says where to go on, like one the caller's limit cut
         reply = pb.LookupReply()
         for kq in request.keys:
-            held = self.partitions.lookup(PartitionId(request.job, request.operator,
-                                                      kq.partition))
+            pid = PartitionId(request.job, request.operator, kq.partition)
             r = reply.results.add(key=kq.key)
+            held, r.status = self._serving(pid)
             if held is None:
-                r.status = pb.NOT_OWNED
-                continue
-            if not held.ready.is_set():
-                r.status = pb.RESTORING
                 continue
             try:
                 meta, windows = held.store.read(kq.key, rng, limit + 1)
-            except Exception as exc:  # closed under us: the partition just moved away
-                if self.partitions.lookup(held_pid := PartitionId(
-                        request.job, request.operator, kq.partition)) is held:
-                    log.exception("reading %s of %s failed", kq.key[:80], held_pid)
-                    raise
-                log.info("%s moved away during a read: %s", held_pid, exc)
+            except Exception as exc:
+                self._moved_away(pid, held, exc)
                 r.status = pb.NOT_OWNED
                 continue
             windows, next_from = page(windows, limit)
@@ -207,6 +200,24 @@ class ShardService(pb_grpc.ShardServicer):
             r.status = pb.FOUND if windows else pb.ABSENT
             r.windows.extend(_window(w, idx) for w in windows)
         return reply
+
+    def _serving(self, pid: PartitionId) -> tuple[Held | None, pb.KeyStatus]:
+        """The partition when this server serves it now (status FOUND, for the caller to
+        refine); else None and why: NOT_OWNED, or RESTORING."""
+        held = self.partitions.lookup(pid)
+        if held is None:
+            return None, pb.NOT_OWNED
+        if not held.ready.is_set():
+            return None, pb.RESTORING
+        return held, pb.FOUND
+
+    def _moved_away(self, pid: PartitionId, held: Held, exc: Exception) -> None:
+        """A read of ``held`` failed: fine when the partition moved away under it (its store
+        was closed: the answer is NOT_OWNED), else re-raised."""
+        if self.partitions.lookup(pid) is held:
+            log.exception("reading %s failed", pid)
+            raise exc
+        log.info("%s moved away during a read: %s", pid, exc)
 
     async def Top(self, request: pb.TopRequest, context: grpc.aio.ServicerContext
                   ) -> pb.TopReply:
@@ -234,13 +245,9 @@ class ShardService(pb_grpc.ShardServicer):
         start = None if request.current else request.start_ms
         for p in request.partitions:
             pid = PartitionId(request.job, request.operator, p)
-            held = self.partitions.lookup(pid)
             r = reply.partitions.add(partition=p)
+            held, r.status = self._serving(pid)
             if held is None:
-                r.status = pb.NOT_OWNED
-                continue
-            if not held.ready.is_set():
-                r.status = pb.RESTORING
                 continue
             key = (pid, request.state, start, request.n, request.ascending)
             version = (held.store.token, held.store.meta.last_batch)
@@ -256,11 +263,8 @@ class ShardService(pb_grpc.ShardServicer):
                                                  self.max_top_scan_keys)
             except QStateError:  # the answer: too large, no rank index
                 raise
-            except Exception as exc:  # closed under us: the partition just moved away
-                if self.partitions.lookup(pid) is held:
-                    log.exception("top-N of %s failed", pid)
-                    raise
-                log.info("%s moved away during a top-N read: %s", pid, exc)
+            except Exception as exc:
+                self._moved_away(pid, held, exc)
                 r.status = pb.NOT_OWNED
                 continue
             r.status, r.batch, r.watermark_ms, r.start_ms = (

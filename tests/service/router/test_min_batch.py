@@ -17,7 +17,7 @@ import pytest
 from qstate.client import Client
 from qstate.proto import qstate_pb2 as qpb
 from qstate.proto import qstate_pb2_grpc as qpb_grpc
-from tests.shop import BATCHES, KEYS, Shop, start_shop, views, window
+from tests.shop import BATCHES, KEYS, Shop, own_shop, views, window
 
 KEY = KEYS[3]
 OP = "/v1/state/shop/views_1m/views"
@@ -26,11 +26,8 @@ OP = "/v1/state/shop/views_1m/views"
 @pytest.fixture(scope="module")
 def own(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shop]:
     """A shop of its own: these tests commit a batch the session's shop must not see."""
-    s = start_shop(tmp_path_factory.mktemp("min-batch"), min_batch_wait_s=30)
-    try:
+    with own_shop(tmp_path_factory.mktemp("min-batch"), min_batch_wait_s=30) as s:
         yield s
-    finally:
-        s.stop()
 
 
 def test_a_read_asked_before_its_batch_answers_once_the_batch_is_committed(own: Shop) -> None:

@@ -26,8 +26,8 @@ from tests.shop import (
     P,
     Shop,
     avg_ms,
+    own_shop,
     shard_reads,
-    start_shop,
     views,
     window,
 )
@@ -139,11 +139,8 @@ def test_a_partition_that_cannot_answer_is_a_503_never_a_short_board(shop: Shop,
 @pytest.fixture(scope="module")
 def own(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shop]:
     """A shop of its own: a test here commits a batch the session's shop must not see."""
-    s = start_shop(tmp_path_factory.mktemp("top"), min_batch_wait_s=30)
-    try:
+    with own_shop(tmp_path_factory.mktemp("top"), min_batch_wait_s=30) as s:
         yield s
-    finally:
-        s.stop()
 
 
 def test_a_board_is_read_once_per_batch_and_follows_each_commit(own: Shop) -> None:
