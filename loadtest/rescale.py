@@ -35,6 +35,7 @@ import zlib
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -64,6 +65,11 @@ console = Console(stderr=True)
 def views(key: str, batch: int) -> int:
     """What batch ``batch`` wrote for ``key`` in its window: the ground truth."""
     return zlib.crc32(f"{key}/{batch}".encode()) % 1_000_000 + 1
+
+
+def _board_order(batch: int, key: str) -> tuple[int, str]:
+    """A leaderboard's order of batch ``batch``'s window: most views first, ties by key."""
+    return -views(key, batch), key
 
 
 @dataclass
@@ -266,8 +272,10 @@ class World:
             for r in readers:
                 r.join(30)
 
-    def exact(self, sample: int = 100) -> int:
-        """Every window of a sample of keys, over the whole range, through every router,
+    def exact(self, sample: int = 100, n: int = 25) -> int:
+        """Every window of a sample of keys, over the whole range, and the top ``n`` of every
+        key in the first, middle and last batch's window (a leaderboard reads every
+        partition: a split one must not answer the keys that moved), through every router,
         after the committer stopped: mismatches (0 when exact)."""
         self.pause()
         keys = self.names[:: max(1, len(self.names) // sample)]
@@ -281,6 +289,15 @@ class World:
                               params={"from": "0", "to": str(1 << 50)})
                     a.raise_for_status()
                     got |= {(k, w["start"]): w["value"] for w in a.json()["windows"]}
+                for b in sorted({0, self.committed // 2, self.committed}):
+                    board = sorted(self.names, key=partial(_board_order, b))[:n]
+                    t = c.get(f"/v1/top/{JOB}/{OP}/{STATE}",
+                              params={"n": n, "window": str(b * WINDOW)})
+                    t.raise_for_status()
+                    got_board = [(e["key"], e["value"]) for e in t.json()["entries"]]
+                    want_board = [(k, views(k, b)) for k in board]
+                    bad += sum(g != w for g, w in zip(got_board, want_board, strict=False))
+                    bad += abs(len(got_board) - len(want_board))
             bad += len(set(truth.items()) ^ set(got.items()))
         return bad
 

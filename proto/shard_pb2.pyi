@@ -163,7 +163,7 @@ class DescribeReply(_message.Message):
     def __init__(self, server_id: _Optional[str] = ..., address: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[PartitionInfo, _Mapping]]] = ..., draining: _Optional[bool] = ...) -> None: ...
 
 class TopRequest(_message.Message):
-    __slots__ = ("job", "operator", "state", "partitions", "current", "start_ms", "n", "ascending")
+    __slots__ = ("job", "operator", "state", "partitions", "current", "start_ms", "n", "ascending", "partition_count")
     JOB_FIELD_NUMBER: _ClassVar[int]
     OPERATOR_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -172,6 +172,7 @@ class TopRequest(_message.Message):
     START_MS_FIELD_NUMBER: _ClassVar[int]
     N_FIELD_NUMBER: _ClassVar[int]
     ASCENDING_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_COUNT_FIELD_NUMBER: _ClassVar[int]
     job: str
     operator: str
     state: str
@@ -180,7 +181,8 @@ class TopRequest(_message.Message):
     start_ms: int
     n: int
     ascending: bool
-    def __init__(self, job: _Optional[str] = ..., operator: _Optional[str] = ..., state: _Optional[str] = ..., partitions: _Optional[_Iterable[int]] = ..., current: _Optional[bool] = ..., start_ms: _Optional[int] = ..., n: _Optional[int] = ..., ascending: _Optional[bool] = ...) -> None: ...
+    partition_count: int
+    def __init__(self, job: _Optional[str] = ..., operator: _Optional[str] = ..., state: _Optional[str] = ..., partitions: _Optional[_Iterable[int]] = ..., current: _Optional[bool] = ..., start_ms: _Optional[int] = ..., n: _Optional[int] = ..., ascending: _Optional[bool] = ..., partition_count: _Optional[int] = ...) -> None: ...
 
 class TopEntry(_message.Message):
     __slots__ = ("key", "int_value", "double_value")

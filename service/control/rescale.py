@@ -49,7 +49,15 @@ from qstate.core.operator import OperatorSpec, list_specs, save_spec
 from qstate.core.shard_client import ShardClients
 from qstate.core.storage import Storage
 from qstate.partition.files import partition_dir
-from qstate.partition.layout import DATA, INDEX, META, data_key_of_index, parse_data_key
+from qstate.partition.layout import (
+    DATA,
+    INDEX,
+    META,
+    RANK,
+    data_key_of_index,
+    key_of_rank,
+    parse_data_key,
+)
 from qstate.partition.meta import encode_meta
 from qstate.shard.held import Held
 from qstate.shard.recovery import Recovery
@@ -140,6 +148,8 @@ class Rescale:
                 key = parse_data_key(k).key
             elif k[:1] == INDEX:
                 key = parse_data_key(data_key_of_index(k)).key
+            elif k[:1] == RANK:
+                key = key_of_rank(k)
             else:
                 continue
             q = partition_of(key, self.partitions)

@@ -22,9 +22,10 @@ import pyarrow.compute as pc
 
 from qstate.core.errors import CorruptState
 
-__all__ = ["DATA", "INDEX", "META", "NO_WINDOW", "RANK", "DataKey", "data_key", "data_key_of_index",
-           "data_keys", "dec_time", "enc_time", "index_key", "index_keys", "key_prefix",
-           "pane_of", "parse_data_key", "rank_keys", "rank_prefix", "start_of", "tag_of"]
+__all__ = ["DATA", "INDEX", "META", "NO_WINDOW", "RANK", "DataKey", "data_key",
+           "data_key_of_index", "data_keys", "dec_time", "enc_time", "index_key", "index_keys",
+           "key_of_rank", "key_prefix", "pane_of", "parse_data_key", "rank_keys",
+           "rank_prefix", "start_of", "tag_of"]
 
 DATA = b"d"
 INDEX = b"e"
@@ -148,3 +149,8 @@ def rank_keys(state: int, starts: np.ndarray, ranks: np.ndarray, keys: pa.Array)
     return pc.binary_join_element_wise(
         pa.array([RANK + bytes((state,))] * n, pa.binary()), _times(starts),
         _fixed(ranks.astype(">u8"), 8), keys.cast(pa.binary()), b"")
+
+
+def key_of_rank(entry: bytes) -> str:
+    """The key of a rank entry (``r | state | start | rank | key``)."""
+    return entry[18:].decode("utf-8")

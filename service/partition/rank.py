@@ -17,7 +17,7 @@ windows differ per key, so "one window across keys" does not exist: refused (``c
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -33,9 +33,9 @@ from qstate.partition.layout import DATA, INDEX, NO_WINDOW, RANK
 from qstate.partition.meta import Meta, decode_meta
 from qstate.partition.reader import read_many
 
-__all__ = ["RANKED_KINDS", "VERSION", "Ranked", "check_top", "current_start", "drop_windows",
-           "rank_of", "ranked_states", "ranks_of", "read_top", "rebuild", "scan_top", "top",
-           "update", "value_of_rank"]
+__all__ = ["RANKED_KINDS", "VERSION", "Owned", "Ranked", "check_top", "current_start",
+           "drop_windows", "rank_of", "ranked_states", "ranks_of", "read_top", "rebuild",
+           "scan_top", "top", "update", "value_of_rank"]
 
 VERSION = 1  # of the rank index a writer keeps (``Meta.ranks``)
 RANKED_KINDS = ("count", "sum", "min", "max", "avg", "value")
@@ -183,43 +183,55 @@ def rebuild(db: Rdict, spec: OperatorSpec) -> int:
     return rows
 
 
+Owned = Callable[[str], bool]  # whether a key is this partition's (by the current count)
+
+
 def top(db: Any, spec: OperatorSpec, state: int, start: int, n: int,
-        descending: bool = True) -> list[Ranked]:
+        descending: bool = True, owned: Owned | None = None, max_skipped: int = 0
+        ) -> list[Ranked]:
     """The ``n`` keys of the window starting at ``start`` with the largest values (or the
     smallest), ties by key, from the rank index of ``db`` (an Rdict or a snapshot of one):
-    at most 2n steps whatever the window holds."""
+    at most 2n steps whatever the window holds. ``owned``: keys it says are not this
+    partition's are passed over (a partition split by a rescale still holds the keys that
+    moved, as they were then), at most ``max_skipped`` of them, else TooLarge."""
     prefix = layout.rank_prefix(state, start)
     cut = len(prefix)
     it = db.iter()
+    skipped = 0
+
+    def walk(stop: bytes, forward: bool, got: list[bytes]) -> None:
+        nonlocal skipped
+        while it.valid() and len(got) < n:
+            k = it.key()
+            if not k.startswith(stop):
+                break
+            if owned is None or owned(layout.key_of_rank(k)):
+                got.append(k[cut:])
+            else:
+                skipped += 1
+                if skipped > max_skipped:
+                    raise TooLarge(
+                        f"more than {max_skipped} keys of {spec.job}/{spec.operator} in the "
+                        "window are left from before a rescale (QSTATE_MAX_TOP_SCAN_KEYS)")
+            if forward:
+                it.next()
+            else:
+                it.prev()
+
     got: list[bytes] = []
     if not descending:
         it.seek(prefix)
-        while it.valid() and len(got) < n:
-            k = it.key()
-            if not k.startswith(prefix):
-                break
-            got.append(k[cut:])
-            it.next()
+        walk(prefix, True, got)
     else:
         it.seek_for_prev(prefix + b"\xff" * 9)  # past every rank: UTF-8 has no 0xff byte
-        while it.valid() and len(got) < n:
-            k = it.key()
-            if not k.startswith(prefix):
-                break
-            got.append(k[cut:])
-            it.prev()
+        walk(prefix, False, got)
         if got and len(got) == n:
             # walking back met the ties at the cut in descending key order: take them
             # again from the first, ascending
             last = got[-1][:8]
             got = [g for g in got if g[:8] != last]
             it.seek(prefix + last)
-            while it.valid() and len(got) < n:
-                k = it.key()
-                if not k.startswith(prefix + last):
-                    break
-                got.append(k[cut:])
-                it.next()
+            walk(prefix + last, True, got)
     ranked = [(int.from_bytes(g[:8], "big"), g[8:].decode("utf-8")) for g in got]
     if descending:  # the walk back met equal values in descending key order
         ranked.sort(key=lambda rk: (-rk[0], rk[1]))
@@ -228,7 +240,7 @@ def top(db: Any, spec: OperatorSpec, state: int, start: int, n: int,
 
 
 def scan_top(db: Any, codec: Codec, state: int, start: int, n: int, descending: bool,
-             meta: Meta, max_keys: int) -> list[Ranked]:
+             meta: Meta, max_keys: int, owned: Owned | None = None) -> list[Ranked]:
     """``top`` of a merged sliding window, which has no rank index: the keys with a pane in
     the window, from the time index (a pane's entry is under the end of the newest window
     that covers it, ``PartitionStore._index_ends``), each key's window folded from its panes.
@@ -244,7 +256,7 @@ def scan_top(db: Any, codec: Codec, state: int, start: int, n: int, descending: 
         if k >= hi:
             break
         pane = layout.parse_data_key(layout.data_key_of_index(k))
-        if start <= pane.start < start + size:
+        if start <= pane.start < start + size and (owned is None or owned(pane.key)):
             keys.add(pane.key)
             if len(keys) > max_keys:
                 raise TooLarge(
@@ -263,10 +275,11 @@ def scan_top(db: Any, codec: Codec, state: int, start: int, n: int, descending: 
 
 
 def read_top(db: Rdict, codec: Codec, state: int, start: int | None, n: int,
-             descending: bool, max_keys: int) -> tuple[Meta, int, list[Ranked]]:
+             descending: bool, max_keys: int, owned: Owned | None = None
+             ) -> tuple[Meta, int, list[Ranked]]:
     """A partition's top ``n`` of the window starting at ``start`` (None: the current one by
     its watermark), with the meta of the batch it is as of and the window's start: all from
-    one snapshot."""
+    one snapshot. ``owned``: which keys are the partition's (``top``)."""
     view: Any = db.snapshot()
     it = view.iter()
     it.seek(layout.META)
@@ -277,9 +290,10 @@ def read_top(db: Rdict, codec: Codec, state: int, start: int | None, n: int,
     elif start is None:
         start = current_start(spec, meta.watermark_ms)
     if spec.panes:
-        return meta, start, scan_top(view, codec, state, start, n, descending, meta, max_keys)
+        return meta, start, scan_top(view, codec, state, start, n, descending, meta, max_keys,
+                                     owned)
     if meta.ranks < VERSION and meta.last_batch >= 0:
         raise InvalidRequest(
             f"the shard holding {spec.job}/{spec.operator} keeps no rank index "
             "(QSTATE_RANK_INDEX=false there), so it has no top-N of this state")
-    return meta, start, top(view, spec, state, start, n, descending)
+    return meta, start, top(view, spec, state, start, n, descending, owned, max_keys)

@@ -129,7 +129,8 @@ class TopReads:
                  start: int | None) -> pb.TopRequest:
         return pb.TopRequest(job=spec.job, operator=spec.operator, state=q.state,
                              partitions=parts, current=start is None, start_ms=start or 0,
-                             n=q.n, ascending=not q.descending)
+                             n=q.n, ascending=not q.descending,
+                             partition_count=spec.partitions)
 
     async def _owner(self, spec: OperatorSpec, q: TopQuery, owner: str | None,
                      parts: list[int], start: int | None) -> dict[int, PartitionTop]:

@@ -69,6 +69,13 @@ def _in_partition(key: str, partition: int, partitions: int) -> bool:
         q % d == partition for d in range(partition + 1, partitions) if partitions % d == 0)
 
 
+def _owned(partition: int, count: int) -> rank.Owned | None:
+    """Whether a key is ``partition``'s by ``count`` partitions (None: every key is)."""
+    if not count:
+        return None
+    return lambda key: partition_of(key, count) == partition
+
+
 async def _abort(context: grpc.aio.ServicerContext, exc: QStateError) -> None:
     await context.abort(exc.grpc_code, exc.message, grpc_trailers(exc))
 
@@ -86,9 +93,10 @@ class ShardService(pb_grpc.ShardServicer):
         self.coordinator_at = float("-inf")  # monotonic time of a coordinator's last beat
         # its own threads: a read storm must not take the ones commits run on either
         self.read_pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="reads")
-        # (partition, state, start or None, n, ascending) -> (incarnation, batch), answer;
+        # (partition, state, start or None, n, ascending, partition count) -> (incarnation,
+        # batch), answer;
         # used on the read thread only
-        self._top_cache: OrderedDict[tuple[PartitionId, str, int | None, int, bool],
+        self._top_cache: OrderedDict[tuple[PartitionId, str, int | None, int, bool, int],
                                      tuple[tuple[str, int], pb.PartitionTop]] = OrderedDict()
 
     def _spec(self, job: str, operator: str, partitions: Iterable[int] = ()) -> OperatorSpec:
@@ -249,7 +257,8 @@ class ShardService(pb_grpc.ShardServicer):
             held, r.status = self._serving(pid)
             if held is None:
                 continue
-            key = (pid, request.state, start, request.n, request.ascending)
+            key = (pid, request.state, start, request.n, request.ascending,
+                   request.partition_count)
             version = (held.store.token, held.store.meta.last_batch)
             cached = self._top_cache.get(key)
             if cached is not None and cached[0] == version:
@@ -258,9 +267,10 @@ class ShardService(pb_grpc.ShardServicer):
                 metrics.TOP_PARTITIONS.labels("cached").inc()
                 continue
             try:
-                meta, at, ranked = rank.read_top(held.store.db, held.store.codec, state, start,
-                                                 request.n, not request.ascending,
-                                                 self.max_top_scan_keys)
+                meta, at, ranked = rank.read_top(
+                    held.store.db, held.store.codec, state, start, request.n,
+                    not request.ascending, self.max_top_scan_keys,
+                    _owned(p, request.partition_count))
             except QStateError:  # the answer: too large, no rank index
                 raise
             except Exception as exc:

@@ -155,6 +155,33 @@ def test_ties_at_the_cut_go_by_key_ascending() -> None:
             store.close()
 
 
+def test_keys_another_partition_owns_are_passed_over_within_a_bound() -> None:
+    """A partition split by a rescale still holds the keys that moved (as they were then):
+    its board passes them over, in either order and at the ties, and says so past the
+    bound rather than walk the whole window."""
+    w = WindowSpec("tumbling", 100)
+    counts = {f"k{i:02d}": 1 + i % 4 for i in range(40)}  # ties at every value
+    events = [ev(k, 5) for k, c in counts.items() for _ in range(c)]
+    moved = {k for k in counts if int(k[1:]) % 3 == 0}  # what another partition now owns
+    with scratch() as d:
+        store = PartitionStore(Path(d) / "p", make_spec(w))
+        try:
+            run(store, SparkModel(w), [(events, 1)])
+            mine = {k: c for k, c in counts.items() if k not in moved}
+            for n in (1, 5, 12, 40):
+                for desc in (True, False):
+                    want = sorted(mine.items(), key=lambda kv: (-kv[1] if desc else kv[1],
+                                                                kv[0]))[:n]
+                    got = rank.top(store.db, store.spec, 0, 0, n, desc,
+                                   lambda k: k not in moved, max_skipped=len(moved))
+                    assert [(r.key, r.value) for r in got] == want, (n, desc)
+            with pytest.raises(TooLarge, match="before a rescale"):
+                rank.top(store.db, store.spec, 0, 0, 40, True, lambda k: k not in moved,
+                         max_skipped=3)
+        finally:
+            store.close()
+
+
 def test_values_keep_their_order_through_the_rank() -> None:
     """Negative, zero, huge and NaN/inf values of longs and doubles rank as Spark orders them
     (NaN above every number), and come back as the same values."""

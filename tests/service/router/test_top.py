@@ -158,10 +158,12 @@ def test_a_board_is_read_once_per_batch_and_follows_each_commit(own: Shop) -> No
         assert r.status_code == 200, r.text
         return dict(r.json())
 
-    reads, cached = served("read"), served("cached")
+    reads = served("read")
     first = board()
-    assert (served("read") - reads, served("cached") - cached) == (P, 0)
-    assert board() == first and (served("read") - reads, served("cached") - cached) == (P, P)
+    assert served("read") - reads >= P  # every partition read (a retried call reads again)
+    reads, cached = served("read"), served("cached")
+    assert board() == first  # the same board at the same batch: from the shards' cache
+    assert (served("read") - reads, served("cached") - cached) == (0, P)
     asked = threading.Event()
 
     def later() -> dict:
