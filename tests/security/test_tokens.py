@@ -24,7 +24,7 @@ from qstate.proto import qstate_pb2 as qpb
 from qstate.proto import qstate_pb2_grpc as qpb_grpc
 from tests.clients.test_node_client import run_node
 from tests.helpers import Scrape, wait_until
-from tests.shop import BATCHES, KEYS, Shop, views
+from tests.shop import BATCHES, KEYS, MANY, Shop, views
 
 pytestmark = pytest.mark.security
 
@@ -88,6 +88,14 @@ MATRIX = [
     ("views", "GET", "/v1/jobs/shop", 200),
     ("other", "GET", "/v1/jobs/shop", 403),
     ("other_op", "GET", "/v1/jobs/shop", 200),  # sees the job, lists only its operator
+    ("views", "GET", "/v1/top/shop/views_1m/views", 200),
+    ("other", "GET", "/v1/top/shop/views_1m/views", 403),
+    ("other_op", "GET", "/v1/top/shop/views_1m/views", 403),
+    ("nobody", "GET", "/v1/top/shop/views_1m/views", 401),
+    # the shop's manifests name no Kafka topic: a 404, past the token check
+    ("views", "GET", "/v1/jobs/shop/position?topic=t&partition=0&offset=0", 404),
+    ("other", "GET", "/v1/jobs/shop/position?topic=t&partition=0&offset=0", 403),
+    ("nobody", "GET", "/v1/jobs/shop/position?topic=t&partition=0&offset=0", 401),
     ("admin", "GET", "/v1/cluster", 200),
     ("shop", "GET", "/v1/cluster", 403),
     ("nobody", "GET", "/v1/cluster", 401),
@@ -120,7 +128,10 @@ def test_the_auth_matrix_over_http(guarded: Guarded, who: str, method: str, path
     elif method == "POST":
         assert [a["windows"][-1]["value"] for a in r.json()["results"]] == \
             [views(KEY, LAST), views(KEYS[5], LAST)]
-    elif path.startswith("/v1/jobs/"):
+    elif path.startswith("/v1/top/"):
+        assert [e["value"] for e in r.json()["entries"]] == sorted(
+            (views(k, LAST) for k in KEYS + MANY), reverse=True)[:10]
+    elif path.startswith("/v1/jobs/") and expected == 200:
         ops = [o["name"] for o in r.json()["operators"]]
         assert ops == ([] if who == "other_op" else ["views_1m"])
 
