@@ -35,7 +35,7 @@ from qstate.jobs.queryable import QueryableJob
 from qstate.jobs.reports import BatchReport, Reports
 from qstate.jobs.sinks import (
     PartialsSink,
-    batch_offsets,
+    batch_log,
     batch_watermark_ms,
     written_by_operator,
 )
@@ -64,8 +64,7 @@ def start(job: QueryableJob, checkpoint: str, sink: PartialsSink, *, partitions:
     def run_batch(df: DataFrame, batch: int) -> None:
         t0 = time.perf_counter()
         late = batch_watermark_ms(checkpoint, batch - 1)
-        watermark = batch_watermark_ms(checkpoint, batch)
-        offsets = batch_offsets(checkpoint, batch)
+        watermark, offsets = batch_log(checkpoint, batch)
         plans = [Plan(spec, late, batch, offsets) for spec in specs]
         # one action over the whole batch: Spark also sees every event time (its watermark)
         result = df.select(*projection).mapInArrow(

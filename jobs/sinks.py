@@ -27,28 +27,19 @@ from qstate.jobs.commit import CommitOutcome, Committer
 from qstate.jobs.partials import PART, RESULT, DeltaFiles, Discard, Plan, Target, final_writer
 from qstate.jobs.reports import OperatorReport
 
-__all__ = ["NoopSink", "PartialsSink", "QStateSink", "batch_offsets", "batch_watermark_ms",
+__all__ = ["NoopSink", "PartialsSink", "QStateSink", "batch_log", "batch_watermark_ms",
            "written_by_operator"]
 
 
-def _offset_log(checkpoint: str, batch: int) -> list[bytes]:
-    """Spark's offset log entry of ``batch``: a version line, the batch's metadata (its
-    watermark), then one line per source (Kafka's: {topic: {partition: end offset}})."""
-    return Storage(checkpoint).read_bytes(f"offsets/{batch}").split(b"\n")
-
-
-def batch_watermark_ms(checkpoint: str, batch: int) -> int:
-    """The watermark of ``batch``, from Spark's offset log (0 before the first batch)."""
-    if batch < 0:
-        return 0
-    return int(orjson.loads(_offset_log(checkpoint, batch)[1]).get("batchWatermarkMs", 0))
-
-
-def batch_offsets(checkpoint: str, batch: int) -> Offsets:
-    """Where ``batch`` ends in its Kafka source, exclusive (Spark's offset log): each
-    partition's next offset to read. Lines of other sources are not Kafka's and left out."""
+def batch_log(checkpoint: str, batch: int) -> tuple[int, Offsets]:
+    """What Spark's offset log says of ``batch`` (one read): its watermark, and where it ends
+    in its Kafka source, exclusive (each partition's next offset to read). The entry is a
+    version line, the batch's metadata, then one line per source; lines of other sources
+    are not Kafka's and left out."""
+    lines = Storage(checkpoint).read_bytes(f"offsets/{batch}").split(b"\n")
+    watermark = int(orjson.loads(lines[1]).get("batchWatermarkMs", 0))
     out: Offsets = {}
-    for line in _offset_log(checkpoint, batch)[2:]:
+    for line in lines[2:]:
         try:
             source = orjson.loads(line)
         except orjson.JSONDecodeError:
@@ -59,7 +50,12 @@ def batch_offsets(checkpoint: str, batch: int) -> Offsets:
             if isinstance(parts, dict) and all(
                     str(p).isdigit() and type(o) is int for p, o in parts.items()):
                 out[str(topic)] = {int(p): o for p, o in parts.items()}
-    return out
+    return watermark, out
+
+
+def batch_watermark_ms(checkpoint: str, batch: int) -> int:
+    """The watermark of ``batch``, from Spark's offset log (0 before the first batch)."""
+    return 0 if batch < 0 else batch_log(checkpoint, batch)[0]
 
 
 class PartialsSink(Protocol):

@@ -27,7 +27,7 @@ from qstate.jobs import metrics
 from qstate.jobs.aggregates import state_type
 from qstate.jobs.partials import PART, Plan
 from qstate.jobs.reports import BatchReport, Reports
-from qstate.jobs.sinks import QStateSink, batch_offsets, batch_watermark_ms
+from qstate.jobs.sinks import QStateSink, batch_log, batch_watermark_ms
 
 __all__ = ["serve"]
 
@@ -93,11 +93,10 @@ def serve(df: DataFrame, *, job: str, operator: str, key: str,
 
     def sink_batch(batch_df: DataFrame, batch: int) -> None:
         t0 = time.perf_counter()
-        watermark = batch_watermark_ms(checkpoint, batch)
+        watermark, offsets = batch_log(checkpoint, batch)
         late = batch_watermark_ms(checkpoint, batch - 1)
         done = sink.write_final(_rows(batch_df, spec, window_col),
-                                Plan(spec, late, batch, batch_offsets(checkpoint, batch)),
-                                watermark)
+                                Plan(spec, late, batch, offsets), watermark)
         report = BatchReport(batch, done.rows, {}, watermark, late, 0.0,
                              time.perf_counter() - t0, {operator: done})
         reports.batches.append(report)

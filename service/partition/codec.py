@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from qstate.core.operator import Aggregate, OperatorSpec
 
-__all__ = ["INT64_MAX", "INT64_MIN", "OVERFLOWED", "Codec", "add_saturating"]
+__all__ = ["INT64_MAX", "INT64_MIN", "OVERFLOWED", "Codec", "add_saturating", "stored_as_long"]
 
 _U32 = struct.Struct("<I")
 # A long sum never wraps (docs/architecture.md §3): past int64 it saturates at the bound it
@@ -46,8 +46,14 @@ def add_saturating(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return np.where(a_at, a, np.where(b_at, b, s)), wrapped | a_at | b_at
 
 
+def stored_as_long(agg: Aggregate) -> bool:
+    """Whether a record keeps ``agg``'s value as int64, else float64: counts, and the sums,
+    mins, maxes and values of longs (an average keeps a double sum and a count)."""
+    return agg.kind == "count" or (agg.kind != "avg" and agg.type == "long")
+
+
 def _num(agg: Aggregate) -> str:
-    return "<i8" if agg.type == "long" else "<f8"
+    return "<i8" if stored_as_long(agg) else "<f8"
 
 
 class Codec:

@@ -28,7 +28,7 @@ from qstate.core.errors import InvalidRequest, TooLarge
 from qstate.core.operator import Aggregate, OperatorSpec
 from qstate.core.windows import first_open_start
 from qstate.partition import layout
-from qstate.partition.codec import Codec
+from qstate.partition.codec import Codec, stored_as_long
 from qstate.partition.layout import DATA, INDEX, NO_WINDOW, RANK
 from qstate.partition.meta import Meta, decode_meta
 from qstate.partition.reader import read_many
@@ -79,11 +79,6 @@ def current_start(spec: OperatorSpec, watermark_ms: int) -> int:
     return first_open_start(watermark_ms, w.size_ms, w.slide)
 
 
-def _long(a: Aggregate) -> bool:
-    """Stored as int64 (``qstate.partition.codec``): counts, and long sums, mins, maxes."""
-    return a.kind == "count" or (a.kind != "avg" and a.type == "long")
-
-
 def ranks_of(spec: OperatorSpec, records: np.ndarray, state: int
              ) -> tuple[np.ndarray, np.ndarray]:
     """Each record's value of ``state`` as an order-preserving u64, and which have one.
@@ -99,7 +94,7 @@ def ranks_of(spec: OperatorSpec, records: np.ndarray, state: int
             vals = np.where(has, records[f"{name}__sum"] / np.where(has, n, 1), 0.0)
     else:
         vals, has = records[name], records[f"{name}__has"] >= 1
-    if _long(a):
+    if stored_as_long(a):
         return vals.astype(np.int64).view(np.uint64) ^ _SHIFT, has
     bits = (vals.astype(np.float64) + 0.0).view(np.uint64)  # + 0.0: -0.0 ranks as 0.0
     return np.where(bits >> np.uint64(63), ~bits, bits | _SHIFT), has
@@ -107,7 +102,7 @@ def ranks_of(spec: OperatorSpec, records: np.ndarray, state: int
 
 def value_of_rank(a: Aggregate, rank: int) -> int | float:
     """The answer a rank stands for, typed as the state's answers are."""
-    if _long(a):
+    if stored_as_long(a):
         return a.typed(rank - (1 << 63))  # type: ignore[return-value]
     bits = rank ^ (1 << 63) if rank >> 63 else ~rank & _MASK
     return a.typed(struct.unpack(">d", bits.to_bytes(8, "big"))[0])  # type: ignore[return-value]
@@ -116,7 +111,7 @@ def value_of_rank(a: Aggregate, rank: int) -> int | float:
 def rank_of(a: Aggregate, value: int | float) -> int:
     """``ranks_of`` of one answer: how answers of one state sort (NaN above every number),
     for the few a top-N merges, not the hot path."""
-    if _long(a):
+    if stored_as_long(a):
         return int(value) + (1 << 63)
     (bits,) = struct.unpack(">Q", struct.pack(">d", float(value) + 0.0))
     return int(bits) ^ _MASK if bits >> 63 else int(bits) | (1 << 63)

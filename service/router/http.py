@@ -46,6 +46,7 @@ from qstate.router.metrics import (
     HTTP_REQUESTS,
     http_method,
 )
+from qstate.router.position import TOPIC_PATTERN
 from qstate.router.query import OperatorStatus, QueryService, absent
 from qstate.router.ui import mount_ui
 from qstate.router.wire import (
@@ -291,7 +292,7 @@ def create_app(query: QueryService, ready: Callable[[], bool] = lambda: True) ->
                      "read your own writes")
     async def job_position(
             job: Name,
-            topic: Annotated[str, Query(pattern=r"^[A-Za-z0-9._-]{1,249}$",
+            topic: Annotated[str, Query(pattern=TOPIC_PATTERN,
                                         description="The Kafka topic the job reads")],
             partition: Annotated[int, Query(ge=0, description="The record's partition")],
             offset: Annotated[int, Query(ge=0, lt=2**63, description="The record's offset, "

@@ -21,10 +21,11 @@ from qstate.core.errors import InvalidRequest, NotFound, Unavailable, UnknownOpe
 from qstate.core.manifest import Offsets, read_manifest
 from qstate.core.storage import Storage
 
-__all__ = ["Position", "batch_of_offset", "check_topic"]
+__all__ = ["TOPIC_PATTERN", "Position", "batch_of_offset", "check_topic"]
 
-# Kafka's own rule for a topic name
-_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
+# Kafka's own rule for a topic name (also what the OpenAPI document states)
+TOPIC_PATTERN = r"^[A-Za-z0-9._-]{1,249}$"
+_TOPIC = re.compile(TOPIC_PATTERN)
 
 
 @dataclass(frozen=True, slots=True)

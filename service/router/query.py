@@ -12,19 +12,17 @@ from dataclasses import dataclass
 from qstate.core.address import PartitionId, check_name, partition_of
 from qstate.core.answer import StateAnswer, Window
 from qstate.core.config import DEFAULTS
-from qstate.core.errors import NotFound, Unavailable, UnknownOperator
+from qstate.core.errors import NotFound, UnknownOperator
 from qstate.core.operator import OperatorSpec
 from qstate.core.shard_client import held_partitions
 from qstate.proto import shard_pb2 as pb
 from qstate.router.position import Position, batch_of_offset
-from qstate.router.reads import Hit, PartitionReads
+from qstate.router.reads import MIN_BATCH_POLL_S, Hit, PartitionReads
 from qstate.router.request import StateQuery, TopQuery
 from qstate.router.routing import RoutingTable
 from qstate.router.top import TopReads, TopResult
 
 __all__ = ["OperatorStatus", "QueryService", "absent", "absent_key"]
-
-_MIN_BATCH_POLL_S = 0.05
 
 
 @dataclass
@@ -102,15 +100,11 @@ class QueryService:
             return hit
         deadline = time.monotonic() + self.min_batch_wait_s
         while time.monotonic() < deadline:
-            # a commit is a batch a second or so: a few polls per batch, each one read
-            await asyncio.sleep(_MIN_BATCH_POLL_S)
+            await asyncio.sleep(MIN_BATCH_POLL_S)
             hit = await self.reads.read(spec, pid, q, key)
             if hit.batch >= want:
                 return hit
-        raise Unavailable(f"partition {pid} is at batch {hit.batch}, not yet at min_batch "
-                          f"{want} (waited {self.min_batch_wait_s:g}s, QSTATE_MIN_BATCH_WAIT_S)",
-                          self.reads.retry_after_s, reason="behind", partition=pid.partition,
-                          batch=hit.batch)
+        raise self.reads.behind(pid, hit.batch, want, self.min_batch_wait_s)
 
     @staticmethod
     def _answer(spec: OperatorSpec, q: StateQuery, key: str, h: Hit) -> StateAnswer:

@@ -25,11 +25,14 @@ from qstate.router.metrics import FOLLOWER_READS, LOCAL_READS, REMOTE_READS
 from qstate.router.request import StateQuery
 from qstate.router.routing import RoutingTable
 
-__all__ = ["Hit", "PartitionReads", "Row"]
+__all__ = ["MIN_BATCH_POLL_S", "Hit", "PartitionReads", "Row"]
 
 log = logging.getLogger(__name__)
 
 _TRANSPORT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+# read your writes: a commit is a batch a second or so, so a read below its min_batch is
+# read again this often (a few polls per batch) until it has it (docs/architecture.md §5)
+MIN_BATCH_POLL_S = 0.05
 
 
 class _Status(Protocol):  # a shard's answer about one partition: KeyResult, PartitionTop
@@ -77,6 +80,13 @@ class PartitionReads:
 
     def _unavailable(self, message: str, pid: PartitionId, reason: str) -> Unavailable:
         return Unavailable(message, self.retry_after_s, reason=reason, partition=pid.partition)
+
+    def behind(self, pid: PartitionId, batch: int, want: int, waited_s: float) -> Unavailable:
+        """The 503 of a read whose partition did not reach its ``min_batch`` in time: it
+        names the batch the partition has."""
+        return Unavailable(f"partition {pid} is at batch {batch}, not yet at min_batch {want} "
+                           f"(waited {waited_s:g}s, QSTATE_MIN_BATCH_WAIT_S)", self.retry_after_s,
+                           reason="behind", partition=pid.partition, batch=batch)
 
     def read_local(self, spec: OperatorSpec, pid: PartitionId, q: StateQuery, key: str,
                    owner: str | None) -> Hit | None:

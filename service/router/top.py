@@ -20,19 +20,17 @@ from dataclasses import dataclass
 import grpc
 
 from qstate.core.address import PartitionId
-from qstate.core.errors import InvalidRequest, NotFound, Unavailable, from_grpc
+from qstate.core.errors import InvalidRequest, NotFound, from_grpc
 from qstate.core.operator import OperatorSpec
 from qstate.core.values import value_of
 from qstate.core.windows import floor_to
 from qstate.partition.rank import Ranked, check_top, rank_of
 from qstate.proto import shard_pb2 as pb
 from qstate.router.metrics import REMOTE_READS
-from qstate.router.reads import PartitionReads
+from qstate.router.reads import MIN_BATCH_POLL_S, PartitionReads
 from qstate.router.request import TopQuery
 
 __all__ = ["PartitionTop", "TopReads", "TopResult"]
-
-_MIN_BATCH_POLL_S = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,13 +102,9 @@ class TopReads:
                 return got
             if time.monotonic() >= deadline:
                 p = min(behind, key=lambda p: got[p].batch)
-                raise Unavailable(
-                    f"partition {PartitionId(spec.job, spec.operator, p)} is at batch "
-                    f"{got[p].batch}, not yet at min_batch {want} (waited "
-                    f"{self.min_batch_wait_s:g}s, QSTATE_MIN_BATCH_WAIT_S)",
-                    self.reads.retry_after_s, reason="behind", partition=p,
-                    batch=got[p].batch)
-            await asyncio.sleep(_MIN_BATCH_POLL_S)
+                raise self.reads.behind(PartitionId(spec.job, spec.operator, p), got[p].batch,
+                                        want, self.min_batch_wait_s)
+            await asyncio.sleep(MIN_BATCH_POLL_S)
             got = {**got, **await self._read(spec, q, state, behind, start)}
 
     async def _read(self, spec: OperatorSpec, q: TopQuery, state: int, parts: Iterable[int],

@@ -18,12 +18,7 @@ import grpc
 from qstate.core import faults
 from qstate.core.address import PartitionId, check_key, check_name, partition_of
 from qstate.core.config import DEFAULTS
-from qstate.core.errors import (
-    InvalidRequest,
-    QStateError,
-    UnknownOperator,
-    grpc_trailers,
-)
+from qstate.core.errors import InvalidRequest, QStateError, UnknownOperator, grpc_trailers
 from qstate.core.operator import OperatorSpec
 from qstate.core.values import set_value
 from qstate.partition import rank
@@ -93,9 +88,8 @@ class ShardService(pb_grpc.ShardServicer):
         self.coordinator_at = float("-inf")  # monotonic time of a coordinator's last beat
         # its own threads: a read storm must not take the ones commits run on either
         self.read_pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="reads")
-        # (partition, state, start or None, n, ascending, partition count) -> (incarnation,
-        # batch), answer;
-        # used on the read thread only
+        # (partition, state, start or None, n, ascending, partition count) ->
+        # ((incarnation, batch), answer); used on the read thread only
         self._top_cache: OrderedDict[tuple[PartitionId, str, int | None, int, bool, int],
                                      tuple[tuple[str, int], pb.PartitionTop]] = OrderedDict()
 

@@ -71,7 +71,6 @@ class PartitionStore:
         self._sync.sync = True  # WAL synced at each commit (docs/architecture.md §4)
         self.lock = threading.RLock()  # one writer at a time; readers use snapshots
         self.rank_index = rank_index  # QSTATE_RANK_INDEX
-        self.ranked = rank.ranked_states(spec) if rank_index else []
         self.meta = read_meta(self.db)
         self._index_ranks()
         self.last_apply = ApplyStats()
@@ -173,7 +172,7 @@ class PartitionStore:
 
     def _rank(self, wb: WriteBatch, delta: pa.Table, old: np.ndarray, present: np.ndarray,
               merged: np.ndarray, keep: np.ndarray) -> None:
-        if self.ranked:
+        if self.rank_index:
             rank.update(wb, self.spec, delta.column("key").combine_chunks(),
                         delta.column("start").fill_null(NO_WINDOW).to_numpy(), old, present,
                         merged, keep)
@@ -297,7 +296,8 @@ class PartitionStore:
             n += 1
         if n:
             wb.delete_range(INDEX, hi)
-            rank.drop_windows(wb, self.spec, cutoff_ms)
+            if self.rank_index:
+                rank.drop_windows(wb, self.spec, cutoff_ms)
         return n
 
     # ---- read path --------------------------------------------------------------

@@ -1,5 +1,5 @@
 """``batch_of_offset`` over manifests in real storage, against the batches that wrote them,
-and ``batch_offsets`` over a Spark offset log as Spark writes it (end to end with a real
+and ``batch_log`` over a Spark offset log as Spark writes it (end to end with a real
 job: tests/jobs/test_position.py)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from qstate.core.errors import InvalidRequest, NotFound, Unavailable, UnknownOperator
 from qstate.core.manifest import BatchManifest, delete_manifests_through, write_manifest
 from qstate.core.storage import Storage
-from qstate.jobs.sinks import batch_offsets
+from qstate.jobs.sinks import batch_log
 from qstate.router.position import batch_of_offset
 
 TOPIC = "tweets"
@@ -83,7 +83,8 @@ def test_what_the_job_does_not_read_is_a_404_and_bad_input_a_400(tmp_path: Path)
             asyncio.run(batch_of_offset(s, "j", ["op"], topic, partition, offset, 1.0))
 
 
-def test_batch_offsets_reads_the_kafka_lines_of_sparks_offset_log(tmp_path: Path) -> None:
+def test_batch_log_reads_the_watermark_and_kafka_lines_of_sparks_offset_log(
+        tmp_path: Path) -> None:
     (tmp_path / "offsets").mkdir()
     (tmp_path / "offsets" / "4").write_bytes(b"\n".join([
         b"v1",
@@ -92,4 +93,4 @@ def test_batch_offsets_reads_the_kafka_lines_of_sparks_offset_log(tmp_path: Path
         b'"not a kafka source"',
         b"{not json",
     ]))
-    assert batch_offsets(str(tmp_path), 4) == {"tweets": {0: 240, 1: 250}}
+    assert batch_log(str(tmp_path), 4) == (5, {"tweets": {0: 240, 1: 250}})
