@@ -70,13 +70,13 @@ class TopReads:
         if asked is not None and spec.windowed:  # the newest window starting at or before
             asked = floor_to(asked, spec.window.slide)
         got = await self._read(spec, q, state, range(spec.partitions), asked)
+        if q.min_batch is not None:  # first: the batch waited for decides what is current
+            got = await self._at_least(spec, q, state, got, asked)
         if spec.windowed and asked is None:
             newest = max(t.start for t in got.values())
             behind = [p for p, t in got.items() if t.start != newest]
             if behind:
                 got.update(await self._read(spec, q, state, behind, newest))
-        if q.min_batch is not None:
-            got = await self._at_least(spec, q, state, got)
         a = spec.states[q.state]
         sign = -1 if q.descending else 1
         entries = sorted((e for t in got.values() for e in t.entries),
@@ -89,13 +89,14 @@ class TopReads:
                          min(t.watermark_ms for t in got.values()), entries)
 
     async def _at_least(self, spec: OperatorSpec, q: TopQuery, state: int,
-                        got: dict[int, PartitionTop]) -> dict[int, PartitionTop]:
-        """``got``, with each partition below ``q.min_batch`` read again until it has it: at
-        most ``min_batch_wait_s``, then Unavailable naming the batch it has (§5)."""
+                        got: dict[int, PartitionTop], start: int | None
+                        ) -> dict[int, PartitionTop]:
+        """``got``, with each partition below ``q.min_batch`` read again (the window starting
+        at ``start``, or the current one: that of the newer batch) until it has it: at most
+        ``min_batch_wait_s``, then Unavailable naming the batch it has (§5)."""
         want = q.min_batch
         assert want is not None
         deadline = time.monotonic() + self.min_batch_wait_s
-        start = next(iter(got.values())).start
         while True:
             behind = [p for p, t in got.items() if t.batch < want]
             if not behind:
