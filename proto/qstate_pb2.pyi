@@ -134,6 +134,42 @@ class TopResponse(_message.Message):
     entries: _containers.RepeatedCompositeFieldContainer[TopEntry]
     def __init__(self, job: _Optional[str] = ..., operator: _Optional[str] = ..., state: _Optional[str] = ..., start_ms: _Optional[int] = ..., end_ms: _Optional[int] = ..., batch: _Optional[int] = ..., watermark_ms: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[TopEntry, _Mapping]]] = ...) -> None: ...
 
+class WatchRequest(_message.Message):
+    __slots__ = ("job", "operator", "state", "keys", "top_n", "ascending", "from_batch")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    OPERATOR_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    TOP_N_FIELD_NUMBER: _ClassVar[int]
+    ASCENDING_FIELD_NUMBER: _ClassVar[int]
+    FROM_BATCH_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    operator: str
+    state: str
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    top_n: int
+    ascending: bool
+    from_batch: int
+    def __init__(self, job: _Optional[str] = ..., operator: _Optional[str] = ..., state: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., top_n: _Optional[int] = ..., ascending: _Optional[bool] = ..., from_batch: _Optional[int] = ...) -> None: ...
+
+class WatchEvent(_message.Message):
+    __slots__ = ("batch", "watermark_ms", "committed_ms", "coalesced", "snapshot", "changes", "top")
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    WATERMARK_MS_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_MS_FIELD_NUMBER: _ClassVar[int]
+    COALESCED_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    CHANGES_FIELD_NUMBER: _ClassVar[int]
+    TOP_FIELD_NUMBER: _ClassVar[int]
+    batch: int
+    watermark_ms: int
+    committed_ms: int
+    coalesced: bool
+    snapshot: bool
+    changes: _containers.RepeatedCompositeFieldContainer[StateValue]
+    top: TopResponse
+    def __init__(self, batch: _Optional[int] = ..., watermark_ms: _Optional[int] = ..., committed_ms: _Optional[int] = ..., coalesced: _Optional[bool] = ..., snapshot: _Optional[bool] = ..., changes: _Optional[_Iterable[_Union[StateValue, _Mapping]]] = ..., top: _Optional[_Union[TopResponse, _Mapping]] = ...) -> None: ...
+
 class ListJobsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

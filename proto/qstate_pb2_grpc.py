@@ -49,6 +49,11 @@ class QueryableStateStub:
                 request_serializer=qstate_dot_proto_dot_qstate__pb2.TopRequest.SerializeToString,
                 response_deserializer=qstate_dot_proto_dot_qstate__pb2.TopResponse.FromString,
                 _registered_method=True)
+        self.Watch = channel.unary_stream(
+                '/qstate.v1.QueryableState/Watch',
+                request_serializer=qstate_dot_proto_dot_qstate__pb2.WatchRequest.SerializeToString,
+                response_deserializer=qstate_dot_proto_dot_qstate__pb2.WatchEvent.FromString,
+                _registered_method=True)
         self.ListJobs = channel.unary_unary(
                 '/qstate.v1.QueryableState/ListJobs',
                 request_serializer=qstate_dot_proto_dot_qstate__pb2.ListJobsRequest.SerializeToString,
@@ -92,6 +97,19 @@ class QueryableStateServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Watch(self, request, context):
+        """Pushed changes: after each committed batch, the new values of the watched keys that
+        changed (keys set), or the new top n when it changed (top_n set), with batch and
+        watermark. The first event holds every watched key's current value (or the board);
+        from_batch resumes: only what changed after that batch, or every value when this
+        router cannot tell (snapshot set). A consumer slower than the changes gets the latest
+        value of each key with coalesced set, never a queue. RESOURCE_EXHAUSTED: the router
+        has max_watchers watches open.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListJobs(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -121,6 +139,11 @@ def add_QueryableStateServicer_to_server(servicer, server):
                     servicer.Top,
                     request_deserializer=qstate_dot_proto_dot_qstate__pb2.TopRequest.FromString,
                     response_serializer=qstate_dot_proto_dot_qstate__pb2.TopResponse.SerializeToString,
+            ),
+            'Watch': grpc.unary_stream_rpc_method_handler(
+                    servicer.Watch,
+                    request_deserializer=qstate_dot_proto_dot_qstate__pb2.WatchRequest.FromString,
+                    response_serializer=qstate_dot_proto_dot_qstate__pb2.WatchEvent.SerializeToString,
             ),
             'ListJobs': grpc.unary_unary_rpc_method_handler(
                     servicer.ListJobs,
@@ -214,6 +237,33 @@ class QueryableState:
             '/qstate.v1.QueryableState/Top',
             qstate_dot_proto_dot_qstate__pb2.TopRequest.SerializeToString,
             qstate_dot_proto_dot_qstate__pb2.TopResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Watch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/qstate.v1.QueryableState/Watch',
+            qstate_dot_proto_dot_qstate__pb2.WatchRequest.SerializeToString,
+            qstate_dot_proto_dot_qstate__pb2.WatchEvent.FromString,
             options,
             channel_credentials,
             insecure,

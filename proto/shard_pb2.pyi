@@ -129,7 +129,7 @@ class DescribeRequest(_message.Message):
     def __init__(self, coordinator: _Optional[str] = ...) -> None: ...
 
 class PartitionInfo(_message.Message):
-    __slots__ = ("job", "operator", "partition", "last_batch", "watermark_ms", "keys_estimate", "restoring", "epoch", "follower")
+    __slots__ = ("job", "operator", "partition", "last_batch", "watermark_ms", "keys_estimate", "restoring", "epoch", "follower", "applied_ms")
     JOB_FIELD_NUMBER: _ClassVar[int]
     OPERATOR_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
@@ -139,6 +139,7 @@ class PartitionInfo(_message.Message):
     RESTORING_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     FOLLOWER_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_MS_FIELD_NUMBER: _ClassVar[int]
     job: str
     operator: str
     partition: int
@@ -148,7 +149,8 @@ class PartitionInfo(_message.Message):
     restoring: bool
     epoch: int
     follower: bool
-    def __init__(self, job: _Optional[str] = ..., operator: _Optional[str] = ..., partition: _Optional[int] = ..., last_batch: _Optional[int] = ..., watermark_ms: _Optional[int] = ..., keys_estimate: _Optional[int] = ..., restoring: _Optional[bool] = ..., epoch: _Optional[int] = ..., follower: _Optional[bool] = ...) -> None: ...
+    applied_ms: int
+    def __init__(self, job: _Optional[str] = ..., operator: _Optional[str] = ..., partition: _Optional[int] = ..., last_batch: _Optional[int] = ..., watermark_ms: _Optional[int] = ..., keys_estimate: _Optional[int] = ..., restoring: _Optional[bool] = ..., epoch: _Optional[int] = ..., follower: _Optional[bool] = ..., applied_ms: _Optional[int] = ...) -> None: ...
 
 class DescribeReply(_message.Message):
     __slots__ = ("server_id", "address", "partitions", "draining")

@@ -249,6 +249,52 @@ def top(
 
 
 @app.command()
+def watch(
+    job: str, operator: str, state: str,
+    keys: Annotated[list[str] | None, typer.Argument(
+        help="Keys to watch (or --top).", show_default=False)] = None,
+    top: Annotated[int | None, typer.Option(
+        help="Watch the current window's top N instead of keys.", show_default=False)] = None,
+    asc: Annotated[bool, typer.Option("--asc", help="With --top: smallest first.")] = False,
+    from_batch: Annotated[int | None, typer.Option(
+        help="Resume after this batch (an event's batch).", show_default=False)] = None,
+    max_events: Annotated[int | None, typer.Option(
+        help="Stop after this many events. Default: until Ctrl-C.", show_default=False)
+    ] = None,
+    max_reconnects: Annotated[int | None, typer.Option(
+        help="Give up after this many failed reconnections in a row. Default: never.",
+        show_default=False)] = None,
+    url: Annotated[str, option("router_url", "--url")] = S.router_url,
+    ca: Annotated[str, option("tls_ca", "--ca")] = S.tls_ca,
+    token: Annotated[str, option("token", "--token", show_default=False)] = S.token,
+    token_file: Annotated[str, option("token_file", "--token-file")] = S.token_file,
+) -> None:
+    """Print pushed changes as JSON lines, one per event: after each committed batch, the
+    watched keys whose value changed, or the top-N board when it changed. The first event
+    holds every value (snapshot); a dropped connection or a restarted router is resumed
+    from the last event's batch.
+
+    Exit codes: 0 --max-events printed, or stopped by Ctrl-C; 1 unknown job/operator/state;
+    2 bad request (keys and --top both or neither, too many keys); 3 overloaded (after
+    retries); 4 the router cannot be reached (after --max-reconnects); 5 no valid token, or
+    the token may not read this job.
+    """
+
+    def follow(c: Any) -> None:
+        events = c.watch(job, operator, state, keys or (), top=top, descending=not asc,
+                         from_batch=from_batch, max_reconnects=max_reconnects)
+        for i, ev in enumerate(events, 1):
+            typer.echo(ev.model_dump_json())
+            if max_events is not None and i >= max_events:
+                return
+
+    try:
+        _ask(url, ca, token, token_file, follow)
+    except KeyboardInterrupt:
+        raise typer.Exit(0) from None
+
+
+@app.command()
 def certs(
     out: Annotated[Path, typer.Option(help="Folder for ca.pem, server.pem, server-key.pem.")
                    ] = Path(S.home) / "certs",

@@ -7,6 +7,8 @@
 Answers are ``qstate.core.answer`` models, the ones the router serializes. Errors are the
 classes of ``qstate.core.errors`` (``NotFound``, ``InvalidRequest``, ``Unavailable`` ...).
 A 503 (shard unavailable or restoring) is retried with backoff, honouring Retry-After.
+``watch()`` yields pushed changes (Server-Sent Events) and resumes where it left off when
+the connection drops or the router restarts.
 Over HTTPS, ``ca`` names the CA bundle that signed the router's certificate (``qstate
 certs`` makes one); ``token`` (or the content of ``token_file``, e.g. a mounted secret) is
 sent as ``Authorization: Bearer``, and never in plain text off loopback: over ``http://`` to
@@ -20,12 +22,14 @@ import asyncio
 import logging
 import ssl
 import time
+from collections.abc import AsyncGenerator, Generator, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import httpx
+from httpx_sse import SSEError, aconnect_sse, connect_sse
 
 from qstate.core.answer import (
     BatchAnswer,
@@ -34,6 +38,7 @@ from qstate.core.answer import (
     JobPosition,
     StateAnswer,
     TopAnswer,
+    WatchEvent,
 )
 from qstate.core.errors import InvalidRequest, QStateError, from_http
 from qstate.core.security import clean_token, is_loopback
@@ -78,6 +83,26 @@ def _top(job: str, operator: str, state: str, n: int, descending: bool, window: 
               "window": _t(window) or "current"}
     if min_batch is not None:
         params["min_batch"] = str(min_batch)
+    return path, params
+
+
+# A watch's stream is quiet between batches; the router sends a comment every 15 s, so a read
+# that waits longer than this finds a connection that is gone.
+WATCH_READ_TIMEOUT_S = 45.0
+WATCH_MAX_BACKOFF_S = 5.0
+# what ends a watch's connection without ending the watch: it reconnects and resumes
+_DROPPED = (httpx.TransportError, SSEError)
+
+
+def _watch(job: str, operator: str, state: str, keys: Sequence[str], top: int | None,
+           descending: bool, from_batch: int | None) -> tuple[str, list[tuple[str, str]]]:
+    """The path and parameters of a watch: ``keys``, or ``top`` n of the current window."""
+    path = f"/v1/watch/{quote(job, safe='')}/{quote(operator, safe='')}/{quote(state, safe='')}"
+    params = [("key", k) for k in keys]
+    if top is not None:
+        params += [("top", str(top)), ("order", "desc" if descending else "asc")]
+    if from_batch is not None:
+        params.append(("from_batch", str(from_batch)))
     return path, params
 
 
@@ -133,6 +158,22 @@ class _Base:
     def __init__(self, retries: int, backoff_s: float) -> None:
         self.retries = retries
         self.backoff_s = backoff_s
+
+    def _reconnect_in(self, r: httpx.Response | None, attempt: int,
+                      max_reconnects: int | None) -> float:
+        """Seconds before a watch connects again after ``r`` (None: the connection dropped
+        or the stream ended), or the error: a 4xx other than 429 is the answer."""
+        if r is not None and r.status_code not in (429, 503):
+            _raise(r)
+        if max_reconnects is not None and attempt >= max_reconnects:
+            if r is not None:
+                _raise(r)
+            raise httpx.ReadError("the watch's connection dropped "
+                                  f"{attempt + 1} times in a row (max_reconnects)")
+        wait = self.backoff_s * (2 ** min(attempt, 10))
+        if r is not None:
+            wait = max(wait, _delay(r, 0, self.backoff_s))
+        return min(wait, WATCH_MAX_BACKOFF_S)
 
     def _retry(self, r: httpx.Response, attempt: int) -> float | None:
         """Seconds to wait before asking again, or None: this is the answer."""
@@ -195,6 +236,37 @@ class Client(_Base):
         the window (None: the current one, the oldest still open at the watermark)."""
         path, params = _top(job, operator, state, n, descending, window, min_batch)
         return TopAnswer.model_validate_json(self._request("GET", path, params=params).content)
+
+    def watch(self, job: str, operator: str, state: str, keys: Sequence[str] = (), *,
+              top: int | None = None, descending: bool = True, from_batch: int | None = None,
+              max_reconnects: int | None = None) -> Generator[WatchEvent, None, None]:
+        """Pushed changes, as the router commits batches: events with the latest window of
+        each of ``keys`` that changed, or (``top=n``) the current window's board whenever it
+        changed. The first event holds every value (``snapshot``). A dropped connection, a
+        503 or the end of the stream (a router stopping) reconnects with backoff and
+        resumes after the last event's ``batch``: nothing is missed, though a value may come
+        twice. ``max_reconnects``: consecutive failures before raising (None: never).
+        Break out of the loop to stop watching."""
+        path, _ = _watch(job, operator, state, keys, top, descending, None)
+        last, attempt = from_batch, 0
+        timeout = httpx.Timeout(self._http.timeout.connect, read=WATCH_READ_TIMEOUT_S)
+        while True:
+            failed: httpx.Response | None = None
+            try:
+                with connect_sse(self._http, "GET", path, timeout=timeout, params=_watch(
+                        job, operator, state, keys, top, descending, last)[1]) as es:
+                    if es.response.status_code >= 400:
+                        es.response.read()
+                        failed = es.response
+                    else:
+                        for sse in es.iter_sse():
+                            ev = WatchEvent.model_validate_json(sse.data)
+                            attempt, last = 0, ev.batch
+                            yield ev
+            except _DROPPED as exc:
+                log.info("watch of %s/%s/%s dropped (%s): resuming", job, operator, state, exc)
+            time.sleep(self._reconnect_in(failed, attempt, max_reconnects))
+            attempt += 1
 
     def position(self, job: str, topic: str, partition: int, offset: int) -> JobPosition:
         """The batch of ``job`` that counted the Kafka record at ``offset`` (the offset a
@@ -266,6 +338,32 @@ class AsyncClient(_Base):
         path, params = _top(job, operator, state, n, descending, window, min_batch)
         r = await self._request("GET", path, params=params)
         return TopAnswer.model_validate_json(r.content)
+
+    async def watch(self, job: str, operator: str, state: str, keys: Sequence[str] = (), *,
+                    top: int | None = None, descending: bool = True,
+                    from_batch: int | None = None, max_reconnects: int | None = None
+                    ) -> AsyncGenerator[WatchEvent, None]:
+        """``Client.watch``, as an async iterator."""
+        path, _ = _watch(job, operator, state, keys, top, descending, None)
+        last, attempt = from_batch, 0
+        timeout = httpx.Timeout(self._http.timeout.connect, read=WATCH_READ_TIMEOUT_S)
+        while True:
+            failed: httpx.Response | None = None
+            try:
+                async with aconnect_sse(self._http, "GET", path, timeout=timeout, params=_watch(
+                        job, operator, state, keys, top, descending, last)[1]) as es:
+                    if es.response.status_code >= 400:
+                        await es.response.aread()
+                        failed = es.response
+                    else:
+                        async for sse in es.aiter_sse():
+                            ev = WatchEvent.model_validate_json(sse.data)
+                            attempt, last = 0, ev.batch
+                            yield ev
+            except _DROPPED as exc:
+                log.info("watch of %s/%s/%s dropped (%s): resuming", job, operator, state, exc)
+            await asyncio.sleep(self._reconnect_in(failed, attempt, max_reconnects))
+            attempt += 1
 
     async def position(self, job: str, topic: str, partition: int, offset: int
                        ) -> JobPosition:

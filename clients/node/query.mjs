@@ -1,36 +1,63 @@
 #!/usr/bin/env node
-// Minimal qstate gRPC client: one request, the answer as JSON on stdout.
+// Minimal qstate client: one gRPC request, the answer as JSON on stdout; or a watch over HTTP.
 //
 //   node query.mjs get      JOB OPERATOR STATE KEY    [--from MS --to MS] [--addr HOST:PORT]
 //   node query.mjs multiget JOB OPERATOR STATE KEY... [--from MS --to MS] [--addr HOST:PORT]
 //   node query.mjs top      JOB OPERATOR STATE [--n N] [--asc] [--window MS] [--addr HOST:PORT]
+//   node query.mjs watch    JOB OPERATOR STATE KEY... | --top N [--asc]
+//                           [--from-batch B] [--max-events N] [--url URL]
 //
 // top: the N keys (default 10) with the largest (--asc: smallest) value in one window across
 // every partition, ties by key; --window: the window starting at or holding MS (default:
 // the current one, the oldest window still open at the watermark).
+// watch: the router's Server-Sent Events (GET /v1/watch/...), one JSON line per event (its
+// data as the router sent it) as batches are committed: the latest window of each KEY (1 to
+// 100) that changed, or (--top N) the current window's top-N board whenever it changed; the
+// first event is a snapshot of them all. A dropped connection, the end of the stream, a 503
+// or a 429 reconnects (backoff from 0.2 s doubling, at most 5 s, at least the Retry-After)
+// and resumes after the last event's batch (--from-batch B: start after batch B); any other
+// refusal ends it with the exit code below. --max-events N: exit 0 after N events.
+// It speaks HTTP: --url, else $QSTATE_ROUTER_URL, else http://127.0.0.1:8000.
 // Address: --addr, else $QSTATE_GRPC, else 127.0.0.1:50051. TLS: --ca FILE (else
-// $QSTATE_TLS_CA), the CA bundle that signed the router's certificate; plain text without it.
+// $QSTATE_TLS_CA), the CA bundle that signed the router's certificate; plain text without it
+// (watch: an https:// URL, verified with --ca, else the system's CAs).
 // Read your writes: --min-batch N answers as of batch N or a later one.
 // Token: --token (else $QSTATE_TOKEN, else the content of --token-file or $QSTATE_TOKEN_FILE),
-// sent as "authorization: Bearer ..." metadata; never in plain text off loopback: without
-// --ca to another host it refuses (exit 64) unless --allow-insecure or
-// QSTATE_ALLOW_INSECURE=true says the network protects it (a service mesh).
+// sent as "authorization: Bearer ..." metadata (watch: header); never in plain text off
+// loopback: without --ca (watch: to an http:// URL) to another host it refuses (exit 64) unless
+// --allow-insecure or QSTATE_ALLOW_INSECURE=true says the network protects it (a service mesh).
 // int64 fields (batch, watermark_ms, start_ms, end_ms, int_value) are printed as decimal
-// strings, so counts beyond 2^53 stay exact; double values are JSON numbers.
+// strings, so counts beyond 2^53 stay exact; double values are JSON numbers (watch: the
+// router's JSON as sent, numbers as numbers: parse big counts exactly).
 // Exit codes: 0 ok, 2 NOT_FOUND, 3 UNAVAILABLE, 4 INVALID_ARGUMENT, 5 UNAUTHENTICATED or
-// PERMISSION_DENIED, 1 any other gRPC error, 64 bad usage. Errors go to stderr as "CODE_NAME: message".
+// PERMISSION_DENIED, 1 any other gRPC error, 64 bad usage. Errors go to stderr as "CODE_NAME: message"
+// (watch: the HTTP status's gRPC name, e.g. 404 NOT_FOUND, 400 INVALID_ARGUMENT).
 import { readFileSync } from "node:fs";
+import http from "node:http";
+import https from "node:https";
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
 import grpc from "@grpc/grpc-js";
 import protoLoader from "@grpc/proto-loader";
+import { createParser } from "eventsource-parser";
 
 const PROTO = fileURLToPath(new URL("../../proto/qstate.proto", import.meta.url));
 const EXIT = { NOT_FOUND: 2, UNAVAILABLE: 3, INVALID_ARGUMENT: 4, UNAUTHENTICATED: 5,
   PERMISSION_DENIED: 5 };
+// The stream is quiet between batches but the router sends a comment every 15 s: a connection
+// silent for longer than this is gone. Reconnect backoff as the Python client's Client.watch.
+const WATCH_IDLE_MS = 45_000;
+const BACKOFF_MS = 200;
+const MAX_BACKOFF_MS = 5_000;
+// the gRPC name of an HTTP error status (the router's errors map one to one, docs: errors)
+const HTTP_CODE = { 400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED",
+  404: "NOT_FOUND", 409: "ABORTED", 413: "INVALID_ARGUMENT", 429: "RESOURCE_EXHAUSTED",
+  500: "INTERNAL", 503: "UNAVAILABLE" };
+
 const USAGE = "usage: query.mjs get JOB OPERATOR STATE KEY [--from MS --to MS] [--addr HOST:PORT] [--ca FILE] [--token T | --token-file F] [--allow-insecure]\n" +
   "       query.mjs multiget JOB OPERATOR STATE KEY... [--from MS --to MS] [--addr HOST:PORT]\n" +
-  "       query.mjs top JOB OPERATOR STATE [--n N] [--asc] [--window MS] [--addr HOST:PORT]";
+  "       query.mjs top JOB OPERATOR STATE [--n N] [--asc] [--window MS] [--addr HOST:PORT]\n" +
+  "       query.mjs watch JOB OPERATOR STATE KEY... | --top N [--asc] [--from-batch B] [--max-events N] [--url URL]";
 
 function usage(msg) {
   console.error(`${msg}\n${USAGE}`);
@@ -45,15 +72,31 @@ try {
                ca: { type: "string" }, token: { type: "string" },
                "token-file": { type: "string" }, "allow-insecure": { type: "boolean" },
                "min-batch": { type: "string" }, n: { type: "string" },
-               asc: { type: "boolean" }, window: { type: "string" } },
+               asc: { type: "boolean" }, window: { type: "string" }, top: { type: "string" },
+               "from-batch": { type: "string" }, "max-events": { type: "string" },
+               url: { type: "string" } },
   });
 } catch (e) {
   usage(e.message);
 }
 const { values: opts, positionals: [cmd, job, operator, state, ...keys] } = args;
-if (!["get", "multiget", "top"].includes(cmd)) usage(`unknown command: ${cmd ?? "(none)"}`);
-if (cmd === "top" ? keys.length !== 0 || state === undefined
+if (!["get", "multiget", "top", "watch"].includes(cmd)) {
+  usage(`unknown command: ${cmd ?? "(none)"}`);
+}
+if (cmd === "watch" ? state === undefined || (keys.length === 0) === (opts.top === undefined)
+  : cmd === "top" ? keys.length !== 0 || state === undefined
   : keys.length === 0 || (cmd === "get" && keys.length !== 1)) usage(`${cmd}: wrong arguments`);
+if (cmd === "watch") {
+  if (opts.top !== undefined && !/^\d+$/.test(opts.top)) usage(`not a count: ${opts.top}`);
+  if (opts.asc && opts.top === undefined) usage("--asc goes with --top");
+  if (opts["from-batch"] !== undefined && !/^(-1|\d+)$/.test(opts["from-batch"])) {
+    usage(`not a batch number: ${opts["from-batch"]}`);
+  }
+  if (opts["max-events"] !== undefined && !/^[1-9]\d*$/.test(opts["max-events"])) {
+    usage(`not a count of events: ${opts["max-events"]}`);
+  }
+  if (opts.addr !== undefined) usage("watch speaks HTTP: give the router's --url, not --addr");
+}
 if (opts.n !== undefined && !/^\d+$/.test(opts.n)) usage(`not a count: ${opts.n}`);
 if (opts.window !== undefined && !/^-?\d+$/.test(opts.window)) {
   usage(`not epoch milliseconds: ${opts.window}`);
@@ -66,13 +109,18 @@ if (opts["min-batch"] !== undefined && !/^\d+$/.test(opts["min-batch"])) {
   usage(`not a batch number: ${opts["min-batch"]}`);
 }
 
-// keepCase: field names as in the .proto; longs: String keeps int64 exact;
-// defaults: unset scalars print as their zero value (unset optional/oneof fields stay absent).
-const pkg = grpc.loadPackageDefinition(protoLoader.loadSync(PROTO, {
-  keepCase: true, longs: String, enums: String, defaults: true,
-}));
 const addr = opts.addr ?? process.env.QSTATE_GRPC ?? "127.0.0.1:50051";
 const ca = opts.ca ?? process.env.QSTATE_TLS_CA;
+let url;
+if (cmd === "watch") {
+  const given = opts.url ?? process.env.QSTATE_ROUTER_URL ?? "http://127.0.0.1:8000";
+  try {
+    url = new URL(given);
+  } catch {
+    usage(`not a URL: ${given}`);
+  }
+  if (url.protocol !== "http:" && url.protocol !== "https:") usage(`not an http(s) URL: ${given}`);
+}
 // trimmed: a secret read from a file ends in a line break; never echoed back
 const tokenFile = opts["token-file"] ?? process.env.QSTATE_TOKEN_FILE;
 let token = opts.token ?? process.env.QSTATE_TOKEN ?? "";
@@ -87,13 +135,26 @@ token = token.trim();
 if (token && !/^[\x21-\x7e]+$/.test(token)) {
   usage("the token holds a space, a control or a non-ASCII character (the token is not shown)");
 }
-const host = addr.replace(/:\d+$/, "").replace(/^\[|\]$/g, "");
+const host = (url ? url.hostname : addr.replace(/:\d+$/, "")).replace(/^\[|\]$/g, "");
 const loopback = host === "localhost" || host === "::1" || /^127\.\d+\.\d+\.\d+$/.test(host);
 const insecureOk = opts["allow-insecure"] || process.env.QSTATE_ALLOW_INSECURE === "true";
-if (token && !ca && !loopback && !insecureOk) {
-  usage(`refusing to send the client token to ${host} in plain text: give --ca (TLS), or ` +
+const plainText = url ? url.protocol === "http:" : !ca;
+if (token && plainText && !loopback && !insecureOk) {
+  usage(`refusing to send the client token to ${host} in plain text: give ` +
+        `${url ? "an https:// URL" : "--ca"} (TLS), or ` +
         "--allow-insecure (QSTATE_ALLOW_INSECURE=true) where the network protects it");
 }
+if (cmd === "watch") {
+  await watch();
+  await new Promise((done) => process.stdout.write("", done));  // what it printed is out
+  process.exit(0);
+}
+
+// keepCase: field names as in the .proto; longs: String keeps int64 exact;
+// defaults: unset scalars print as their zero value (unset optional/oneof fields stay absent).
+const pkg = grpc.loadPackageDefinition(protoLoader.loadSync(PROTO, {
+  keepCase: true, longs: String, enums: String, defaults: true,
+}));
 const creds = ca ? grpc.credentials.createSsl(readFileSync(ca)) : grpc.credentials.createInsecure();
 const client = new pkg.qstate.v1.QueryableState(addr, creds);
 const metadata = new grpc.Metadata();
@@ -124,3 +185,121 @@ client[method](request, metadata, { deadline: Date.now() + 10_000 }, (err, respo
   }
   console.log(JSON.stringify(response, null, 2));
 });
+
+// --- watch: Server-Sent Events over HTTP(S) ------------------------------------------------
+
+function watchUrl(from) {
+  const u = new URL(url);
+  u.pathname = `${u.pathname.replace(/\/+$/, "")}/v1/watch/${[job, operator, state]
+    .map(encodeURIComponent).join("/")}`;
+  const q = new URLSearchParams(keys.map((k) => ["key", k]));
+  if (opts.top !== undefined) {
+    q.append("top", opts.top);
+    q.append("order", opts.asc ? "asc" : "desc");
+  }
+  if (from !== undefined) q.append("from_batch", String(from));
+  u.search = q.toString();
+  return u;
+}
+
+// One connection: resolves with the refusal ({status, retryAfterS, message}) when the router
+// answered an error, or null when the stream ended or dropped; onEvent gets each event and
+// returns false to stop.
+function stream(from, onEvent) {
+  return new Promise((resolve) => {
+    const u = watchUrl(from);
+    const headers = { accept: "text/event-stream", "cache-control": "no-cache" };
+    if (token) headers.authorization = `Bearer ${token}`;
+    const tls = u.protocol === "https:";
+    const req = (tls ? https : http).get(u, {
+      headers, ...(tls && ca ? { ca: readFileSync(ca) } : {}),
+    });
+    let done = false;
+    const finish = (v) => {
+      if (!done) {
+        done = true;
+        resolve(v);
+      }
+    };
+    req.setTimeout(WATCH_IDLE_MS, () => req.destroy(new Error(
+      `nothing from the router for ${WATCH_IDLE_MS / 1000} s`)));
+    req.on("error", (e) => {
+      if (!done) console.error(`watch: connection lost (${e.code ?? e.message})`);
+      finish(null);
+    });
+    req.on("response", (res) => {
+      res.setEncoding("utf8");
+      if (res.statusCode >= 400) {
+        let body = "";
+        res.on("data", (c) => { body += c; });
+        res.on("end", () => {
+          let message;
+          try {
+            message = JSON.parse(body).message;
+          } catch {
+            message = body.trim();
+          }
+          const retry = Number.parseFloat(res.headers["retry-after"] ?? "");
+          finish({ status: res.statusCode, message: message || `HTTP ${res.statusCode}`,
+                   retryAfterS: Number.isFinite(retry) ? retry : 0 });
+        });
+        return;
+      }
+      const parser = createParser({
+        onEvent(ev) {
+          if (done) return;
+          if (onEvent(ev) === false) {
+            finish(null);
+            req.destroy();
+          }
+        },
+      });
+      res.on("data", (chunk) => { if (!done) parser.feed(chunk); });
+      res.on("end", () => finish(null));
+      res.on("error", () => finish(null));  // also reported on req
+    });
+  });
+}
+
+async function watch() {
+  const max = opts["max-events"] === undefined ? Infinity : Number(opts["max-events"]);
+  let last = opts["from-batch"] === undefined ? undefined : Number(opts["from-batch"]);
+  let attempt = 0;
+  let seen = 0;
+  for (;;) {
+    const refused = await stream(last, (ev) => {
+      let batch;
+      try {
+        batch = JSON.parse(ev.data).batch;
+      } catch {
+        batch = undefined;
+      }
+      if (!Number.isInteger(batch)) {
+        console.error(`INTERNAL: the router sent an event that is not a watch event: ` +
+                      `${ev.data.slice(0, 200)}`);
+        process.exit(1);
+      }
+      console.log(ev.data);
+      last = batch;
+      attempt = 0;
+      seen += 1;
+      return seen < max;
+    });
+    if (seen >= max) return;
+    let wait = BACKOFF_MS * 2 ** Math.min(attempt, 10);
+    if (refused) {
+      const name = HTTP_CODE[refused.status] ?? `HTTP_${refused.status}`;
+      if (refused.status !== 429 && refused.status !== 503) {
+        console.error(`${name}: ${refused.message}`);
+        process.exit(EXIT[name] ?? 1);
+      }
+      wait = Math.max(wait, refused.retryAfterS * 1000);
+      console.error(`watch: ${name}: ${refused.message}`);
+    }
+    wait = Math.min(wait, MAX_BACKOFF_MS);
+    console.error(`watch: reconnecting in ${(wait / 1000).toFixed(1)} s, resuming ` +
+                  `${last === undefined ? "from a snapshot" : `after batch ${last}`}`);
+    await new Promise((r) => setTimeout(r, wait));
+    attempt += 1;
+  }
+}

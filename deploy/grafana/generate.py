@@ -181,6 +181,20 @@ def overview() -> dict[str, Any]:
         (f"sum by (path) (rate(qstate_router_shard_reads_total[{RATE}]))", "{{path}}"),
     ], "short", "Key lookups per second: local (in-process from a co-located shard's files) "
        "or remote (the owner's gRPC API)"), 24, 8)
+    g.add(stat("Watchers", "sum by (form, protocol) (qstate_router_watchers)",
+               "{{form}} {{protocol}}", "none",
+               "Watches open now (GET /v1/watch, Server-Sent Events: http; the Watch stream: "
+               "grpc), by form: keys (named keys) or top (a top-N board). At most "
+               "QSTATE_MAX_WATCHERS per router"), 8, 8)
+    g.add(timeseries("Watch events", [
+        (f"sum by (form) (rate(qstate_router_watch_events_total[{RATE}]))", "{{form}}"),
+    ], "short", "Watch events sent per second, by form (keys changed, or a board that "
+       "changed)"), 8, 8)
+    g.add(timeseries("Watch delay", [
+        ("histogram_quantile(0.99, sum by (le) "
+         f"(rate(qstate_router_watch_delay_seconds_bucket[{RATE}])))", "p99"),
+    ], "s", "From a shard applying a batch to the watch event carrying its change being "
+       "sent (p99, every router and form)"), 8, 8)
 
     job_var = {
         "name": "job", "label": "qstate job", "type": "query", "datasource": PROMETHEUS,

@@ -26,6 +26,7 @@ __all__ = [
     "StateInfo",
     "TopAnswer",
     "TopEntry",
+    "WatchEvent",
     "Window",
     "WindowInfo",
     "WindowSpan",
@@ -127,6 +128,41 @@ class TopAnswer(BaseModel):
                        "partition's part is as of this batch or a later one (-1: none yet)")
     watermark: int = Field(description="The lowest watermark of those partitions, epoch ms")
     entries: list[TopEntry] = Field(description="At most n, in order; ties by key, ascending")
+
+
+class WatchEvent(BaseModel):
+    """One pushed event of a watch: after a committed batch, the watched keys whose value
+    changed (or the board, when it changed). SSE sends it as ``data`` with ``id`` = its
+    ``batch``: reconnect with ``Last-Event-ID`` (or ``from_batch``) to get what changed
+    since."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
+        "job": "tweets", "operator": "per_tweet_1h", "state": "impressions", "batch": 312,
+        "watermark": 1767225595000, "committed_at": 1767225601250, "coalesced": False,
+        "snapshot": False, "changes": [{
+            "job": "tweets", "operator": "per_tweet_1h", "state": "impressions",
+            "key": "tw-42", "found": True, "batch": 312, "watermark": 1767225595000,
+            "windows": [{"start": 1767225600000, "end": 1767229200000, "value": 18}],
+            "next_from": None}], "top": None}]})
+
+    job: str
+    operator: str
+    state: str
+    batch: int = Field(description="Every value here is as of this batch or a later one, "
+                       "and every change up to it has been sent: resume after it")
+    watermark: int = Field(description="The lowest watermark of the values here, epoch ms")
+    committed_at: int | None = Field(description="When a shard applied the oldest batch "
+                                     "whose change this carries, epoch ms (null: unknown, "
+                                     "e.g. a first event)")
+    coalesced: bool = Field(description="True: a value changed more than once before this "
+                            "watcher took it; only the latest is sent")
+    snapshot: bool = Field(description="True: every watched key is here (the first event, "
+                           "or a resume this router could not serve incrementally): "
+                           "replace what you hold. False: only the keys that changed")
+    changes: list[StateAnswer] = Field(description="Keys form: each changed key's latest "
+                                       "window (found false: it has none now)")
+    top: TopAnswer | None = Field(description="Top form: the whole board (null in the keys "
+                                  "form)")
 
 
 class Point(BaseModel):

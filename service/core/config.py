@@ -173,6 +173,16 @@ class Settings(BaseSettings):
     min_batch_wait_s: float = Field(
         5.0, ge=0, description="Router: longest a read with `min_batch` waits for its "
         "partitions to have that batch; then 503 + Retry-After naming the batch they have.")
+    max_watchers: int = Field(
+        2000, ge=0, description="Router: watches (SSE and gRPC streams) open at once; "
+        "beyond it a new one is refused with 429 (RESOURCE_EXHAUSTED) and Retry-After. "
+        "Watches do not count in max_concurrent_requests.")
+    max_watch_keys: int = Field(
+        100, ge=1, description="Router: keys one watch may name.")
+    watch_poll_s: float = Field(
+        0.05, gt=0, description="Router, while anything is watched: how often it asks the "
+        "watched operators' shards for their partitions' batches; a new batch is read and "
+        "its changes pushed (half of it is the mean delay it adds).")
     router_url: str = Field("http://127.0.0.1:8000", description="Where `qstate get` asks.")
 
     # ---- security ---------------------------------------------------------------------

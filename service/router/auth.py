@@ -33,10 +33,10 @@ def _open(path: str, metrics_public: bool) -> bool:
 
 
 def target_of(path: str) -> tuple[str, str | None] | None:
-    """The job and operator a data path asks for: /v1/state|series|top/{job}/{op}/..., or
+    """The job and operator a data path asks for: /v1/state|series|top|watch/{job}/{op}/..., or
     /v1/jobs/{job}[/position] (operator None); None for paths that name no job."""
     parts = path.split("/", 5)
-    if len(parts) >= 5 and parts[1] == "v1" and parts[2] in ("state", "series", "top"):
+    if len(parts) >= 5 and parts[1] == "v1" and parts[2] in ("state", "series", "top", "watch"):
         return parts[3], parts[4]
     if len(parts) in (4, 5) and parts[1] == "v1" and parts[2] == "jobs" and parts[3] and \
             parts[4:] in ([], ["position"]):

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
 
 import grpc
 
+from qstate.core.config import DEFAULTS
 from qstate.core.errors import QStateError, grpc_trailers
 from qstate.core.operator import OperatorSpec
 from qstate.core.values import set_value
@@ -17,6 +19,8 @@ from qstate.router.metrics import GRPC_REQUESTS as RPCS
 from qstate.router.metrics import count_error
 from qstate.router.query import QueryService, absent_key
 from qstate.router.reads import Hit
+from qstate.router.top import TopResult
+from qstate.router.watch import Push, WatchClosed, WatchHub
 from qstate.router.wire import FAR
 
 __all__ = ["QueryableStateService"]
@@ -39,6 +43,26 @@ def _value(spec: OperatorSpec, state: str, key: str, h: Hit) -> pb.StateValue:
             pw.start_ms = w.start
             pw.end_ms = w.end if w.end is not None else 0
         set_value(pw, w.value)
+    return out
+
+
+def _top(r: TopResult) -> pb.TopResponse:
+    out = pb.TopResponse(job=r.spec.job, operator=r.spec.operator, state=r.state,
+                         batch=r.batch, watermark_ms=r.watermark_ms)
+    if r.start is not None and r.end is not None:
+        out.start_ms, out.end_ms = r.start, r.end
+    for k, v in r.entries:
+        set_value(out.entries.add(key=k), v)
+    return out
+
+
+def _event(p: Push) -> pb.WatchEvent:
+    out = pb.WatchEvent(batch=p.batch, watermark_ms=p.watermark_ms,
+                        committed_ms=p.committed_ms, coalesced=p.coalesced,
+                        snapshot=p.snapshot,
+                        changes=[_value(p.spec, p.state, k, h) for k, h in p.changes])
+    if p.top is not None:
+        out.top.CopyFrom(_top(p.top))
     return out
 
 
@@ -67,9 +91,12 @@ async def _fail(context: grpc.aio.ServicerContext, method: str, exc: QStateError
 
 
 class QueryableStateService(pb_grpc.QueryableStateServicer):
-    def __init__(self, query: QueryService, auth: GrpcAuth | None = None) -> None:
+    def __init__(self, query: QueryService, auth: GrpcAuth | None = None,
+                 hub: WatchHub | None = None) -> None:
         self.query = query
         self.auth = auth or GrpcAuth(None)
+        self.hub = hub or WatchHub(query, DEFAULTS.watch_poll_s, DEFAULTS.max_watchers,
+                                   DEFAULTS.max_watch_keys)
 
     async def Get(self, request: pb.GetRequest, context: grpc.aio.ServicerContext
                   ) -> pb.StateValue:
@@ -117,13 +144,28 @@ class QueryableStateService(pb_grpc.QueryableStateServicer):
             await _fail(context, "Top", exc)
         RPCS.labels("Top", "OK").inc()
         RPC_LATENCY.labels("Top").observe(time.perf_counter() - t0)
-        out = pb.TopResponse(job=r.spec.job, operator=r.spec.operator, state=r.state,
-                             batch=r.batch, watermark_ms=r.watermark_ms)
-        if r.start is not None and r.end is not None:
-            out.start_ms, out.end_ms = r.start, r.end
-        for k, v in r.entries:
-            set_value(out.entries.add(key=k), v)
-        return out
+        return _top(r)
+
+    async def Watch(self, request: pb.WatchRequest, context: grpc.aio.ServicerContext
+                    ) -> AsyncIterator[pb.WatchEvent]:
+        try:
+            self.auth.check(context, request.job, request.operator)
+            w = await self.hub.open(self.hub.watch_query(
+                request.job, request.operator, request.state, request.keys,
+                request.top_n or None, not request.ascending,
+                request.from_batch if request.HasField("from_batch") else None), "grpc")
+        except QStateError as exc:
+            await _fail(context, "Watch", exc)
+        RPCS.labels("Watch", "OK").inc()  # counted when it opens: a stream has no latency
+        try:
+            while True:
+                yield _event(await w.next())
+        except WatchClosed:
+            # UNAVAILABLE, as for any server going away: a client retries, elsewhere
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "this router is stopping: watch "
+                                "again with from_batch = the last event's batch")
+        finally:
+            w.close()
 
     async def ListJobs(self, request: pb.ListJobsRequest, context: grpc.aio.ServicerContext
                        ) -> pb.ListJobsResponse:

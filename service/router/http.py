@@ -12,12 +12,13 @@ from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 import orjson
-from fastapi import Body, FastAPI, Path, Query, Request
+from fastapi import Body, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field
+from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from qstate.core.address import MAX_KEY_BYTES, NAME_PATTERN, check_key, check_name
@@ -34,11 +35,11 @@ from qstate.core.answer import (
     StateAnswer,
     StateInfo,
     TopAnswer,
-    TopEntry,
+    WatchEvent,
     WindowInfo,
-    WindowSpan,
     error_responses,
 )
+from qstate.core.config import DEFAULTS
 from qstate.core.errors import InvalidRequest, QStateError
 from qstate.router.cluster import cluster
 from qstate.router.metrics import (
@@ -49,6 +50,7 @@ from qstate.router.metrics import (
 from qstate.router.position import TOPIC_PATTERN
 from qstate.router.query import OperatorStatus, QueryService, absent
 from qstate.router.ui import mount_ui
+from qstate.router.watch import WatchClosed, WatchHub
 from qstate.router.wire import (
     JSON,
     TIME_PATTERN,
@@ -59,11 +61,18 @@ from qstate.router.wire import (
     parse_min_batch,
     parse_time,
     time_range,
+    top_fields,
+    watch_event_json,
 )
 
 __all__ = ["create_app", "json_response"]
 
 NEXT_FROM = "Next-From"  # the series' cursor (a JSON array has no room for one)
+# A watch's stream: a comment line this often keeps proxies from closing an idle stream and
+# finds a client that went away; a send that waits longer than SEND_TIMEOUT_S (a client that
+# stopped reading with full buffers) ends the stream rather than hold it (it resumes).
+PING_S = 15
+SEND_TIMEOUT_S = 30
 
 
 KeyItem = Annotated[str, Field(min_length=1, max_length=MAX_KEY_BYTES)]
@@ -128,7 +137,19 @@ def _not_null(param: dict[str, Any]) -> None:
             schema.update(rest[0])
 
 
-def create_app(query: QueryService, ready: Callable[[], bool] = lambda: True) -> FastAPI:
+def _last_event_id(value: str | None) -> int | None:
+    """SSE's Last-Event-ID: the batch of the last event a reconnecting client got."""
+    if value is None or not value.strip():
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise InvalidRequest(f"Last-Event-ID {value[:40]!r} is not a batch number (the id "
+                             "of a watch event)") from None
+
+
+def create_app(query: QueryService, ready: Callable[[], bool] = lambda: True,
+               hub: WatchHub | None = None) -> FastAPI:
     app = FastAPI(title="qstate", version="1",
                   description="Live per-key window aggregates of Spark Structured Streaming "
                               "jobs, served from RocksDB shards.")
@@ -264,12 +285,53 @@ def create_app(query: QueryService, ready: Callable[[], bool] = lambda: True) ->
         start = None if window == "current" else parse_time("window", window)
         r = await query.top(query.top_query(job, operator, state, n, order == "desc", start,
                                             min_batch))
-        return json_response(TopAnswer.model_construct(
-            job=r.spec.job, operator=r.spec.operator, state=r.state,
-            window=None if r.start is None or r.end is None
-            else WindowSpan.model_construct(start=r.start, end=r.end),
-            order=order, batch=r.batch, watermark=r.watermark_ms,
-            entries=[TopEntry.model_construct(key=k, value=v) for k, v in r.entries]))
+        return Response(orjson.dumps(top_fields(r, order == "desc")), media_type=JSON)
+
+    watches = hub or WatchHub(query, DEFAULTS.watch_poll_s, DEFAULTS.max_watchers,
+                              DEFAULTS.max_watch_keys)
+
+    # defaults, not Annotated aliases, as limit_param above: they state this router's bounds
+    key_param = Query(None, description=f"A key to watch (repeat: at most "
+                      f"{watches.max_keys}, QSTATE_MAX_WATCH_KEYS); or top")
+    top_param = Query(None, ge=1, le=max_n, description="Watch the current window's top n "
+                      f"instead of keys (most: {max_n}, QSTATE_MAX_TOP_N)")
+
+    @app.get("/v1/watch/{job}/{operator}/{state}", response_model=WatchEvent,
+             response_class=EventSourceResponse, responses=errors,
+             summary="Pushed changes (Server-Sent Events): after each committed batch, the "
+                     "watched keys whose value changed, or the top-N board when it changed")
+    async def watch(job: Name, operator: Name, state: Name,
+                    key: list[str] | None = key_param, top: int | None = top_param,
+                    order: Annotated[Literal["desc", "asc"], Query(
+                        description="With top: desc, largest first; asc")] = "desc",
+                    from_batch: Annotated[int | None, Query(
+                        ge=-1, description="Resume after this batch (an event's id): only "
+                        "what changed since, or every value (snapshot) when this router "
+                        "cannot tell. Last-Event-ID, sent by a reconnecting EventSource, "
+                        "takes precedence")] = None,
+                    last_event_id: Annotated[str | None, Header(
+                        alias="Last-Event-ID", include_in_schema=False)] = None) -> Any:
+        resumed = _last_event_id(last_event_id)
+        w = await watches.open(watches.watch_query(
+            job, operator, state, key or (), top, order == "desc",
+            resumed if resumed is not None else from_batch), "http")
+
+        async def events() -> Any:
+            retry: int | None = int(query.reads.retry_after_s * 1000)
+            try:
+                while True:
+                    p = await w.next()
+                    yield ServerSentEvent(data=watch_event_json(p).decode(), id=str(p.batch),
+                                          retry=retry)
+                    retry = None  # once, with the first event
+            except WatchClosed:
+                return
+            finally:
+                w.close()
+
+        return EventSourceResponse(events(), ping=PING_S, send_timeout=SEND_TIMEOUT_S,
+                                   headers={"Cache-Control": "no-cache",
+                                            "X-Accel-Buffering": "no"})
 
     @app.get("/v1/jobs", response_model=JobList, responses=errors,
              summary="Jobs whose state is queryable (with tokens: those the token may read)")

@@ -6,7 +6,9 @@ waiting times out and retries, which is more load.
 An ASGI wrapper outside everything else. A body is read here in full (it is at most
 ``max_body_bytes``) and handed on, so an oversized chunked body is refused as surely as one
 that declared its length, and no route parses a body this module has not measured.
-Probes and /metrics are never limited: an overloaded router must still say so.
+Probes and /metrics are never limited: an overloaded router must still say so. A watch
+(/v1/watch/...) is a stream that stays open: it holds no slot, ``max_watchers`` bounds them
+(``qstate.router.watch``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from qstate.router.wire import send_error
 __all__ = ["with_limits"]
 
 _EXEMPT = frozenset({"/healthz", "/readyz", "/metrics"})
+WATCH_PREFIX = "/v1/watch/"
 
 
 def _too_large(max_body_bytes: int) -> TooLarge:
@@ -32,7 +35,8 @@ def with_limits(app: Any, max_body_bytes: int, max_concurrent: int,
 
     async def asgi(scope: dict, receive: Any, send: Any) -> None:
         nonlocal inflight
-        if scope["type"] != "http" or scope["path"] in _EXEMPT:
+        if scope["type"] != "http" or scope["path"] in _EXEMPT or (
+                scope["method"] == "GET" and scope["path"].startswith(WATCH_PREFIX)):
             return await app(scope, receive, send)
         if inflight >= max_concurrent:
             return await send_error(send, Overloaded(

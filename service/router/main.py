@@ -32,6 +32,7 @@ from qstate.router.local import LocalReader
 from qstate.router.query import QueryService
 from qstate.router.reads import PartitionReads
 from qstate.router.routing import RoutingTable
+from qstate.router.watch import WatchHub
 
 __all__ = ["RouterOptions", "run", "serve"]
 
@@ -85,6 +86,7 @@ async def serve(o: RouterOptions, scratch: Path | None = None) -> None:
     reads = PartitionReads(routing, caller, cfg.retry_after_s, local if o.local_reads else None)
     query = QueryService(routing, reads, cfg.max_batch_keys, cfg.max_windows,
                          cfg.max_request_windows, cfg.min_batch_wait_s, cfg.max_top_n)
+    hub = WatchHub(query, cfg.watch_poll_s, cfg.max_watchers, cfg.max_watch_keys)
     watch = asyncio.create_task(_watch_local_shards(routing, caller, local,
                                                     cfg.local_ready_poll_s)) \
         if o.local_reads else None
@@ -94,7 +96,7 @@ async def serve(o: RouterOptions, scratch: Path | None = None) -> None:
         options=[*SERVER_OPTIONS, ("grpc.max_receive_message_length", cfg.max_body_bytes),
                  security.NO_REUSEPORT],
         maximum_concurrent_rpcs=cfg.max_concurrent_requests)
-    pb_grpc.add_QueryableStateServicer_to_server(QueryableStateService(query, GrpcAuth(book)),
+    pb_grpc.add_QueryableStateServicer_to_server(QueryableStateService(query, GrpcAuth(book), hub),
                                                  grpc_server)
 
     def ready() -> bool:  # an assignment to route by: /readyz and gRPC health alike
@@ -105,7 +107,7 @@ async def serve(o: RouterOptions, scratch: Path | None = None) -> None:
     await grpc_server.start()
     following = asyncio.create_task(health.follow(ready))
 
-    app = with_fast_get(create_app(query, ready=ready), query)
+    app = with_fast_get(create_app(query, ready=ready, hub=hub), query)
     # auth outermost: a request without a valid token is refused before it may hold one of
     # the limited slots (a client could otherwise fill them with bodies it never sends)
     app = with_auth(with_limits(app, cfg.max_body_bytes, cfg.max_concurrent_requests,
@@ -131,6 +133,7 @@ async def serve(o: RouterOptions, scratch: Path | None = None) -> None:
     await stop.wait()
     following.cancel()
     await health.stop()
+    await hub.stop()  # open watches end: their clients resume on another router
     http.should_exit = True
     await task
     await grpc_server.stop(grace=1)

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 from qstate.core.errors import (
     Forbidden,
@@ -16,8 +16,8 @@ from qstate.core.errors import (
 
 __all__ = ["FOLLOWER_READS", "GRPC_LATENCY", "GRPC_REQUESTS", "HTTP_LATENCY", "HTTP_REQUESTS",
            "LOCAL_READS", "METHODS", "REFUSED", "REMOTE_READS", "SHARD_READS", "UNAVAILABLE",
-           "UNAVAILABLE_REASONS",
-           "count_error", "http_method"]
+           "UNAVAILABLE_REASONS", "WATCHERS", "WATCH_COALESCED", "WATCH_DELAY", "WATCH_EVENTS",
+           "WATCH_FAILURES", "count_error", "http_method"]
 
 _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
 # the method label takes these, anything else is "other": a client cannot make new series
@@ -62,6 +62,32 @@ REFUSED = Counter("qstate_router_refused_total",
 # where it means 0. The children a fresh router can count are made now, at 0.
 for _reason in UNAVAILABLE_REASONS:
     UNAVAILABLE.labels(_reason)
+
+WATCH_FORMS = ("keys", "top")
+WATCHERS = Gauge("qstate_router_watchers", "Watches open, by form (keys: named keys; top: a "
+                 "top-N board) and protocol (http: Server-Sent Events; grpc: a Watch stream)",
+                 ["form", "protocol"])
+WATCH_EVENTS = Counter("qstate_router_watch_events_total", "Watch events sent, by form",
+                       ["form"])
+WATCH_COALESCED = Counter("qstate_router_watch_coalesced_total",
+                          "Watch events that carry a value which replaced one the watcher had "
+                          "not yet taken (a consumer slower than the changes), by form",
+                          ["form"])
+WATCH_DELAY = Histogram("qstate_router_watch_delay_seconds",
+                        "From the shard applying a batch to the watch event carrying its "
+                        "change being taken for sending, by form", ["form"],
+                        buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
+WATCH_FAILURES = Counter("qstate_router_watch_failures_total",
+                         "Watch reads that failed and are tried again at the next poll: read "
+                         "(a partition could not answer), tick (anything else, logged)",
+                         ["kind"])
+for _form in WATCH_FORMS:
+    WATCH_EVENTS.labels(_form)
+    WATCH_COALESCED.labels(_form)
+    for _protocol in ("http", "grpc"):
+        WATCHERS.labels(_form, _protocol)
+for _kind in ("read", "tick"):
+    WATCH_FAILURES.labels(_kind)
 
 
 def http_method(method: str) -> str:

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from qstate.core.address import check_key, check_name
 from qstate.core.errors import InvalidRequest
 
-__all__ = ["StateQuery", "TopQuery", "check_limit", "check_min_batch", "check_range"]
+__all__ = ["StateQuery", "TopQuery", "WatchQuery", "check_limit", "check_min_batch",
+           "check_range"]
 
 
 def check_range(rng: tuple[int, int] | None) -> None:
@@ -103,3 +104,41 @@ class TopQuery:
         if not 1 <= n <= max_n:
             raise InvalidRequest(f"'n' is {n}: ask for 1 to {max_n} keys (QSTATE_MAX_TOP_N)")
         return cls(job, operator, state, n, descending, start_ms, check_min_batch(min_batch))
+
+
+@dataclass(frozen=True, slots=True)
+class WatchQuery:
+    """A subscription: the latest window of each of ``keys``, or the board of ``top`` (its
+    current window), pushed when they change; ``from_batch`` resumes after that batch."""
+
+    job: str
+    operator: str
+    state: str
+    keys: tuple[str, ...] = ()
+    top: TopQuery | None = None
+    from_batch: int | None = None
+
+    @classmethod
+    def of(cls, job: str, operator: str, state: str, keys: Sequence[str] = (),
+           top_n: int | None = None, descending: bool = True,
+           from_batch: int | None = None, *, max_keys: int, max_n: int) -> WatchQuery:
+        """The subscription, or the InvalidRequest (400) that says what to fix: keys or a
+        top n, not both, not neither; at most ``max_keys`` distinct keys."""
+        if bool(keys) == (top_n is not None):
+            raise InvalidRequest("watch either keys (key=...) or a top-N board (top=N), "
+                                 "one of the two")
+        if from_batch is not None and not -1 <= from_batch < 2**63:
+            raise InvalidRequest(f"'from_batch' is {from_batch}: a batch number, -1 or more")
+        top = None
+        if top_n is not None:
+            top = TopQuery.of(job, operator, state, top_n, descending, max_n=max_n)
+        uniq = tuple(dict.fromkeys(keys))
+        if len(uniq) > max_keys:
+            raise InvalidRequest(f"{len(uniq)} keys: one watch names at most {max_keys} "
+                                 "(QSTATE_MAX_WATCH_KEYS); open several")
+        check_name("job", job)
+        check_name("operator", operator)
+        check_name("state", state)
+        for k in uniq:
+            check_key(k)
+        return cls(job, operator, state, uniq, top, from_batch)

@@ -17,10 +17,12 @@ import orjson
 from qstate.core.errors import InvalidRequest, QStateError
 from qstate.router.metrics import count_error
 from qstate.router.request import check_limit
+from qstate.router.top import TopResult
+from qstate.router.watch import Push
 
 __all__ = ["FAR", "JSON", "TIME_PATTERN", "answer_fields", "batch_answer_json", "error_response",
            "parse_limit", "parse_min_batch", "parse_time", "retry_after", "send_error",
-           "state_answer_json", "time_range"]
+           "state_answer_json", "time_range", "top_fields", "watch_event_json"]
 
 JSON = "application/json"
 FAR = 1 << 62  # an open end of a time range
@@ -153,3 +155,27 @@ def batch_answer_json(answers: Iterable[dict[str, Any]]) -> bytes:
     """``BatchAnswer(results=...).model_dump_json()`` of ``answer_fields`` each, byte for
     byte."""
     return orjson.dumps({"results": list(answers)})
+
+
+def top_fields(r: TopResult, descending: bool) -> dict[str, Any]:
+    """A ``TopAnswer``'s fields, in its order (served by GET /v1/top and in watch events)."""
+    return {"job": r.spec.job, "operator": r.spec.operator, "state": r.state,
+            "window": None if r.start is None or r.end is None
+            else {"start": r.start, "end": r.end},
+            "order": "desc" if descending else "asc", "batch": r.batch,
+            "watermark": r.watermark_ms,
+            "entries": [{"key": k, "value": v} for k, v in r.entries]}
+
+
+def watch_event_json(p: Push) -> bytes:
+    """``WatchEvent(...).model_dump_json()`` of a push, byte for byte (a test holds them
+    equal): every watcher's event is made per batch, so without the model."""
+    spec = p.spec
+    return orjson.dumps({
+        "job": spec.job, "operator": spec.operator, "state": p.state, "batch": p.batch,
+        "watermark": p.watermark_ms, "committed_at": p.committed_ms or None,
+        "coalesced": p.coalesced, "snapshot": p.snapshot,
+        "changes": [answer_fields(spec.job, spec.operator, p.state, k, h.found, h.batch,
+                                  h.watermark_ms, h.windows, h.next_from)
+                    for k, h in p.changes],
+        "top": None if p.top is None else top_fields(p.top, p.descending)})

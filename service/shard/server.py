@@ -297,5 +297,5 @@ class ShardService(pb_grpc.ShardServicer):
                                  last_batch=meta.last_batch, watermark_ms=meta.watermark_ms,
                                  restoring=not held.ready.is_set(),
                                  epoch=self.partitions.epochs.get(pid.job, 0),
-                                 follower=not held.owner)
+                                 follower=not held.owner, applied_ms=held.store.applied_ms)
         return reply

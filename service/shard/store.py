@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -74,6 +75,9 @@ class PartitionStore:
         self.meta = read_meta(self.db)
         self._index_ranks()
         self.last_apply = ApplyStats()
+        # wall-clock ms of the last batch this process applied (0: none yet): routers
+        # measure a watch's delivery delay from it (docs/architecture.md §5, watch)
+        self.applied_ms = 0
         self._mark()
 
     def _index_ranks(self) -> None:
@@ -133,6 +137,7 @@ class PartitionStore:
             self.db.write(wb, self._sync)
             self.meta = meta
             self.last_apply = stats
+            self.applied_ms = int(time.time() * 1000)
             self._mark()
             return True
 

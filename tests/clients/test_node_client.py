@@ -223,3 +223,91 @@ def test_min_batch_reads_your_writes_or_says_how_far_the_state_is(node, cluster)
         "not yet at min_batch 999999" in ahead.stderr, ahead.stderr
     bad = run_node(node, cluster.grpc_address, *args, "--min-batch=-1")
     assert bad.returncode == 64 and "not a batch number" in bad.stderr
+
+
+# --- watch: Server-Sent Events over HTTP ----------------------------------------------------
+
+def run_watch(node: str, url: str, *args: str,
+              via_env: bool = True) -> subprocess.CompletedProcess[str]:
+    """`node query.mjs watch ...` against the router at ``url`` ($QSTATE_ROUTER_URL, or
+    --url when not ``via_env``)."""
+    env = {k: v for k, v in os.environ.items() if k != "QSTATE_ROUTER_URL"}
+    if via_env:
+        env["QSTATE_ROUTER_URL"] = url
+    cmd = [node, str(SCRIPT), "watch", *args] + ([] if via_env else ["--url", url])
+    return subprocess.run(cmd, env=env, cwd="/", capture_output=True, text=True, timeout=60)
+
+
+def watch_events(node: str, url: str, *args: str, via_env: bool = True) -> list[dict[str, Any]]:
+    r = run_watch(node, url, *args, via_env=via_env)
+    assert r.returncode == 0, f"exit {r.returncode}: {r.stderr}"
+    lines = r.stdout.splitlines()
+    assert all(line.startswith("{") for line in lines), r.stdout  # one JSON line per event
+    return [json.loads(line) for line in lines]
+
+
+def truth_event(**fields: Any) -> dict[str, Any]:
+    """A watch event of the shop's views as of its last batch (``changes`` and ``top`` given);
+    committed_at is when a shard applied the batch, which no ground truth knows."""
+    last = BATCHES - 1
+    return {"job": "shop", "operator": "views_1m", "state": "views", "batch": last,
+            "watermark": last * WINDOW, "coalesced": False, "snapshot": True, **fields}
+
+
+def test_watch_keys_prints_the_snapshot_of_exactly_those_keys(node, cluster) -> None:
+    last = BATCHES - 1
+    keys = ["page-3", "ünï/cødé key", BIG]  # a key to URL-encode; a count past 2**53
+    [ev] = watch_events(node, cluster.url, "shop", "views_1m", "views", *keys,
+                        "--max-events", "1")
+    committed_at = ev.pop("committed_at")
+    assert committed_at is None or isinstance(committed_at, int)
+    changes = ev.pop("changes")
+    assert ev == truth_event(top=None)
+    assert sorted(c["key"] for c in changes) == sorted(keys)
+    assert {c["key"]: c for c in changes} == {k: {
+        "job": "shop", "operator": "views_1m", "state": "views", "key": k, "found": True,
+        "batch": last, "watermark": last * WINDOW,
+        "windows": [{"start": last * WINDOW, "end": (last + 1) * WINDOW,
+                     "value": views(k, last)}],
+        "next_from": None} for k in keys}
+    # printed as the router sent it: the big count digit for digit
+    assert {c["key"]: c for c in changes}[BIG]["windows"][0]["value"] == 2**62 + 2 * last + 1
+
+
+@pytest.mark.parametrize("order", ["desc", "asc"])
+def test_watch_top_prints_the_current_board(node, cluster, order: str) -> None:
+    last = BATCHES - 1
+    sign = -1 if order == "desc" else 1
+    board = sorted(KEYS + MANY, key=lambda k: (sign * views(k, last), k))[:3]
+    [ev] = watch_events(node, cluster.url, "shop", "views_1m", "views", "--top", "3",
+                        *(["--asc"] if order == "asc" else []), "--max-events", "1",
+                        via_env=order == "desc")
+    ev.pop("committed_at")
+    assert ev == truth_event(changes=[], top={
+        "job": "shop", "operator": "views_1m", "state": "views",
+        "window": {"start": last * WINDOW, "end": (last + 1) * WINDOW}, "order": order,
+        "batch": last, "watermark": last * WINDOW,
+        "entries": [{"key": k, "value": views(k, last)} for k in board]})
+
+
+@pytest.mark.parametrize(("args", "code", "rc"), [
+    (("shop", "nope_1m", "views", "page-1"), "NOT_FOUND", 2),     # unknown operator: 404
+    (("shop", "views_1m", "clicks", "--top", "3"), "NOT_FOUND", 2),
+    (("shop", "views_1m", "views", "--top", "100000"), "INVALID_ARGUMENT", 4),  # 400
+    (("shop", "views_1m", "views", *KEYS[:101]), "INVALID_ARGUMENT", 4),  # at most 100 keys
+])
+def test_watch_refused_exits_with_documented_code(node, cluster, args, code: str,
+                                                  rc: int) -> None:
+    r = run_watch(node, cluster.url, *args, "--max-events", "1")
+    assert r.returncode == rc, (r.returncode, r.stderr)
+    assert r.stdout == ""
+    assert r.stderr.startswith(f"{code}: "), r.stderr
+
+
+def test_watch_bad_usage_exits_64(node) -> None:
+    for args, says in [(("shop", "views_1m", "views"), "watch: wrong arguments"),
+                       (("shop", "views_1m", "views", "k", "--top", "3"), "wrong arguments"),
+                       (("shop", "views_1m", "views", "k", "--asc"), "--asc goes with --top"),
+                       (("shop", "views_1m", "views", "k", "--max-events", "0"), "not a count")]:
+        r = run_watch(node, "http://127.0.0.1:1", *args)
+        assert r.returncode == 64 and says in r.stderr, (args, r.stderr)

@@ -12,11 +12,13 @@ so what its panels would read is checked where it is served):
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -25,6 +27,7 @@ import grpc
 import httpx
 import pytest
 from confluent_kafka import Producer
+from httpx_sse import connect_sse
 
 from qstate.core import security
 from qstate.core.assignment import list_servers
@@ -222,6 +225,45 @@ def traffic(shop: Shop) -> None:
                                               keys=KEYS[:50]), timeout=10)
 
 
+@contextmanager
+def watching(shop: Shop, through: int) -> Iterator[None]:
+    """A board watch (SSE, ``top=10``) open on each router while the block commits, read
+    until an event of batch ``through``: the events after the first carry the commit they
+    follow, so the watch panels' delay has samples."""
+    opened = [threading.Event() for _ in shop.routers]
+    got: list[list[dict]] = [[] for _ in shop.routers]
+    failed: list[BaseException] = []
+
+    def read(url: str, first: threading.Event, events: list[dict]) -> None:
+        try:
+            with httpx.Client(base_url=url, timeout=httpx.Timeout(10, read=60)) as c, \
+                    connect_sse(c, "GET", f"/v1/watch/{SPEC.job}/{SPEC.operator}/views",
+                                params={"top": 10}) as es:
+                for sse in es.iter_sse():
+                    events.append(json.loads(sse.data))
+                    first.set()
+                    if events[-1]["batch"] >= through:
+                        return
+        except BaseException as exc:
+            failed.append(exc)
+            first.set()
+
+    threads = [threading.Thread(target=read, args=(r.url, o, e), daemon=True)
+               for r, o, e in zip(shop.routers.values(), opened, got, strict=True)]
+    for t in threads:
+        t.start()
+    for o in opened:
+        assert o.wait(30), "a watch's first event"
+    assert not failed, failed
+    yield
+    for t in threads:
+        t.join(60)
+    assert not failed, failed
+    assert not any(t.is_alive() for t in threads), "a watch never reached the last batch"
+    for events in got:
+        assert any(e["committed_at"] is not None for e in events[1:]), events
+
+
 def refused_commit(shop: Shop, shard: ShardProcess, batch: int) -> None:
     """A commit from a stale writer (epoch 0): the shard refuses it."""
     part = next(p for p in range(P)
@@ -259,10 +301,12 @@ def test_every_shard_and_router_query_answers_on_a_real_prometheus(kit: Kit,
         write_targets(targets_file, shop_targets(shop))
         wait_until(lambda: prom.all_up({t.address for t in shop_targets(shop)}), 30,
                    "the restarted shard scraped at its new address")
-        for _ in range(3):  # batches committed and read while Prometheus scrapes
-            shop.commit(kit.batches)
-            kit.batches += 1
-            traffic(shop)
+        # batches committed and read (and watched) while Prometheus scrapes
+        with watching(shop, through=kit.batches + 2):
+            for _ in range(3):
+                shop.commit(kit.batches)
+                kit.batches += 1
+                traffic(shop)
         refused_commit(shop, shop.shards[1], kit.batches)
 
         mine = [e for e in panel_exprs(".*") if not NEEDS_JOB.search(e[1])]

@@ -28,6 +28,7 @@ BATCH = "/v1/state/{job}/{operator}/{state}:batchGet"
 SERIES = "/v1/series/{job}/{operator}/{state}/{key}"
 JOB = "/v1/jobs/{job}"
 TOP = "/v1/top/{job}/{operator}/{state}"
+WATCH = "/v1/watch/{job}/{operator}/{state}"
 READS = (("get", STATE), ("post", BATCH), ("get", SERIES))
 REQUESTS = 400
 
@@ -50,7 +51,8 @@ def test_generated_requests_get_no_5xx_and_documented_answers(shop: Shop, route:
     assert report.violations == 0, "\n".join(report.examples)
     # the requests reached the state, not only validation: answers of each kind
     ok = {op for (op, status), _ in report.by_status.items() if status == 200}
-    assert {"GET " + STATE, "POST " + BATCH, "GET " + SERIES, "GET " + TOP} <= ok, \
+    assert {"GET " + STATE, "POST " + BATCH, "GET " + SERIES, "GET " + TOP,
+            "GET " + WATCH} <= ok, \
         report.by_status
     refused = {status for (_, status), _ in report.by_status.items()}
     assert {400, 404} <= refused, report.by_status

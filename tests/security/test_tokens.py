@@ -14,9 +14,11 @@ from pathlib import Path
 import grpc
 import httpx
 import pytest
+from httpx_sse import connect_sse
 from prometheus_client.parser import text_string_to_metric_families
 
 from qstate.client import Client
+from qstate.core.answer import WatchEvent
 from qstate.core.errors import InvalidRequest
 from qstate.embedded.ports import free_port
 from qstate.embedded.procs import RouterProcess, qstate_command
@@ -92,6 +94,10 @@ MATRIX = [
     ("other", "GET", "/v1/top/shop/views_1m/views", 403),
     ("other_op", "GET", "/v1/top/shop/views_1m/views", 403),
     ("nobody", "GET", "/v1/top/shop/views_1m/views", 401),
+    ("views", "GET", f"/v1/watch/shop/views_1m/views?key={KEY}", 200),
+    ("other", "GET", f"/v1/watch/shop/views_1m/views?key={KEY}", 403),
+    ("other_op", "GET", f"/v1/watch/shop/views_1m/views?key={KEY}", 403),
+    ("nobody", "GET", f"/v1/watch/shop/views_1m/views?key={KEY}", 401),
     # the shop's manifests name no Kafka topic: a 404, past the token check
     ("views", "GET", "/v1/jobs/shop/position?topic=t&partition=0&offset=0", 404),
     ("other", "GET", "/v1/jobs/shop/position?topic=t&partition=0&offset=0", 403),
@@ -114,6 +120,13 @@ MATRIX = [
 def test_the_auth_matrix_over_http(guarded: Guarded, who: str, method: str, path: str,
                                    expected: int) -> None:
     body = {"keys": [KEY, KEYS[5]]} if method == "POST" else None
+    if path.startswith("/v1/watch/") and expected == 200:  # a stream: its first event
+        with httpx.Client(timeout=10) as c, connect_sse(
+                c, method, guarded.router.url + path, headers=guarded.headers(who)) as es:
+            assert es.response.status_code == 200
+            first = WatchEvent.model_validate_json(next(es.iter_sse()).data)
+        assert [a.windows[-1].value for a in first.changes] == [views(KEY, LAST)]
+        return
     r = httpx.request(method, guarded.router.url + path, json=body,
                       headers=guarded.headers(who), timeout=10)
     assert r.status_code == expected, r.text

@@ -1,4 +1,5 @@
-// qstate /ui: a live view of the router's own JSON API, polled every POLL_MS.
+// qstate /ui: a live view of the router's own JSON API, polled every POLL_MS; the
+// leaderboard is pushed by the router (GET /v1/watch/...?top=N, Server-Sent Events).
 // Plain JS, no framework, no build step. Every string from the API reaches the page as
 // text (textContent), never as HTML.
 "use strict";
@@ -7,6 +8,9 @@ const API = new URL("../v1/", location.href); // relative: works behind a path p
 const POLL_MS = 1500;
 const RECENT = 10; // windows in the "recent windows" table
 const TOP_N = 10; // keys on the leaderboard
+const RETRY_MIN_MS = 250; // a watch stream that failed or ended is opened again after this,
+const RETRY_MAX_MS = 5000; // doubling up to this
+const SILENT_MS = 45000; // nothing (not even the router's 15 s ping) for this long: reopen
 const SVG = "http://www.w3.org/2000/svg";
 
 const $ = (id) => document.getElementById(id);
@@ -28,17 +32,23 @@ function parseExact(text) {
 // only (sessionStorage), sent as a bearer token; never in the URL, never in localStorage.
 const TOKEN_KEY = "qstate-token";
 
+function authHeaders(accept) {
+  const headers = { accept };
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  if (token) headers.authorization = `Bearer ${token}`;
+  return headers;
+}
+
+function parseBody(text) {
+  try { return parseExact(text); } catch (_) { return { message: text }; }
+}
+
 async function api(path, params) {
   const url = new URL(path, API);
   for (const [k, v] of Object.entries(params || {})) url.searchParams.set(k, String(v));
-  const headers = { accept: "application/json" };
-  const token = sessionStorage.getItem(TOKEN_KEY);
-  if (token) headers.authorization = `Bearer ${token}`;
-  const r = await fetch(url, { cache: "no-store", headers });
+  const r = await fetch(url, { cache: "no-store", headers: authHeaders("application/json") });
   if (r.status === 401) $("token-form").hidden = false;
-  const text = await r.text();
-  let body = null;
-  try { body = parseExact(text); } catch (_) { body = { message: text }; }
+  const body = parseBody(await r.text());
   return { ok: r.ok, status: r.status, body };
 }
 
@@ -246,23 +256,152 @@ function drawChart(ws) {
   svg.replaceChildren(...bars);
 }
 
-// ---- the leaderboard --------------------------------------------------------------------
+// ---- the leaderboard, pushed --------------------------------------------------------------
+//
+// One watch stream of the selected state's board: the router sends the board at once and
+// again whenever it changes. EventSource cannot send the token, so this is fetch() with a
+// streamed body and a small Server-Sent Events parser. A stream that fails or ends is
+// opened again after a backoff (at most RETRY_MAX_MS), resuming after the last event's
+// batch; looking up another state aborts the stream and opens that state's.
 
-let topSeq = 0;
-async function refreshTop() {
+let watch = null; // { target, abort: AbortController, retry timer, last event id, ... }
+
+// Server-Sent Events out of a stream of text: feed() the chunks, it calls onEvent({id,
+// data}) per event (data lines joined by "\n"); ":" lines are comments (the router's
+// pings), and onAny() is called for every block, a ping too.
+function sseParser(onEvent, onAny) {
+  let buf = "";
+  return {
+    feed(chunk) {
+      buf += chunk;
+      // line ends are \r\n, \n or \r: keep a trailing \r until the next chunk says which
+      const hold = buf.endsWith("\r") ? "\r" : "";
+      let text = (hold ? buf.slice(0, -1) : buf).replace(/\r\n?/g, "\n");
+      let cut;
+      while ((cut = text.indexOf("\n\n")) >= 0) {
+        const block = text.slice(0, cut);
+        text = text.slice(cut + 2);
+        const ev = { id: null, data: [] };
+        for (const line of block.split("\n")) {
+          if (line === "" || line.startsWith(":")) continue;
+          const colon = line.indexOf(":");
+          const name = colon < 0 ? line : line.slice(0, colon);
+          let value = colon < 0 ? "" : line.slice(colon + 1);
+          if (value.startsWith(" ")) value = value.slice(1);
+          if (name === "data") ev.data.push(value);
+          else if (name === "id" && !value.includes("\0")) ev.id = value;
+        }
+        onAny();
+        if (ev.data.length) onEvent({ id: ev.id, data: ev.data.join("\n") });
+      }
+      buf = text + hold;
+    },
+  };
+}
+
+function boardTarget() {
   const s = selected();
-  const seq = ++topSeq;
-  const body = $("board").querySelector("tbody");
-  if (!s.job || !s.operator || !s.state) { body.replaceChildren(); return; }
-  const r = await api(["top", s.job, s.operator, s.state].map(segment).join("/"), { n: TOP_N });
-  if (seq !== topSeq) return;
-  if (!r.ok) { // e.g. session windows: the router says why there is no board
-    body.replaceChildren();
-    $("top-summary").textContent = `${s.job}/${s.operator}/${s.state}`;
-    $("top-message").textContent = r.body.message || `HTTP ${r.status}`;
+  return s.job && s.operator && s.state ? `${s.job}\n${s.operator}\n${s.state}` : "";
+}
+
+function stopWatch() {
+  if (!watch) return;
+  watch.stopped = true;
+  clearTimeout(watch.timer);
+  clearTimeout(watch.silence);
+  watch.abort.abort();
+  watch = null;
+}
+
+// Watch the selected state's board, unless that stream is already open (or reopening).
+// force: open it again anyway (a new token).
+function ensureWatch(force) {
+  const target = boardTarget();
+  if (!force && watch && watch.target === target) return;
+  stopWatch();
+  if (!target) {
+    $("board").querySelector("tbody").replaceChildren();
+    $("top-summary").textContent = "";
+    $("top-message").textContent = "";
     return;
   }
-  const b = r.body;
+  const [job, operator, state] = target.split("\n");
+  watch = { target, job, operator, state, abort: new AbortController(), timer: null,
+            silence: null, lastId: null, delay: RETRY_MIN_MS, stopped: false, shown: false };
+  $("board").querySelector("tbody").replaceChildren();
+  $("top-summary").textContent = `${job}/${operator}/${state}`;
+  $("top-message").textContent = "";
+  runWatch(watch);
+}
+
+async function runWatch(w) {
+  let failure = null;
+  try {
+    failure = await streamBoard(w);
+  } catch (e) {
+    failure = e && e.message ? e.message : String(e);
+  }
+  if (w.stopped || watch !== w) return; // aborted on purpose: a newer watch took over
+  clearTimeout(w.silence);
+  if (failure) {
+    $("top-message").textContent = w.shown ? `${failure} · reconnecting…` : failure;
+  }
+  const delay = w.delay;
+  w.delay = Math.min(RETRY_MAX_MS, w.delay * 2);
+  w.abort = new AbortController();
+  w.timer = setTimeout(() => runWatch(w), delay);
+}
+
+// One stream, until it ends: null when it just ended, else what went wrong.
+async function streamBoard(w) {
+  const url = new URL(["watch", w.job, w.operator, w.state].map(segment).join("/"), API);
+  url.searchParams.set("top", String(TOP_N));
+  url.searchParams.set("order", "desc");
+  const headers = authHeaders("text/event-stream");
+  if (w.lastId !== null) {
+    url.searchParams.set("from_batch", w.lastId); // resume after the last event's batch
+    headers["last-event-id"] = w.lastId;
+  }
+  const r = await fetch(url, { cache: "no-store", headers, signal: w.abort.signal });
+  if (!r.ok) { // e.g. session windows: the router says why there is no board
+    if (r.status === 401) $("token-form").hidden = false;
+    const body = parseBody(await r.text());
+    if (!w.shown) $("board").querySelector("tbody").replaceChildren();
+    return body.message || `HTTP ${r.status}`;
+  }
+  if (!r.body) return "this browser cannot read a streamed answer";
+  const reader = r.body.getReader();
+  const decoder = new TextDecoder();
+  const alive = () => { // the router pings every 15 s: silence this long is a dead stream
+    clearTimeout(w.silence);
+    w.silence = setTimeout(() => w.abort.abort(), SILENT_MS);
+  };
+  const parser = sseParser((ev) => {
+    if (w.stopped || watch !== w) return;
+    if (ev.id !== null && /^-?\d+$/.test(ev.id)) w.lastId = ev.id;
+    const e = parseExact(ev.data);
+    w.delay = RETRY_MIN_MS; // a stream that delivers: the next failure retries soon
+    if (e.top) drawTop(e.top);
+  }, alive);
+  alive();
+  try {
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      alive();
+      parser.feed(decoder.decode(value, { stream: true }));
+    }
+  } catch (e) {
+    if (w.abort.signal.aborted && !w.stopped) return "the watch went silent";
+    throw e;
+  }
+  parser.feed(decoder.decode());
+  return null;
+}
+
+function drawTop(b) {
+  const body = $("board").querySelector("tbody");
+  watch.shown = true;
   $("top-message").textContent = "";
   $("top-summary").textContent = `${b.job}/${b.operator}/${b.state} · ` +
     `${b.window ? `window ${windowText(b.window)}` : "not windowed"} · batch ${b.batch}`;
@@ -339,7 +478,7 @@ async function tick() {
   clearTimeout(timer);
   try {
     const results = await Promise.allSettled([
-      refreshJobs().then(() => Promise.all([refreshKey(), refreshTop()])), refreshCluster()]);
+      refreshJobs().then(() => { ensureWatch(); return refreshKey(); }), refreshCluster()]);
     const failed = results.filter((x) => x.status === "rejected");
     if (failed.length) throw failed[0].reason;
     $("status").textContent = `live · updated ${new Date().toLocaleTimeString()}`;
@@ -356,10 +495,10 @@ let typing = null;
 function onSelection() {
   fillSelects();
   saveHash();
+  ensureWatch(); // the board of the state looked up: a new stream only if it changed
   clearTimeout(typing);
   typing = setTimeout(() => {
     refreshKey().catch((e) => clearAnswer(String(e)));
-    refreshTop().catch((e) => { $("top-message").textContent = String(e); });
   }, 150);
 }
 
@@ -373,6 +512,7 @@ document.addEventListener("DOMContentLoaded", () => {
     sessionStorage.setItem(TOKEN_KEY, $("token").value.trim());
     $("token").value = "";
     $("token-form").hidden = true;
+    ensureWatch(true); // the stream again, with the new token
     tick();
   });
   setInterval(tickAge, 500);

@@ -26,6 +26,7 @@ from qstate.core.answer import (
     StateInfo,
     TopAnswer,
     TopEntry,
+    WatchEvent,
     Window,
     WindowInfo,
     WindowSpan,
@@ -43,6 +44,9 @@ OPERATOR_INFO = {"name": "op", "key": "k", "states": [{"name": "n", "type": "lon
 PARTITION = {"job": "j", "operator": "op", "partition": 0, "state": "ready", "last_batch": 5,
              "watermark": 1000, "freshness_s": 2.5}
 SHARD = {"id": "s0", "address": "127.0.0.1:1", "up": True, "partitions": [PARTITION]}
+TOP_ANSWER = {"job": "j", "operator": "op", "state": "n", "window": {"start": 0, "end": 60_000},
+              "order": "desc", "batch": 5, "watermark": 1000,
+              "entries": [{"key": "k", "value": 3}, {"key": "a", "value": 2.5}]}
 VALID: dict[type[BaseModel], dict[str, Any]] = {
     Window: WINDOW,
     StateAnswer: STATE_ANSWER,
@@ -62,9 +66,10 @@ VALID: dict[type[BaseModel], dict[str, Any]] = {
     JobPosition: {"job": "j", "topic": "t", "partition": 1, "offset": 5, "batch": 3,
                   "end_offset": 9},
     TopEntry: {"key": "k", "value": 3},
-    TopAnswer: {"job": "j", "operator": "op", "state": "n", "window": {"start": 0, "end": 60_000},
-                "order": "desc", "batch": 5, "watermark": 1000,
-                "entries": [{"key": "k", "value": 3}, {"key": "a", "value": 2.5}]},
+    TopAnswer: TOP_ANSWER,
+    WatchEvent: {"job": "j", "operator": "op", "state": "n", "batch": 5, "watermark": 1000,
+                 "committed_at": None, "coalesced": False, "snapshot": True,
+                 "changes": [STATE_ANSWER], "top": TOP_ANSWER},
 }
 ROOTS: dict[type[BaseModel], list[Any]] = {Series: [{"time": 0, "value": 1}]}  # JSON arrays
 FAST = settings(max_examples=25, deadline=None)

@@ -3,8 +3,11 @@ browser is downloaded), over a shop deployment of its own that the test keeps co
 
 While batches commit, the value the page shows for a key is the ground truth of the batch it
 says it is as of, and it reaches the newest batch without a reload; the cluster and jobs
-views follow too. Nothing the page loads comes from anywhere but the router. A screenshot is
-written to the test's tmp_path and to ``tests/artifacts/ui.png`` (ignored by git).
+views follow too. The leaderboard is pushed: one watch stream (``/v1/watch/...?top=10``,
+Server-Sent Events read through fetch) per state looked up, never a poll of ``/v1/top``, and
+the router counts it open while the page is. Nothing the page loads comes from anywhere but
+the router. A screenshot is written to the test's tmp_path and to ``tests/artifacts/ui.png``
+(ignored by git).
 """
 
 from __future__ import annotations
@@ -19,11 +22,24 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
-from tests.shop import BATCHES, BIG, KEYS, MANY, SPEC, WINDOW, Shop, start_shop, views
+from tests.helpers import metric, wait_until
+from tests.shop import (
+    BATCHES,
+    BIG,
+    KEYS,
+    MANY,
+    SPEC,
+    WINDOW,
+    Shop,
+    avg_ms,
+    start_shop,
+    views,
+)
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 LAST = BATCHES - 1
 TIMEOUT_MS = 20_000  # the page polls every 1.5 s; a commit of the shop's 6,200 keys is quick
+WATCHERS = "qstate_router_watchers"
 SLASHED = "ünï/cødé key"  # non-ASCII and a '/' in a key: encoded by the page, decoded back
 
 
@@ -80,8 +96,29 @@ class Watched:
             "() => ({value: document.getElementById('value').textContent,"
             " batch: document.getElementById('batch').textContent})"))
 
+    def board(self) -> dict[str, Any]:
+        """The leaderboard's summary and rows, read in one go (drawn in the same task)."""
+        return dict(self.page.evaluate(
+            "() => ({summary: document.getElementById('top-summary').textContent,"
+            " rows: Array.from(document.querySelectorAll('#board tbody tr'),"
+            " tr => [tr.children[1].textContent, tr.children[2].textContent])})"))
+
+    def paths(self, prefix: str) -> list[str]:
+        """The API requests the page made under ``prefix`` (path and query)."""
+        return [r.split("/v1/", 1)[1] for r in self.requests if f"/v1/{prefix}" in r]
+
     def close(self) -> None:
         self.page.close()
+
+
+def top_watchers(url: str) -> float:
+    """Board watches open on the router at ``url`` over HTTP (SSE), as its metric says."""
+    return metric(url, WATCHERS, form="top", protocol="http")
+
+
+def board_of(batch: int) -> list[str]:
+    """The ten largest views of ``batch``'s window, ties by key: the ground truth."""
+    return sorted(KEYS + MANY, key=lambda k: (-views(k, batch), k))[:10]
 
 
 def expect_key(w: Watched, key: str, batch: int) -> None:
@@ -116,8 +153,16 @@ def test_the_page_shows_ground_truth_while_batches_commit(live: Shop, browser: B
         expect_key(w, key, LAST)
         w.page.evaluate("() => { window.__sameDocument = true; }")  # gone if it reloads
 
-        # events flow: batches commit while the page polls; every (batch, value) it shows
-        # is the truth of that batch
+        # the leaderboard of the selected state comes from one watch stream, opened once
+        # (the same state looked up again keeps it), never from polling /v1/top
+        wait_until(lambda: top_watchers(url) == 1, 20, "the page's board watch open")
+        expect(w.page.locator("#board tbody td:nth-child(2)")).to_have_text(
+            board_of(LAST), timeout=TIMEOUT_MS)
+        expect(w.page.locator("#top-summary")).to_contain_text(f"batch {LAST}")
+
+        # events flow: batches commit while the page polls and the board is pushed; every
+        # (batch, value) it shows is the truth of that batch, and every board row is the
+        # truth of the window the board shows
         more = range(LAST + 1, LAST + 6)
 
         def commit_more() -> None:
@@ -126,16 +171,35 @@ def test_the_page_shows_ground_truth_while_batches_commit(live: Shop, browser: B
 
         committer = threading.Thread(target=commit_more)
         committer.start()
-        samples = []
+        samples, boards = [], []
         while committer.is_alive():
             samples.append(w.shown())
+            boards.append(w.board())
             w.page.wait_for_timeout(100)  # sampling what the page shows, not waiting on it
         committer.join()
         newest = more[-1]
         expect_key(w, key, newest)
+        expect(w.page.locator("#top-summary")).to_contain_text(f"batch {newest}",
+                                                               timeout=TIMEOUT_MS)
         samples.append(w.shown())
+        boards.append(w.board())
         for s in samples:
             assert s["value"] == str(views(key, int(s["batch"]))), s
+        shown_windows = []
+        for b in boards:
+            # mid-commit a board may lack the partitions still a batch behind, never hold a
+            # value that is not its window's
+            at = [x for x in range(newest + 1) if f"window [{iso(x * WINDOW)}," in b["summary"]]
+            assert len(at) == 1, b
+            shown_windows.append(at[0])
+            assert all(v == str(views(k, at[0])) for k, v in b["rows"]), b
+            keys = [k for k, _ in b["rows"]]
+            assert keys == sorted(keys, key=lambda k: (-views(k, at[0]), k)), b
+        assert shown_windows == sorted(shown_windows), shown_windows  # never back in time
+        assert shown_windows[-1] == newest
+        assert w.paths("watch/") == [
+            f"watch/{SPEC.job}/{SPEC.operator}/views?top=10&order=desc"], w.paths("watch/")
+        assert top_watchers(url) == 1
         assert w.page.evaluate("() => window.__sameDocument") is True
 
         # the cluster view: both shards up, every partition ready at the newest batch
@@ -160,7 +224,7 @@ def test_the_page_shows_ground_truth_while_batches_commit(live: Shop, browser: B
         # the leaderboard of the selected state: the ten largest of the newest window, ties
         # by key, as the shop wrote them; the chart: one bar per recent window, the
         # tallest the largest value
-        board = sorted(KEYS + MANY, key=lambda k: (-views(k, newest), k))[:10]
+        board = board_of(newest)
         expect(w.page.locator("#board tbody td:nth-child(2)")).to_have_text(
             board, timeout=TIMEOUT_MS)
         expect(w.page.locator("#board tbody td:nth-child(3)")).to_have_text(
@@ -184,13 +248,31 @@ def test_the_page_shows_ground_truth_while_batches_commit(live: Shop, browser: B
         ARTIFACTS.mkdir(exist_ok=True)
         shutil.copy(shot, ARTIFACTS / "ui.png")
 
+        # another state looked up: its board's stream replaces the first (aborted: the
+        # router counts one board watch, not two); every key averages the same, ties by key
+        w.choose(SPEC.job, SPEC.operator, "avg_ms", board[0])
+        ties = sorted(KEYS + MANY)[:10]
+        expect(w.page.locator("#board tbody td:nth-child(2)")).to_have_text(
+            ties, timeout=TIMEOUT_MS)
+        expect(w.page.locator("#board tbody td:nth-child(3)")).to_have_text(
+            [str(avg_ms(newest))] * 10)
+        expect(w.page.locator("#top-summary")).to_contain_text(
+            f"{SPEC.job}/{SPEC.operator}/avg_ms · window [{iso(newest * WINDOW)},")
+        assert w.paths("watch/") == [
+            f"watch/{SPEC.job}/{SPEC.operator}/{state}?top=10&order=desc"
+            for state in ("views", "avg_ms")], w.paths("watch/")
+        wait_until(lambda: top_watchers(url) == 1, 10, "the first board watch closed")
+
         assert w.errors == []
         outside = [r for r in w.requests if not r.startswith(f"{url}/")]
         assert outside == [], f"the page loaded from elsewhere: {outside}"
         assert {r.split("?")[0].removeprefix(url) for r in w.requests} >= {
             "/ui/", "/ui/style.css", "/ui/app.js", "/v1/jobs", "/v1/cluster"}
+        assert w.paths("top/") == [], "the board is pushed, not polled"
     finally:
         w.close()
+    # the page gone, its stream is too
+    wait_until(lambda: top_watchers(url) == 0, 10, "the board watch closed with the page")
 
 
 def test_what_the_page_shows_is_text_never_markup(live: Shop, browser: Browser) -> None:
