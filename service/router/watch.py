@@ -91,6 +91,13 @@ class _KeyFeed:
         self.tracked: dict[str, _Tracked] = {}
         self.read_at: dict[int, int] = {}  # partition -> the batch its keys were read at
 
+    def respec(self, spec: OperatorSpec) -> None:
+        """The operator was rescaled: its keys live in other partitions now."""
+        self.spec = spec
+        self.read_at.clear()
+        for k, tr in self.tracked.items():
+            tr.partition = partition_of(k, spec.partitions)
+
     def track(self, keys: Iterable[str], w: Watcher) -> None:
         for k in keys:
             tr = self.tracked.get(k)
@@ -354,14 +361,18 @@ class WatchHub:
                [f.spec for f in self._keys.values()] + [f.spec for f in self._tops.values()]}
         batches = await self._batches(ops)
         work = []
+        specs = self.query.routing.specs
         for feed in list(self._keys.values()):
-            now = batches[(feed.spec.job, feed.spec.operator)]
+            spec = specs.get((feed.spec.job, feed.spec.operator))
+            if spec is not None and spec.partitions != feed.spec.partitions:
+                feed.respec(spec)
+            now = batches.get((feed.spec.job, feed.spec.operator), {})  # {}: opened since
             moved = {p for p, (b, _) in now.items() if b > feed.read_at.get(p, -1)}
             keys = [k for k, t in feed.tracked.items() if t.partition in moved]
             if keys:
                 work.append(self._read(feed, keys, now))
         for top in list(self._tops.values()):
-            now = batches[(top.spec.job, top.spec.operator)]
+            now = batches.get((top.spec.job, top.spec.operator), {})
             if any(b > top.seen.get(p, -1) for p, (b, _) in now.items()):
                 work.append(self._read_top(top, now))
         for failed in await asyncio.gather(*work, return_exceptions=True):
