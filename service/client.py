@@ -90,6 +90,9 @@ def _top(job: str, operator: str, state: str, n: int, descending: bool, window: 
 # that waits longer than this finds a connection that is gone.
 WATCH_READ_TIMEOUT_S = 45.0
 WATCH_MAX_BACKOFF_S = 5.0
+# _no_data: the router's keep-alive pings are comments, which the SSE standard does not
+# dispatch; httpx-sse dispatches one as an event without data once an earlier event set an
+# id. Such an event is no change, and is passed over.
 # what ends a watch's connection without ending the watch: it reconnects and resumes
 _DROPPED = (httpx.TransportError, SSEError)
 
@@ -260,6 +263,8 @@ class Client(_Base):
                         failed = es.response
                     else:
                         for sse in es.iter_sse():
+                            if not sse.data:  # a ping (_no_data)
+                                continue
                             ev = WatchEvent.model_validate_json(sse.data)
                             attempt, last = 0, ev.batch
                             yield ev
@@ -357,6 +362,8 @@ class AsyncClient(_Base):
                         failed = es.response
                     else:
                         async for sse in es.aiter_sse():
+                            if not sse.data:  # a ping (_no_data)
+                                continue
                             ev = WatchEvent.model_validate_json(sse.data)
                             attempt, last = 0, ev.batch
                             yield ev

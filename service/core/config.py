@@ -179,6 +179,10 @@ class Settings(BaseSettings):
         "Watches do not count in max_concurrent_requests.")
     max_watch_keys: int = Field(
         100, ge=1, description="Router: keys one watch may name.")
+    watch_ping_s: float = Field(
+        15.0, gt=0, description="Router: a watch stream quiet this long gets a comment line "
+        "(SSE) so proxies keep it open and a client that is gone is found; lower it behind "
+        "a proxy that closes idle connections sooner.")
     watch_poll_s: float = Field(
         0.05, gt=0, description="Router, while anything is watched: how often it asks the "
         "watched operators' shards for their partitions' batches; a new batch is read and "

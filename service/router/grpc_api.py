@@ -96,7 +96,7 @@ class QueryableStateService(pb_grpc.QueryableStateServicer):
         self.query = query
         self.auth = auth or GrpcAuth(None)
         self.hub = hub or WatchHub(query, DEFAULTS.watch_poll_s, DEFAULTS.max_watchers,
-                                   DEFAULTS.max_watch_keys)
+                                   DEFAULTS.max_watch_keys, DEFAULTS.watch_ping_s)
 
     async def Get(self, request: pb.GetRequest, context: grpc.aio.ServicerContext
                   ) -> pb.StateValue:

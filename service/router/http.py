@@ -68,10 +68,9 @@ from qstate.router.wire import (
 __all__ = ["create_app", "json_response"]
 
 NEXT_FROM = "Next-From"  # the series' cursor (a JSON array has no room for one)
-# A watch's stream: a comment line this often keeps proxies from closing an idle stream and
-# finds a client that went away; a send that waits longer than SEND_TIMEOUT_S (a client that
-# stopped reading with full buffers) ends the stream rather than hold it (it resumes).
-PING_S = 15
+# A watch's stream: a send that waits longer than this (a client that stopped reading with
+# full buffers) ends the stream rather than hold it (the client resumes); the pings that
+# keep it open are QSTATE_WATCH_PING_S apart.
 SEND_TIMEOUT_S = 30
 
 
@@ -137,6 +136,43 @@ def _not_null(param: dict[str, Any]) -> None:
             schema.update(rest[0])
 
 
+class _Measured:
+    """Each request's latency (to the start of its answer: a watch's stream is open long
+    after) and count by route template and status. Plain ASGI: Starlette's
+    BaseHTTPMiddleware passes every chunk of a body through a stream and a task of its own,
+    which was most of a watch event's cost on the router (docs/architecture.md §5, watch)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        t0 = time.perf_counter()
+        started = False
+
+        def count(status: int) -> None:
+            # the route's template, never the path asked: a label per key would be a
+            # series per key
+            route = getattr(scope.get("route"), "path_format", None) or "unmatched"
+            HTTP_LATENCY.labels(route).observe(time.perf_counter() - t0)
+            HTTP_REQUESTS.labels(route, http_method(scope["method"]), str(status)).inc()
+
+        async def measured(message: dict[str, Any]) -> None:
+            nonlocal started
+            if not started and message["type"] == "http.response.start":
+                started = True
+                count(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, measured)
+        except BaseException:
+            if not started:  # answered 500 by Starlette's outermost handler
+                count(500)
+            raise
+
+
 def _last_event_id(value: str | None) -> int | None:
     """SSE's Last-Event-ID: the batch of the last event a reconnecting client got."""
     if value is None or not value.strip():
@@ -167,17 +203,7 @@ def create_app(query: QueryService, ready: Callable[[], bool] = lambda: True,
         "partitions read to have it; then 503 + Retry-After naming the batch they have. "
         "Every answer carries the batch it reflects")
 
-    @app.middleware("http")
-    async def measure(request: Request, call_next):  # type: ignore[no-untyped-def]
-        t0 = time.perf_counter()
-        response = await call_next(request)
-        # the route's template, never the path asked: a label per key would be a series
-        # per key
-        route = getattr(request.scope.get("route"), "path_format", None) or "unmatched"
-        HTTP_LATENCY.labels(route).observe(time.perf_counter() - t0)
-        HTTP_REQUESTS.labels(route, http_method(request.method),
-                             str(response.status_code)).inc()
-        return response
+    app.add_middleware(_Measured)
 
     def _error(exc: QStateError) -> Response:
         status, body, headers = error_response(exc)
@@ -288,7 +314,7 @@ def create_app(query: QueryService, ready: Callable[[], bool] = lambda: True,
         return Response(orjson.dumps(top_fields(r, order == "desc")), media_type=JSON)
 
     watches = hub or WatchHub(query, DEFAULTS.watch_poll_s, DEFAULTS.max_watchers,
-                              DEFAULTS.max_watch_keys)
+                              DEFAULTS.max_watch_keys, DEFAULTS.watch_ping_s)
 
     # defaults, not Annotated aliases, as limit_param above: they state this router's bounds
     key_param = Query(None, description=f"A key to watch (repeat: at most "
@@ -329,7 +355,7 @@ def create_app(query: QueryService, ready: Callable[[], bool] = lambda: True,
             finally:
                 w.close()
 
-        return EventSourceResponse(events(), ping=PING_S, send_timeout=SEND_TIMEOUT_S,
+        return EventSourceResponse(events(), ping=watches.ping_s, send_timeout=SEND_TIMEOUT_S,
                                    headers={"Cache-Control": "no-cache",
                                             "X-Accel-Buffering": "no"})
 

@@ -76,7 +76,8 @@ WATCH_COALESCED = Counter("qstate_router_watch_coalesced_total",
 WATCH_DELAY = Histogram("qstate_router_watch_delay_seconds",
                         "From the shard applying a batch to the watch event carrying its "
                         "change being taken for sending, by form", ["form"],
-                        buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
+                        buckets=(0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1,
+                                 2.5, 5))
 WATCH_FAILURES = Counter("qstate_router_watch_failures_total",
                          "Watch reads that failed and are tried again at the next poll: read "
                          "(a partition could not answer), tick (anything else, logged)",

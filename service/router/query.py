@@ -129,11 +129,14 @@ class QueryService:
             hit = await self._at_least(q, spec, pid, key, hit)
         return spec, key, hit
 
-    async def multi_lookup(self, q: StateQuery) -> tuple[OperatorSpec, list[tuple[str, Hit]]]:
+    async def multi_lookup(self, q: StateQuery, local: bool = True
+                           ) -> tuple[OperatorSpec, list[tuple[str, Hit]]]:
         """Each key of a batch query with its hit, in the query's order (the front ends
         shape them: gRPC messages, :batchGet's bytes). The keys of a partition on this host
         are read together (one check of its owner and marker, one iterator); the others
-        over gRPC, coalesced per owner."""
+        over gRPC, coalesced per owner. ``local=False``: every key from its owner (a read
+        of many partitions just after they moved on, where catching each secondary up
+        would cost more than the read: docs/architecture.md §5, watch)."""
         keys = q.keys
         spec = await self.routing.spec(q.job, q.operator, q.state)
         parts = [partition_of(k, spec.partitions) for k in keys]
@@ -146,11 +149,12 @@ class QueryService:
         for p, idx in by_partition.items():
             pid = pids[p] = PartitionId(q.job, q.operator, p)
             owner = self.reads.routing.owner_now(pid)  # once per partition
-            local = self.reads.read_local_many(spec, pid, q, [keys[i] for i in idx], owner)
-            if local is None:
+            here = self.reads.read_local_many(spec, pid, q, [keys[i] for i in idx], owner) \
+                if local else None
+            if here is None:
                 missing += [(i, owner) for i in idx]
                 continue
-            for i, h in zip(idx, local, strict=True):
+            for i, h in zip(idx, here, strict=True):
                 hits[i] = h
         if missing:
             reads = [asyncio.ensure_future(self.reads.read_remote(pids[parts[i]], q, keys[i],

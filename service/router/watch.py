@@ -221,9 +221,10 @@ class Watcher:
 
 class WatchHub:
     def __init__(self, query: QueryService, poll_s: float, max_watchers: int,
-                 max_keys: int) -> None:
+                 max_keys: int, ping_s: float = 15.0) -> None:
         self.query = query
         self.poll_s = poll_s
+        self.ping_s = ping_s  # how often an SSE front end pings a quiet stream
         self.max_watchers = max_watchers
         self.max_keys = max_keys
         self._keys: dict[tuple[str, str, str], _KeyFeed] = {}
@@ -390,7 +391,9 @@ class WatchHub:
         for i in range(0, len(keys), READ_CHUNK):
             q = StateQuery(spec.job, spec.operator, feed.state, tuple(keys[i:i + READ_CHUNK]),
                            None, 1)
-            _, hits = await self.query.multi_lookup(q)
+            # from the owners, not co-located secondaries: a batch moves every partition,
+            # and catching each secondary up held the loop 100-450 ms (§5, watch)
+            _, hits = await self.query.multi_lookup(q, local=False)
             read: dict[int, int] = {}
             for k, h in hits:
                 tr = feed.tracked.get(k)

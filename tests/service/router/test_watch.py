@@ -97,6 +97,8 @@ class Stream:
                 for sse in es.iter_sse():
                     if self._stop.is_set():
                         return
+                    if not sse.data:  # a ping (qstate.client: _no_data)
+                        continue
                     self.events.put((sse.id, WatchEvent.model_validate_json(sse.data)))
         except BaseException as exc:  # a closed stream while stopping, or the failure
             if not self._stop.is_set():
@@ -314,3 +316,29 @@ def test_a_router_with_open_watches_stops_at_once_and_clients_resume_elsewhere(
         assert ev.batch >= seen.batch and _values(ev).items() <= _expect(truth, WATCHED).items()
     finally:
         back.close()
+
+
+def test_a_quiet_watch_is_kept_open_by_pings_and_the_client_takes_them_in_stride(
+        own: tuple[Shop, Truth], tmp_path: Path) -> None:
+    shop, truth = own
+    with shop.router_with(tmp_path / "logs", "pinging", QSTATE_WATCH_PING_S="0.2") as r, \
+            Client(r.url) as c:
+        events = c.watch(JOB, OP, STATE, WATCHED[:2])
+        assert next(events).snapshot
+        pings = 0
+        with httpx.stream("GET", f"{r.url}{PATH}", timeout=10,
+                          params=[("key", k) for k in WATCHED[:2]]) as raw:
+            for line in raw.iter_lines():
+                pings += line.startswith(":")
+                if pings == 3:
+                    break
+        truth.some(shop, [WATCHED[0]], add=9)  # after a few pings on the client's stream too
+        ev = next(events)
+        while ev.batch < truth.batch:
+            ev = next(events)
+        assert _values(ev) == _expect(truth, [WATCHED[0]]) and not ev.snapshot
+        events.close()
+        # one connection each: the client never reconnected over the pings
+        route = "/v1/watch/{job}/{operator}/{state}"
+        assert metric(r.url, "qstate_router_http_requests_total", route=route, method="GET",
+                      status="200") == 2
