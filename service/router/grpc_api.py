@@ -139,7 +139,7 @@ class QueryableStateService(pb_grpc.QueryableStateServicer):
                 not request.ascending,
                 request.window_start_ms if request.HasField("window_start_ms") else None,
                 _min_batch(request))
-            r = await self.query.top(q)
+            r = await self.hub.top(q)
         except QStateError as exc:
             await _fail(context, "Top", exc)
         RPCS.labels("Top", "OK").inc()

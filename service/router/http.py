@@ -290,6 +290,8 @@ def create_app(query: QueryService, ready: Callable[[], bool] = lambda: True,
             out.headers[NEXT_FROM] = str(a.next_from)
         return out
 
+    watches = hub or WatchHub(query, DEFAULTS.watch_poll_s, DEFAULTS.max_watchers,
+                              DEFAULTS.max_watch_keys, DEFAULTS.watch_ping_s)
     max_n = query.max_top_n
     n_param = Query(None, ge=1, le=max_n, description=f"How many keys (default 10; most: "
                     f"{max_n}, QSTATE_MAX_TOP_N)")
@@ -309,12 +311,10 @@ def create_app(query: QueryService, ready: Callable[[], bool] = lambda: True,
                       ] = "current",
                       min_batch: int | None = min_batch_param) -> Any:
         start = None if window == "current" else parse_time("window", window)
-        r = await query.top(query.top_query(job, operator, state, n, order == "desc", start,
-                                            min_batch))
+        r = await watches.top(query.top_query(job, operator, state, n, order == "desc", start,
+                                              min_batch))
         return Response(orjson.dumps(top_fields(r, order == "desc")), media_type=JSON)
 
-    watches = hub or WatchHub(query, DEFAULTS.watch_poll_s, DEFAULTS.max_watchers,
-                              DEFAULTS.max_watch_keys, DEFAULTS.watch_ping_s)
 
     # defaults, not Annotated aliases, as limit_param above: they state this router's bounds
     key_param = Query(None, description=f"A key to watch (repeat: at most "

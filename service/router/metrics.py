@@ -14,7 +14,8 @@ from qstate.core.errors import (
     Unavailable,
 )
 
-__all__ = ["FOLLOWER_READS", "GRPC_LATENCY", "GRPC_REQUESTS", "HTTP_LATENCY", "HTTP_REQUESTS",
+__all__ = ["BOARD_ANSWERS", "FOLLOWER_READS", "GRPC_LATENCY", "GRPC_REQUESTS", "HTTP_LATENCY",
+           "HTTP_REQUESTS",
            "LOCAL_READS", "METHODS", "REFUSED", "REMOTE_READS", "SHARD_READS", "UNAVAILABLE",
            "UNAVAILABLE_REASONS", "WATCHERS", "WATCH_COALESCED", "WATCH_DELAY", "WATCH_EVENTS",
            "WATCH_FAILURES", "count_error", "http_method"]
@@ -63,6 +64,13 @@ REFUSED = Counter("qstate_router_refused_total",
 for _reason in UNAVAILABLE_REASONS:
     UNAVAILABLE.labels(_reason)
 
+BOARD_ANSWERS = Counter("qstate_router_top_answers_total",
+                        "Top-N answers (HTTP and gRPC) by how: kept (the board the router "
+                        "keeps current while it is asked, re-read once per batch) or read "
+                        "(asked of the shards now: min_batch, a window named, a board not "
+                        "kept yet or whose last refresh failed)", ["how"])
+for _how in ("kept", "read"):
+    BOARD_ANSWERS.labels(_how)
 WATCH_FORMS = ("keys", "top")
 WATCHERS = Gauge("qstate_router_watchers", "Watches open, by form (keys: named keys; top: a "
                  "top-N board) and protocol (http: Server-Sent Events; grpc: a Watch stream)",

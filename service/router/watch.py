@@ -22,7 +22,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import grpc
 
@@ -33,6 +33,7 @@ from qstate.core.shard_client import held_partitions
 from qstate.partition.rank import check_top
 from qstate.proto import shard_pb2 as pb
 from qstate.router.metrics import (
+    BOARD_ANSWERS,
     WATCH_COALESCED,
     WATCH_DELAY,
     WATCH_EVENTS,
@@ -49,6 +50,11 @@ __all__ = ["Push", "WatchClosed", "WatchHub", "Watcher"]
 log = logging.getLogger(__name__)
 
 READ_CHUNK = 1000  # keys per batch read of a feed's keys (a shard takes at most 10,000)
+# A board asked for by GET (no watcher) is kept current this long after the last ask, and at
+# most this many of them: a board many dashboards poll costs one read per batch, not one per
+# poll (docs/architecture.md §5, watch)
+BOARD_KEPT_S = 30.0
+BOARDS_KEPT = 64
 
 
 class WatchClosed(Exception):
@@ -139,12 +145,17 @@ class _TopFeed:
         self.board: TopResult | None = None
         self.seen: dict[int, int] = {}  # partition -> batch the board was read after
         self.watchers: set[Watcher] = set()
+        self.asked_until = 0.0  # monotonic: kept for GETs until then (no watcher needed)
+        # the last read after a partition moved succeeded: GETs may answer this board (while
+        # the next read runs, it is one batch behind at most)
+        self.current = False
 
     def update(self, r: TopResult, committed_ms: int) -> None:
         old = self.board
         if old is not None and r.batch < old.batch:
             return
         self.board = r
+        self.current = True
         if old is None or (old.start, old.entries) != (r.start, r.entries):
             for w in self.watchers:
                 w.offer(None, committed_ms)
@@ -261,8 +272,7 @@ class WatchHub:
             raise
         WATCHERS.labels(w.form, protocol).inc()
         w.counted = True
-        if self._loop is None or self._loop.done():
-            self._loop = asyncio.create_task(self._run())
+        self._start()
         return w
 
     async def _open_keys(self, w: Watcher, spec: OperatorSpec, q: WatchQuery) -> None:
@@ -294,6 +304,40 @@ class WatchHub:
             feed.update(await self.query.top(q), 0)
         w._first([None])
 
+    async def top(self, q: TopQuery) -> TopResult:
+        """A GET's board: from the one kept current by the polling (at most one poll and one
+        read behind the newest commit, as of the batch it says), or read now: a ``min_batch``
+        or a window named, a board not kept yet (then kept ``BOARD_KEPT_S``), or one whose
+        last refresh failed (the answer is then that failure, never an old board)."""
+        if q.start_ms is not None:
+            return await self.query.top(q)
+        if q.min_batch is not None:
+            r = await self.query.top(q)
+            kept = self._tops.get(replace(q, min_batch=None))
+            if kept is not None and kept.board is not None and r.batch > kept.board.batch:
+                kept.update(r, 0)  # a later GET never answers a board older than this one
+            return r
+        feed = self._tops.get(q)
+        if feed is not None and feed.board is not None and feed.current:
+            feed.asked_until = time.monotonic() + BOARD_KEPT_S
+            BOARD_ANSWERS.labels("kept").inc()
+            return feed.board
+        r = await self.query.top(q)
+        BOARD_ANSWERS.labels("read").inc()
+        if feed is None and sum(not f.watchers for f in self._tops.values()) < BOARDS_KEPT:
+            spec = await self.query.routing.spec(q.job, q.operator, q.state)
+            feed = self._tops[q] = _TopFeed(spec, q)
+            self._start()
+        if feed is not None:
+            feed.asked_until = time.monotonic() + BOARD_KEPT_S
+            if feed.board is None or r.batch >= feed.board.batch:
+                feed.update(r, 0)
+        return r
+
+    def _start(self) -> None:
+        if self._loop is None or self._loop.done():
+            self._loop = asyncio.create_task(self._run())
+
     def close(self, w: Watcher) -> None:
         if w not in self._watchers:
             return
@@ -307,7 +351,7 @@ class WatchHub:
                 self._keys.pop((feed.spec.job, feed.spec.operator, feed.state), None)
         elif isinstance(feed, _TopFeed):
             feed.watchers.discard(w)
-            if not feed.watchers:
+            if not feed.watchers and feed.asked_until < time.monotonic():
                 self._tops.pop(feed.query, None)
         w.end()
 
@@ -358,6 +402,10 @@ class WatchHub:
         return out
 
     async def _tick(self) -> None:
+        now_s = time.monotonic()
+        for q, f in list(self._tops.items()):  # boards no one watches or asks for any more
+            if not f.watchers and f.asked_until < now_s:
+                del self._tops[q]
         ops = {(s.job, s.operator) for s in
                [f.spec for f in self._keys.values()] + [f.spec for f in self._tops.values()]}
         batches = await self._batches(ops)
@@ -374,7 +422,14 @@ class WatchHub:
                 work.append(self._read(feed, keys, now))
         for top in list(self._tops.values()):
             now = batches.get((top.spec.job, top.spec.operator), {})
-            if any(b > top.seen.get(p, -1) for p, (b, _) in now.items()):
+            if len(now) < top.spec.partitions:
+                # an owner did not answer, or a partition restores: GETs read for themselves
+                # (and get its 503, or a follower's answer), as point reads do
+                top.current = False
+                continue
+            if not top.seen and top.board is not None:  # kept from a GET: read as of this
+                top.seen = dict.fromkeys(now, top.board.batch)
+            if not top.current or any(b > top.seen.get(p, -1) for p, (b, _) in now.items()):
                 work.append(self._read_top(top, now))
         for failed in await asyncio.gather(*work, return_exceptions=True):
             if isinstance(failed, QStateError):  # a 503 of a partition: the next tick
@@ -405,6 +460,10 @@ class WatchHub:
 
     async def _read_top(self, top: _TopFeed, now: dict[int, tuple[int, int]]) -> None:
         moved = [a for p, (b, a) in now.items() if b > top.seen.get(p, -1) and a]
-        r = await self.query.top(top.query)
+        try:
+            r = await self.query.top(top.query)
+        except QStateError:
+            top.current = False  # until a read succeeds again, GETs read for themselves
+            raise
         top.seen = {p: b for p, (b, _) in now.items()}
         top.update(r, min(moved, default=0))

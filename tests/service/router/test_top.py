@@ -16,7 +16,7 @@ import pytest
 from qstate.client import Client
 from qstate.proto import qstate_pb2 as qpb
 from qstate.proto import qstate_pb2_grpc as qpb_grpc
-from tests.helpers import metric
+from tests.helpers import metric, wait_until
 from tests.shop import (
     BATCHES,
     KEYS,
@@ -123,10 +123,19 @@ def test_bad_top_requests_say_what_to_fix(shop: Shop, query: str, status: int,
 def test_a_partition_that_cannot_answer_is_a_503_never_a_short_board(shop: Shop,
                                                                     route: str) -> None:
     url = shop.routers[route].url
+    full = truth(LAST, 10)
     with shop.shard_down(shop.shards[0]):
         down = metric(url, "qstate_router_unavailable_total", reason="shard-down")
-        r = httpx.get(f"{url}{TOP}/views", timeout=10)
-        assert r.status_code == 503, r.text
+
+        def answer() -> httpx.Response | None:
+            r = httpx.get(f"{url}{TOP}/views", timeout=10)
+            # until the router's next poll finds the owner gone, the board it keeps (every
+            # partition as of LAST) may answer: whole, never short
+            assert r.status_code == 503 or r.json()["entries"] == full, r.text
+            return r if r.status_code == 503 else None
+
+        r = wait_until(answer, 10, "the router answering 503 for the dead owner's partitions")
+        assert isinstance(r, httpx.Response)
         assert int(r.headers["Retry-After"]) >= 1
         assert r.json()["error"] == "Unavailable" and shop.shards[0].address in \
             r.json()["message"]
@@ -144,9 +153,10 @@ def own(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shop]:
 
 
 def test_a_board_is_read_once_per_batch_and_follows_each_commit(own: Shop) -> None:
-    """Shards keep a partition's top-N until its batch moves on: the same board asked again
-    is answered from that, a commit makes the next answer the new batch's; and a read with
-    min_batch asked before the commit answers once it is there."""
+    """A router keeps a board it was asked for current (re-read once per batch), and shards
+    keep a partition's top-N until its batch moves on: the same board asked again is answered
+    from those, a commit makes the next answers the new batch's; a read with min_batch asked
+    before the commit answers once it is there."""
     url = own.routers["grpc"].url
     shard_urls = [own.metrics_url(s) for s in own.shards]
 
@@ -158,11 +168,17 @@ def test_a_board_is_read_once_per_batch_and_follows_each_commit(own: Shop) -> No
         assert r.status_code == 200, r.text
         return dict(r.json())
 
+    def kept() -> float:
+        return metric(url, "qstate_router_top_answers_total", how="kept")
+
     reads = served("read")
     first = board()
     assert served("read") - reads >= P  # every partition read (a retried call reads again)
-    reads, cached = served("read"), served("cached")
-    assert board() == first  # the same board at the same batch: from the shards' cache
+    reads, cached, router = served("read"), served("cached"), kept()
+    assert board() == first  # the same board at the same batch: the router kept it ...
+    assert (served("read") - reads, served("cached") - cached, kept() - router) == (0, 0, 1)
+    # ... and a read that must ask the shards (min_batch) is answered from their cache
+    assert board(min_batch=BATCHES - 1) == first
     assert (served("read") - reads, served("cached") - cached) == (0, P)
     asked = threading.Event()
 
@@ -179,3 +195,11 @@ def test_a_board_is_read_once_per_batch_and_follows_each_commit(own: Shop) -> No
     assert after["batch"] == BATCHES and after["window"]["start"] == window(BATCHES)[0]
     assert after["entries"] == truth(BATCHES, 30)
     assert board() == after  # and no older board is served again
+    own.commit(BATCHES + 1)  # the kept board follows by itself ...
+    fresh = wait_until(lambda: (b := board())["batch"] == BATCHES + 1 and b, 10,
+                       "the kept board following the commit")
+    assert isinstance(fresh, dict) and fresh["entries"] == truth(BATCHES + 1, 30)
+    reads, router = served("read"), kept()
+    for _ in range(5):  # ... and answers every ask from memory until the next batch
+        assert board() == fresh
+    assert (served("read") - reads, kept() - router) == (0, 5)
