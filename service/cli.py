@@ -6,6 +6,7 @@ Every option that is a setting defaults to its effective value (flag > QSTATE_* 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -156,17 +157,28 @@ def router(
     storage: Annotated[str, option("storage", "--storage")] = S.storage_uri,
     local_reads: Annotated[bool, option("local_reads", "--local-reads/--no-local-reads")
                            ] = S.local_reads,
+    workers: Annotated[int, option("router_workers", "--workers")] = S.router_workers,
+    worker_http_fd: Annotated[int | None, typer.Option(hidden=True)] = None,
 ) -> None:
     """Run a router: HTTP and gRPC queries, routed to the shard owning each key.
 
-    Exit codes: 0 stopped by SIGTERM/Ctrl-C; 2 a setting does not allow starting (e.g. a
-    non-loopback --host without TLS, client tokens and QSTATE_CLUSTER_TOKEN).
+    Exit codes: 0 stopped by SIGTERM/Ctrl-C; 1 a worker died (--workers); 2 a setting does
+    not allow starting (e.g. a non-loopback --host without TLS, client tokens and
+    QSTATE_CLUSTER_TOKEN), or a port is held.
     """
     from qstate.core.errors import StartFailed
     from qstate.router.main import RouterOptions, run
 
     try:
-        run(RouterOptions(host, http_port, grpc_port, storage, local_reads, S))
+        if workers > 1 and worker_http_fd is None:
+            from qstate.embedded.router_workers import serve_workers
+
+            raise typer.Exit(serve_workers(workers, host, http_port, grpc_port, [
+                "--host", host, "--http-port", str(http_port), "--grpc-port", str(grpc_port),
+                "--storage", storage, "--local-reads" if local_reads else "--no-local-reads",
+                "--workers", "1"]))
+        run(RouterOptions(host, http_port, grpc_port, storage, local_reads, S,
+                          worker_http_fd))
     except StartFailed as exc:
         raise _refused_start(exc) from None
 
@@ -343,6 +355,9 @@ def run(
         shard_base_port=S.shard_port, shard_metrics_base_port=S.shard_metrics_port,
         tweets_rate=tweets_rate, tweet_keys=tweet_keys,
         ads_rate=ads_rate, partitions=partitions, duration_s=duration,
+        # half the cores, unless QSTATE_ROUTER_WORKERS says: the rest run Spark and Kafka
+        router_workers=S.router_workers if "router_workers" in S.model_fields_set
+        else max(1, (os.cpu_count() or 2) // 2),
         job_metrics_port=S.job_metrics_port, event_log=event_log)).run()
     raise typer.Exit(code)
 

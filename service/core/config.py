@@ -145,6 +145,10 @@ class Settings(BaseSettings):
     shard_timeout_s: float = Field(
         1.0, gt=0, description="Router: deadline of a shard lookup before answering 503.")
     retry_after_s: float = Field(1.0, gt=0, description="Retry-After sent with a 503.")
+    router_workers: int = Field(
+        1, ge=1, le=64, description="Router: processes serving its HTTP and gRPC ports, each "
+        "a whole router (event loop, local readers, shard channels, watches) on a core of "
+        "its own; /metrics sums them. `qstate run` uses half the cores.")
     local_reads: bool = Field(
         True, description="Router: read partitions of shards on the same host in-process "
         "(RocksDB secondary instances) instead of over gRPC.")

@@ -56,6 +56,7 @@ class DemoConfig:
     ads_rate: int = 1000
     partitions: int = 16
     duration_s: float | None = None
+    router_workers: int = 1
     job_metrics_port: int = 0  # 0: a free one
     event_log: Path | None = None  # a folder: each generator logs its acknowledged events
 
@@ -113,7 +114,8 @@ class Demo:
         router = RouterProcess.make(cfg.storage, logs, env=env)
         router.http_port, router.grpc_port = cfg.http_port, cfg.grpc_port
         router.args = qstate_command("router", "--http-port", str(cfg.http_port),
-                                     "--grpc-port", str(cfg.grpc_port), "--storage", cfg.storage)
+                                     "--grpc-port", str(cfg.grpc_port), "--storage", cfg.storage,
+                                     "--workers", str(cfg.router_workers))
         self._spawn(router.start_and_wait())
         mapping = cfg.home / "ads-campaigns.json"
         if cfg.event_log:

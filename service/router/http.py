@@ -7,6 +7,7 @@ Retry-After header.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
@@ -16,7 +17,6 @@ from fastapi import Body, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -45,6 +45,7 @@ from qstate.router.cluster import cluster
 from qstate.router.metrics import (
     HTTP_LATENCY,
     HTTP_REQUESTS,
+    exposition,
     http_method,
 )
 from qstate.router.position import TOPIC_PATTERN
@@ -431,7 +432,7 @@ def create_app(query: QueryService, ready: Callable[[], bool] = lambda: True,
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> Any:
-        return {"status": "ok"}
+        return {"status": "ok", "pid": os.getpid()}  # which worker answered (--workers)
 
     @app.get("/readyz", include_in_schema=False)
     async def readyz() -> Any:
@@ -440,7 +441,8 @@ def create_app(query: QueryService, ready: Callable[[], bool] = lambda: True,
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:
-        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+        body, media_type = exposition()
+        return Response(body, media_type=media_type)
 
     mount_ui(app)
     return app

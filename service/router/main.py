@@ -6,6 +6,7 @@ import asyncio
 import gc
 import logging
 import signal
+import socket
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +55,9 @@ class RouterOptions:
     storage_uri: str
     local_reads: bool
     settings: Settings
+    # one of ``qstate router --workers``: the HTTP socket its parent listens on, and the gRPC
+    # port bound with SO_REUSEPORT beside the other workers (qstate.embedded.router_workers)
+    http_fd: int | None = None
 
 
 async def _watch_local_shards(routing: RoutingTable, caller: ShardCaller, local: LocalReader,
@@ -93,9 +97,10 @@ async def serve(o: RouterOptions, scratch: Path | None = None) -> None:
         if o.local_reads else None
 
     # beyond max_concurrent_requests in flight, gRPC itself answers RESOURCE_EXHAUSTED at once
+    reuse = ("grpc.so_reuseport", 1) if o.http_fd is not None else security.NO_REUSEPORT
     grpc_server = grpc.aio.server(
         options=[*SERVER_OPTIONS, ("grpc.max_receive_message_length", cfg.max_body_bytes),
-                 security.NO_REUSEPORT],
+                 reuse],
         maximum_concurrent_rpcs=cfg.max_concurrent_requests)
     pb_grpc.add_QueryableStateServicer_to_server(QueryableStateService(query, GrpcAuth(book), hub),
                                                  grpc_server)
@@ -124,7 +129,8 @@ async def serve(o: RouterOptions, scratch: Path | None = None) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    task = asyncio.create_task(http.serve())
+    sockets = None if o.http_fd is None else [socket.socket(fileno=o.http_fd)]
+    task = asyncio.create_task(http.serve(sockets=sockets))
     # what start-up built lives as long as the process: out of the collector's sight, so a
     # full collection does not walk it while requests wait (docs/architecture.md §8)
     gc.freeze()

@@ -3,7 +3,17 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+import os
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
 
 from qstate.core.errors import (
     Forbidden,
@@ -18,7 +28,7 @@ __all__ = ["BOARD_ANSWERS", "FOLLOWER_READS", "GRPC_LATENCY", "GRPC_REQUESTS", "
            "HTTP_REQUESTS",
            "LOCAL_READS", "METHODS", "REFUSED", "REMOTE_READS", "SHARD_READS", "UNAVAILABLE",
            "UNAVAILABLE_REASONS", "WATCHERS", "WATCH_COALESCED", "WATCH_DELAY", "WATCH_EVENTS",
-           "WATCH_FAILURES", "count_error", "http_method"]
+           "WATCH_FAILURES", "count_error", "exposition", "http_method"]
 
 _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
 # the method label takes these, anything else is "other": a client cannot make new series
@@ -74,7 +84,7 @@ for _how in ("kept", "read"):
 WATCH_FORMS = ("keys", "top")
 WATCHERS = Gauge("qstate_router_watchers", "Watches open, by form (keys: named keys; top: a "
                  "top-N board) and protocol (http: Server-Sent Events; grpc: a Watch stream)",
-                 ["form", "protocol"])
+                 ["form", "protocol"], multiprocess_mode="livesum")
 WATCH_EVENTS = Counter("qstate_router_watch_events_total", "Watch events sent, by form",
                        ["form"])
 WATCH_COALESCED = Counter("qstate_router_watch_coalesced_total",
@@ -97,6 +107,16 @@ for _form in WATCH_FORMS:
         WATCHERS.labels(_form, _protocol)
 for _kind in ("read", "tick"):
     WATCH_FAILURES.labels(_kind)
+
+
+def exposition() -> tuple[bytes, str]:
+    """/metrics: this process's series, or with workers (``qstate router --workers``, which
+    sets prometheus_client's PROMETHEUS_MULTIPROC_DIR) every worker's, summed."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        return generate_latest(registry), CONTENT_TYPE_LATEST
+    return generate_latest(), CONTENT_TYPE_LATEST
 
 
 def http_method(method: str) -> str:
