@@ -176,6 +176,9 @@ def main() -> None:
     ap.add_argument("--batches", default="100,1000",
                     help="keys a call of the batch runs (MultiGet, :batchGet, Redis MGET); "
                     "empty: none (default: %(default)s)")
+    ap.add_argument("--workers", type=int, default=2,
+                    help="also a router of this many processes (qstate router --workers), "
+                    "reading in-process; 1: none (default: %(default)s)")
     ap.add_argument("--out", type=Path, default=Path("loadtest/results/router.md"))
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",") if b]
@@ -192,6 +195,11 @@ def main() -> None:
         hop = RouterProcess.make(storage.uri, tmp / "logs", "router-grpc", None,
                                  "--no-local-reads").start_and_wait()
         children += [router, hop]
+        many = None
+        if args.workers > 1:
+            many = RouterProcess.make(storage.uri, tmp / "logs", "router-workers", None,
+                                      "--workers", str(args.workers)).start_and_wait()
+            children.append(many)
         # the same key set as the router's, at every --keys (else its misses are cheap 404s
         # and the ratio is void)
         raw, raw_url = start_raw(tmp / "logs", args.keys)
@@ -212,6 +220,10 @@ def main() -> None:
         raw_r = wrk(raw_url, args.keys, args.duration, tmp)
         router_r = wrk(router.url, args.keys, args.duration, tmp)
         hop_r = wrk(hop.url, args.keys, args.duration, tmp)
+        many_r = None
+        if many is not None:
+            wrk(many.url, args.keys, 2, tmp)  # warm-up (and every worker up)
+            many_r = wrk(many.url, args.keys, args.duration, tmp)
         mg = asyncio.run(multiget(router.grpc_address, args.keys, args.duration))
         mg_hop = asyncio.run(multiget(hop.grpc_address, args.keys, args.duration))
         batch_rows = []
@@ -251,10 +263,15 @@ def main() -> None:
         f"{router_r['p50']:.2f} | {router_r['p99']:.2f} | {router_r['non2xx']:.0f} |",
         f"| qstate router, gRPC hop to the shard (coalesced MultiGet) | {hop_r['rps']:,.0f} | "
         f"{hop_r['p50']:.2f} | {hop_r['p99']:.2f} | {hop_r['non2xx']:.0f} |",
+        *([f"| qstate router, {args.workers} workers (--workers), in-process | "
+           f"{many_r['rps']:,.0f} | {many_r['p50']:.2f} | {many_r['p99']:.2f} | "
+           f"{many_r['non2xx']:.0f} |"] if many_r is not None else []),
         f"\nrouter / raw = {router_r['rps'] / raw_r['rps']:.2f} in-process, "
         f"{hop_r['rps'] / raw_r['rps']:.2f} over the hop. gRPC MultiGet through the router "
         f"(100 keys a call, 8 in flight): **{mg:,.0f} keys/s** in-process, "
-        f"{mg_hop:,.0f} keys/s over the hop\n"])
+        f"{mg_hop:,.0f} keys/s over the hop"
+        + (f"; {args.workers} workers / 1 = {many_r['rps'] / router_r['rps']:.2f}"
+           if many_r is not None else "") + "\n"])
     if batch_rows:
         names = list(batch_rows[0][1])
         text += "\n".join([
