@@ -131,7 +131,7 @@ async def _watcher(client: httpx.AsyncClient, keys: list[str], tally: Tally, unt
                     await asyncio.sleep(1)
                     continue
                 async for sse in es.aiter_sse():
-                    if not sse.data:  # a ping (qstate.client: _no_data)
+                    if not sse.data:  # a ping (qstate.client._watch_event)
                         continue
                     now_ms = time.time() * 1000
                     # the fields measured, without a model: this process reads a thousand

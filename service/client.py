@@ -90,11 +90,15 @@ def _top(job: str, operator: str, state: str, n: int, descending: bool, window: 
 # that waits longer than this finds a connection that is gone.
 WATCH_READ_TIMEOUT_S = 45.0
 WATCH_MAX_BACKOFF_S = 5.0
-# _no_data: the router's keep-alive pings are comments, which the SSE standard does not
-# dispatch; httpx-sse dispatches one as an event without data once an earlier event set an
-# id. Such an event is no change, and is passed over.
 # what ends a watch's connection without ending the watch: it reconnects and resumes
 _DROPPED = (httpx.TransportError, SSEError)
+
+
+def _watch_event(data: str) -> WatchEvent | None:
+    """A watch event's data as the answer, or None for the router's keep-alive pings:
+    comments, which the SSE standard does not dispatch, but which httpx-sse dispatches as an
+    event without data once an earlier event set an id."""
+    return WatchEvent.model_validate_json(data) if data else None
 
 
 def _watch(job: str, operator: str, state: str, keys: Sequence[str], top: int | None,
@@ -263,11 +267,9 @@ class Client(_Base):
                         failed = es.response
                     else:
                         for sse in es.iter_sse():
-                            if not sse.data:  # a ping (_no_data)
-                                continue
-                            ev = WatchEvent.model_validate_json(sse.data)
-                            attempt, last = 0, ev.batch
-                            yield ev
+                            if (ev := _watch_event(sse.data)) is not None:
+                                attempt, last = 0, ev.batch
+                                yield ev
             except _DROPPED as exc:
                 log.info("watch of %s/%s/%s dropped (%s): resuming", job, operator, state, exc)
             time.sleep(self._reconnect_in(failed, attempt, max_reconnects))
@@ -362,11 +364,9 @@ class AsyncClient(_Base):
                         failed = es.response
                     else:
                         async for sse in es.aiter_sse():
-                            if not sse.data:  # a ping (_no_data)
-                                continue
-                            ev = WatchEvent.model_validate_json(sse.data)
-                            attempt, last = 0, ev.batch
-                            yield ev
+                            if (ev := _watch_event(sse.data)) is not None:
+                                attempt, last = 0, ev.batch
+                                yield ev
             except _DROPPED as exc:
                 log.info("watch of %s/%s/%s dropped (%s): resuming", job, operator, state, exc)
             await asyncio.sleep(self._reconnect_in(failed, attempt, max_reconnects))

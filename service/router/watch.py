@@ -7,6 +7,9 @@ read of every key watched on this router, however many watchers share it), and e
 whose value changed goes to its watchers; a board (top-N) is read again when any partition of
 its operator moved on, and goes to its watchers when its window or entries changed.
 
+The same polling keeps the boards GETs ask for (``WatchHub.top``): a board asked for is
+kept, re-read once per batch, for ``BOARD_KEPT_S`` after the last ask.
+
 A watcher holds at most one pending change per key (a board: one), so a consumer slower than
 the changes gets the latest values, flagged ``coalesced``, and costs no more memory than what
 it watches; the hub never waits for a watcher. Every event carries a ``batch``: every change
@@ -209,16 +212,15 @@ class Watcher:
             assert feed.board is not None
             b = feed.board
             ev = Push(feed.spec, feed.query.state, b.batch, b.watermark_ms, committed,
-                            coalesced, True, top=b, descending=feed.query.descending)
+                      coalesced, True, top=b, descending=feed.query.descending)
         else:
             assert feed is not None
             tracked = [feed.tracked[k] for k in self.q.keys]
             hits = [t.hit for t in tracked if t.hit is not None]
             ev = Push(feed.spec, feed.state, min((h.batch for h in hits), default=-1),
-                            min((h.watermark_ms for h in hits), default=0), committed,
-                            coalesced, snapshot,
-                            [(k, h) for k in pending if k is not None
-                             and (h := feed.tracked[k].hit) is not None])
+                      min((h.watermark_ms for h in hits), default=0), committed, coalesced,
+                      snapshot, [(k, h) for k in pending if k is not None
+                                 and (h := feed.tracked[k].hit) is not None])
         WATCH_EVENTS.labels(self.form).inc()
         if coalesced:
             WATCH_COALESCED.labels(self.form).inc()

@@ -240,7 +240,7 @@ def watching(shop: Shop, through: int) -> Iterator[None]:
                     connect_sse(c, "GET", f"/v1/watch/{SPEC.job}/{SPEC.operator}/views",
                                 params={"top": 10}) as es:
                 for sse in es.iter_sse():
-                    if not sse.data:  # a ping (qstate.client: _no_data)
+                    if not sse.data:  # a ping (qstate.client._watch_event)
                         continue
                     events.append(json.loads(sse.data))
                     first.set()

@@ -97,7 +97,7 @@ class Stream:
                 for sse in es.iter_sse():
                     if self._stop.is_set():
                         return
-                    if not sse.data:  # a ping (qstate.client: _no_data)
+                    if not sse.data:  # a ping (qstate.client._watch_event)
                         continue
                     self.events.put((sse.id, WatchEvent.model_validate_json(sse.data)))
         except BaseException as exc:  # a closed stream while stopping, or the failure
