@@ -19,6 +19,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from qstate.core.address import MAX_KEY_BYTES, NAME_PATTERN, check_key, check_name
@@ -356,9 +357,12 @@ def create_app(query: QueryService, ready: Callable[[], bool] = lambda: True,
             finally:
                 w.close()
 
+        # closed after the response too: a generator that never started (a client gone
+        # before the stream began) runs no finally, and the watch must not outlive it
         return EventSourceResponse(events(), ping=watches.ping_s, send_timeout=SEND_TIMEOUT_S,
                                    headers={"Cache-Control": "no-cache",
-                                            "X-Accel-Buffering": "no"})
+                                            "X-Accel-Buffering": "no"},
+                                   background=BackgroundTask(w.close))
 
     @app.get("/v1/jobs", response_model=JobList, responses=errors,
              summary="Jobs whose state is queryable (with tokens: those the token may read)")

@@ -26,7 +26,7 @@ from qstate.core.answer import WatchEvent
 from qstate.jobs.commit import Committer
 from qstate.proto import qstate_pb2 as qpb
 from qstate.proto import qstate_pb2_grpc as qpb_grpc
-from tests.helpers import metric
+from tests.helpers import metric, wait_until
 from tests.shop import BATCHES, KEYS, MANY, SPEC, P, Shop, own_shop, views, window
 
 JOB, OP, STATE = "shop", "views_1m", "views"
@@ -342,3 +342,17 @@ def test_a_quiet_watch_is_kept_open_by_pings_and_the_client_takes_them_in_stride
         route = "/v1/watch/{job}/{operator}/{state}"
         assert metric(r.url, "qstate_router_http_requests_total", route=route, method="GET",
                       status="200") == 2
+
+
+def test_a_watch_that_ends_at_once_leaves_nothing_behind(own: tuple[Shop, Truth],
+                                                         tmp_path: Path) -> None:
+    """A client that leaves before reading may never run the stream: the watch is closed all
+    the same (else each would hold one of QSTATE_MAX_WATCHERS for ever)."""
+    shop, _ = own
+    with shop.router_with(tmp_path / "logs", "short-lived") as r:
+        for _ in range(5):
+            with httpx.stream("GET", f"{r.url}{PATH}", params=[("key", k) for k in WATCHED],
+                              timeout=10) as resp:
+                assert resp.status_code == 200  # and gone without reading a byte
+        wait_until(lambda: metric(r.url, "qstate_router_watchers", form="keys",
+                                  protocol="http") == 0, 10, "every watch closed")
