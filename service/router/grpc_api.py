@@ -95,8 +95,7 @@ class QueryableStateService(pb_grpc.QueryableStateServicer):
                  hub: WatchHub | None = None) -> None:
         self.query = query
         self.auth = auth or GrpcAuth(None)
-        self.hub = hub or WatchHub(query, DEFAULTS.watch_poll_s, DEFAULTS.max_watchers,
-                                   DEFAULTS.max_watch_keys, DEFAULTS.watch_ping_s)
+        self.hub = hub or WatchHub.of(query, DEFAULTS)
 
     async def Get(self, request: pb.GetRequest, context: grpc.aio.ServicerContext
                   ) -> pb.StateValue:

@@ -292,8 +292,7 @@ def create_app(query: QueryService, ready: Callable[[], bool] = lambda: True,
             out.headers[NEXT_FROM] = str(a.next_from)
         return out
 
-    watches = hub or WatchHub(query, DEFAULTS.watch_poll_s, DEFAULTS.max_watchers,
-                              DEFAULTS.max_watch_keys, DEFAULTS.watch_ping_s)
+    watches = hub or WatchHub.of(query, DEFAULTS)
     max_n = query.max_top_n
     n_param = Query(None, ge=1, le=max_n, description=f"How many keys (default 10; most: "
                     f"{max_n}, QSTATE_MAX_TOP_N)")

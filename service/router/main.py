@@ -90,8 +90,7 @@ async def serve(o: RouterOptions, scratch: Path | None = None) -> None:
     reads = PartitionReads(routing, caller, cfg.retry_after_s, local if o.local_reads else None)
     query = QueryService(routing, reads, cfg.max_batch_keys, cfg.max_windows,
                          cfg.max_request_windows, cfg.min_batch_wait_s, cfg.max_top_n)
-    hub = WatchHub(query, cfg.watch_poll_s, cfg.max_watchers, cfg.max_watch_keys,
-                   cfg.watch_ping_s)
+    hub = WatchHub.of(query, cfg)
     watch = asyncio.create_task(_watch_local_shards(routing, caller, local,
                                                     cfg.local_ready_poll_s)) \
         if o.local_reads else None

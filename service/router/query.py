@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+
+import grpc
 
 from qstate.core.address import PartitionId, check_name, partition_of
 from qstate.core.answer import StateAnswer, Window
@@ -179,25 +181,40 @@ class QueryService:
                 hits[i] = h
         return spec, [(k, h) for k, h in zip(keys, hits, strict=True) if h is not None]
 
-    async def operator_status(self, spec: OperatorSpec) -> OperatorStatus:
-        """Lowest last batch and watermark over the operator's partitions (shard Describe)."""
-        by_addr = self.routing.partitions_of(spec.job, spec.operator)
+    async def serving(self, ops: Iterable[tuple[str, str]]
+                      ) -> dict[tuple[str, str], dict[int, pb.PartitionInfo]]:
+        """Each operator's partitions that their owners (as routed) serve now, as their
+        Describe says: one call per shard server for all of them; an owner that does not
+        answer, and a partition it restores, are left out."""
+        asks: dict[str, list[tuple[str, str, list[int]]]] = {}
+        out: dict[tuple[str, str], dict[int, pb.PartitionInfo]] = {}
+        for job, op in ops:
+            out[(job, op)] = {}
+            for address, parts in self.routing.partitions_of(job, op).items():
+                asks.setdefault(address, []).append((job, op, parts))
         caller = self.reads.caller
         replies = await asyncio.gather(
             *(caller.stub(a).Describe(pb.DescribeRequest(), timeout=caller.timeout_s)
-              for a in by_addr), return_exceptions=True)
-        batches, marks, available = [], [], 0
-        for parts, rep in zip(by_addr.values(), replies, strict=True):
-            if isinstance(rep, BaseException):
+              for a in asks), return_exceptions=True)
+        for wanted, rep in zip(asks.values(), replies, strict=True):
+            if isinstance(rep, grpc.aio.AioRpcError):
                 continue
+            if isinstance(rep, BaseException):
+                raise rep
             held = held_partitions(rep)
-            for p in parts:
-                info = held.get(PartitionId(spec.job, spec.operator, p))
-                if info is not None and not info.restoring:
-                    available += 1
-                    batches.append(info.last_batch)
-                    marks.append(info.watermark_ms)
-        return OperatorStatus(spec, min(batches, default=-1), min(marks, default=0), available)
+            for job, op, parts in wanted:
+                for p in parts:
+                    info = held.get(PartitionId(job, op, p))
+                    if info is not None and not info.restoring:
+                        out[(job, op)][p] = info
+        return out
+
+    async def operator_status(self, spec: OperatorSpec) -> OperatorStatus:
+        """Lowest last batch and watermark over the operator's partitions (shard Describe)."""
+        infos = (await self.serving([(spec.job, spec.operator)]))[(spec.job, spec.operator)]
+        return OperatorStatus(spec, min((i.last_batch for i in infos.values()), default=-1),
+                              min((i.watermark_ms for i in infos.values()), default=0),
+                              len(infos))
 
     async def position(self, job: str, topic: str, partition: int, offset: int) -> Position:
         """The batch of ``job`` that counted the record at ``offset`` (read your writes:

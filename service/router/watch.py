@@ -27,14 +27,11 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-import grpc
-
-from qstate.core.address import PartitionId, partition_of
+from qstate.core.address import partition_of
+from qstate.core.config import Settings
 from qstate.core.errors import Overloaded, QStateError
 from qstate.core.operator import OperatorSpec
-from qstate.core.shard_client import held_partitions
 from qstate.partition.rank import check_top
-from qstate.proto import shard_pb2 as pb
 from qstate.router.metrics import (
     BOARD_ANSWERS,
     WATCH_COALESCED,
@@ -189,8 +186,11 @@ class Watcher:
         self._pending[key] = committed_ms
         self._ready.set()
 
-    def _first(self, keys: list[str | None]) -> None:
+    def _first(self, keys: list[str | None], snapshot: bool = True) -> None:
+        """The first event: ``keys`` (None: the board), every one watched (``snapshot``) or
+        those changed since a resumed batch."""
         self._pending = dict.fromkeys(keys, 0)
+        self._snapshot = snapshot
         self._ready.set()
 
     def end(self) -> None:
@@ -245,6 +245,13 @@ class WatchHub:
         self._watchers: set[Watcher] = set()
         self._loop: asyncio.Task[None] | None = None
 
+    @classmethod
+    def of(cls, query: QueryService, cfg: Settings) -> WatchHub:
+        """A hub under ``cfg``'s bounds (QSTATE_WATCH_POLL_S, QSTATE_MAX_WATCHERS,
+        QSTATE_MAX_WATCH_KEYS, QSTATE_WATCH_PING_S)."""
+        return cls(query, cfg.watch_poll_s, cfg.max_watchers, cfg.max_watch_keys,
+                   cfg.watch_ping_s)
+
     def watch_query(self, job: str, operator: str, state: str, keys: Iterable[str] = (),
                     top_n: int | None = None, descending: bool = True,
                     from_batch: int | None = None) -> WatchQuery:
@@ -292,8 +299,8 @@ class WatchHub:
         if b is None or b > now or any(t.since > b for t in tracked):
             w._first(list(q.keys))  # every value: this router cannot tell what changed
         else:
-            w._snapshot = False
-            w._first([k for k, t in zip(q.keys, tracked, strict=True) if t.changed_at > b])
+            w._first([k for k, t in zip(q.keys, tracked, strict=True) if t.changed_at > b],
+                     snapshot=False)
 
     async def _open_top(self, w: Watcher, spec: OperatorSpec, q: TopQuery) -> None:
         check_top(spec, q.state)  # a 400 now, not a stream that never answers
@@ -380,28 +387,8 @@ class WatchHub:
     async def _batches(self, ops: set[tuple[str, str]]
                        ) -> dict[tuple[str, str], dict[int, tuple[int, int]]]:
         """Each watched operator's partitions: (batch, applied ms) as their owners say."""
-        routing, caller = self.query.routing, self.query.reads.caller
-        asks: dict[str, list[tuple[str, str, list[int]]]] = {}
-        for job, op in ops:
-            for address, parts in routing.partitions_of(job, op).items():
-                asks.setdefault(address, []).append((job, op, parts))
-        replies = await asyncio.gather(
-            *(caller.stub(a).Describe(pb.DescribeRequest(), timeout=caller.timeout_s)
-              for a in asks), return_exceptions=True)
-        out: dict[tuple[str, str], dict[int, tuple[int, int]]] = {op: {} for op in ops}
-        for (address, wanted), rep in zip(asks.items(), replies, strict=True):
-            if isinstance(rep, BaseException):
-                if not isinstance(rep, grpc.aio.AioRpcError):
-                    raise rep
-                log.debug("watch: %s did not answer Describe: %s", address, rep.code())
-                continue
-            held = held_partitions(rep)
-            for job, op, parts in wanted:
-                for p in parts:
-                    info = held.get(PartitionId(job, op, p))
-                    if info is not None and not info.restoring:
-                        out[(job, op)][p] = (info.last_batch, info.applied_ms)
-        return out
+        return {op: {p: (i.last_batch, i.applied_ms) for p, i in infos.items()}
+                for op, infos in (await self.query.serving(ops)).items()}
 
     async def _tick(self) -> None:
         now_s = time.monotonic()
