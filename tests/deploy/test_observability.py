@@ -69,7 +69,8 @@ from tests.shop import (
 )
 
 RATE = "5m"  # $__rate_interval: a window that holds every sample since Prometheus started
-NEEDS_JOB = re.compile(r"\bqstate_(job|sink)_")  # series only a running job exports
+# series only a running job exports, and the scrape of a job process
+NEEDS_JOB = re.compile(r'\bqstate_(job|sink)_|role="job"')
 ROUTER_DS = "qstate-router"
 
 

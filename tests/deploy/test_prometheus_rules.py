@@ -4,6 +4,7 @@ the config reads the targets file `make run` writes."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -15,7 +16,9 @@ from qstate.embedded.prometheus import targets_path
 from tests.deploy.kit import PROMETHEUS_DIR, ROOT, alert_rules, tool
 
 ALERTS = {"QStateFreshnessLow", "QStateShardDown", "QStatePartitionsRestoring",
-          "QStateDeadLetters", "QStateCommitsFailing", "QStateCommitsStalled"}
+          "QStateDeadLetters", "QStateCommitsFailing", "QStateCommitsStalled",
+          "QStateJobDown", "QStateJobProcessDown", "QStateRouterDown", "QStateRouterUnavailable",
+          "QStateWatermarkInFuture"}
 
 
 def promtool(*args: str | Path, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
@@ -70,3 +73,22 @@ def test_the_config_reads_the_targets_file_make_run_writes() -> None:
     assert scrape["honor_labels"] is True  # qstate's `job` label is the qstate job
     assert (PROMETHEUS_DIR / config["rule_files"][0]).resolve() == \
         (PROMETHEUS_DIR / "alerts.yml").resolve()
+
+
+def _anchor(heading: str) -> str:
+    """The anchor a Markdown renderer (GitHub's rule) gives a heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_alert_links_its_runbook_section() -> None:
+    """Each alert's runbook_url is docs/runbook.md#<its section>, and the section is there:
+    a renamed alert or a dropped section fails here, not in an operator's browser."""
+    runbook = ROOT / "docs" / "runbook.md"
+    anchors = {_anchor(line.lstrip("#")) for line in runbook.read_text().splitlines()
+               if line.startswith("#")}
+    for rule in alert_rules():
+        path, _, anchor = rule["annotations"]["runbook_url"].partition("#")
+        assert path == "docs/runbook.md", rule["alert"]
+        assert anchor == rule["alert"].lower() and anchor in anchors, rule["alert"]
+    for link in re.findall(r"\]\(#([^)]+)\)", runbook.read_text()):
+        assert link in anchors, link
