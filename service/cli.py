@@ -6,6 +6,7 @@ Every option that is a setting defaults to its effective value (flag > QSTATE_* 
 
 from __future__ import annotations
 
+import inspect
 import os
 from pathlib import Path
 from typing import Annotated, Any
@@ -13,6 +14,7 @@ from typing import Annotated, Any
 import typer
 
 from qstate.cli_options import S, option
+from qstate.exit_codes import HELP as EXIT_CODES
 
 __all__ = ["app", "main"]
 
@@ -184,19 +186,13 @@ def router(
 
 
 def _ask(url: str, ca: str, token: str, token_file: str, question: Any) -> Any:
-    """``question(client)`` of the router at ``url``; a failure leaves as its exit code:
-    1 not found, 2 bad request, 3 unavailable or overloaded (after retries), 4 the router
-    cannot be reached, 5 no valid token or one that may not read this job."""
+    """``question(client)`` of the router at ``url``; a failure leaves with its code of
+    ``qstate.exit_codes``, the same as the Node client's."""
     import httpx
 
     from qstate.client import Client
-    from qstate.core.errors import (
-        Forbidden,
-        InvalidRequest,
-        NotFound,
-        QStateError,
-        Unauthenticated,
-    )
+    from qstate.core.errors import QStateError
+    from qstate.exit_codes import Exit, exit_code
 
     try:
         with Client(url, ca=ca or None, token=token or None, token_file=token_file or None,
@@ -204,13 +200,11 @@ def _ask(url: str, ca: str, token: str, token_file: str, question: Any) -> Any:
             return question(c)
     except QStateError as exc:
         typer.echo(f"error: {exc.message}", err=True)
-        code = 1 if isinstance(exc, NotFound) else 2 if isinstance(exc, InvalidRequest) else \
-            5 if isinstance(exc, Unauthenticated | Forbidden) else 3
-        raise typer.Exit(code) from None
+        raise typer.Exit(exit_code(exc)) from None
     except httpx.TransportError as exc:
         why = " ".join(str(exc).split()) or type(exc).__name__  # one line; a timeout has no text
         typer.echo(f"error: the router at {url} cannot be reached: {why}", err=True)
-        raise typer.Exit(4) from None
+        raise typer.Exit(Exit.UNREACHABLE) from None
 
 
 @app.command()
@@ -225,9 +219,7 @@ def get(
 ) -> None:
     """Print one key's latest window (or windows in --from/--to) as JSON.
 
-    Exit codes: 0 found; 1 no data for the key (or unknown job/operator/state); 2 bad
-    request; 3 the owning shard is unavailable or the router overloaded (after retries); 4
-    the router cannot be reached; 5 no valid token, or the token may not read this job.
+    {exit_codes}
     """
     v = _ask(url, ca, token, token_file,
              lambda c: c.get(job, operator, state, key, from_=from_, to=to))
@@ -250,10 +242,8 @@ def top(
     """Print the N keys with the largest (--asc: smallest) value of a state in one window,
     across every partition, ties by key, as JSON.
 
-    Exit codes: 0 answered (an empty window too); 1 unknown job/operator/state; 2 bad
-    request (n out of bounds, session windows, a state that does not order); 3 a partition
-    is unavailable or the router overloaded (after retries); 4 the router cannot be reached;
-    5 no valid token, or the token may not read this job.
+    An empty window is an answer (exit 0). Bad requests include n out of bounds, session
+    windows and a state that does not order. {exit_codes}
     """
     board = _ask(url, ca, token, token_file, lambda c: c.top(
         job, operator, state, n, descending=not asc, window=window))
@@ -286,10 +276,9 @@ def watch(
     holds every value (snapshot); a dropped connection or a restarted router is resumed
     from the last event's batch.
 
-    Exit codes: 0 --max-events printed, or stopped by Ctrl-C; 1 unknown job/operator/state;
-    2 bad request (keys and --top both or neither, too many keys); 3 overloaded (after
-    retries); 4 the router cannot be reached (after --max-reconnects); 5 no valid token, or
-    the token may not read this job.
+    It exits 0 once --max-events are printed or on Ctrl-C, 4 when the router stays out
+    of reach for --max-reconnects. Bad requests include keys and --top both or neither,
+    and too many keys. {exit_codes}
     """
 
     def follow(c: Any) -> None:
@@ -538,6 +527,30 @@ def _mount_generate() -> None:
 
 
 _mount_generate()
+
+
+def _one_line_paragraphs(doc: str) -> str:
+    """A docstring with each paragraph of prose on one line: typer's --help keeps the line
+    breaks of every paragraph after the first, and then wraps those lines again. Paragraphs
+    with an indented or bulleted line are left as they are."""
+    out = []
+    for para in inspect.cleandoc(doc).split("\n\n"):
+        lines = para.split("\n")
+        prose = not any(ln[:1] in (" ", "-", "*", "$", "\b") for ln in lines)
+        out.append(" ".join(lines) if prose else para)
+    return "\n\n".join(out)
+
+
+def _commands(t: typer.Typer) -> list[Any]:
+    return [c.callback for c in t.registered_commands if c.callback is not None] + \
+        [cb for g in t.registered_groups if g.typer_instance is not None
+         for cb in _commands(g.typer_instance)]
+
+
+# the commands that ask a router share one table of exit codes (qstate.exit_codes)
+for _cmd in _commands(app):
+    _cmd.__doc__ = _one_line_paragraphs((_cmd.__doc__ or "").replace("{exit_codes}",
+                                                                      EXIT_CODES))
 
 
 def main() -> None:

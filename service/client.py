@@ -4,9 +4,16 @@
         v = qs.get("tweets", "per_tweet_1h", "impressions", "tw-42")
         print(v.latest.value, "as of batch", v.batch)
 
-Answers are ``qstate.core.answer`` models, the ones the router serializes. Errors are the
-classes of ``qstate.core.errors`` (``NotFound``, ``InvalidRequest``, ``Unavailable`` ...).
-A 503 (shard unavailable or restoring) is retried with backoff, honouring Retry-After.
+What is not given is read from the settings, as ``qstate get`` reads them: the router's URL
+from ``QSTATE_ROUTER_URL`` (default http://127.0.0.1:8000), the token from ``QSTATE_TOKEN``
+(else the file ``QSTATE_TOKEN_FILE``), the CA from ``QSTATE_TLS_CA``, or the file
+``QSTATE_CONFIG`` names (README, Configuration).
+
+Answers are ``qstate.core.answer`` models, the ones the router serializes; fields a newer
+router adds are ignored, so a client need not be upgraded with the routers. Errors are
+``QStateError`` and its classes, importable from here (``NotFound``, ``InvalidRequest``,
+``Unavailable`` ...). A 503 (shard unavailable or restoring) or a 429 is retried with
+backoff, honouring Retry-After.
 ``watch()`` yields pushed changes (Server-Sent Events) and resumes where it left off when
 the connection drops or the router restarts.
 Over HTTPS, ``ca`` names the CA bundle that signed the router's certificate (``qstate
@@ -32,18 +39,36 @@ import httpx
 from httpx_sse import SSEError, aconnect_sse, connect_sse
 
 from qstate.core.answer import (
+    NEXT_FROM,
     BatchAnswer,
     JobInfo,
     JobList,
     JobPosition,
+    Point,
+    Series,
     StateAnswer,
     TopAnswer,
     WatchEvent,
 )
-from qstate.core.errors import InvalidRequest, QStateError, from_http
+from qstate.core.config import settings
+from qstate.core.errors import (
+    Forbidden,
+    InvalidAddress,
+    InvalidRequest,
+    NotFound,
+    Overloaded,
+    QStateError,
+    TooLarge,
+    Unauthenticated,
+    Unavailable,
+    UnknownOperator,
+    from_http,
+)
 from qstate.core.security import clean_token, is_loopback
 
-__all__ = ["AsyncClient", "Client", "QStateError", "StateAnswer", "TimeArg"]
+__all__ = ["AsyncClient", "Client", "Forbidden", "InvalidAddress", "InvalidRequest",
+           "NotFound", "Overloaded", "QStateError", "StateAnswer", "TimeArg", "TooLarge",
+           "Unauthenticated", "Unavailable", "UnknownOperator"]
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +98,26 @@ def _state_path(job: str, operator: str, state: str) -> str:
 
 def _key_path(job: str, operator: str, state: str, key: str) -> str:
     return f"{_state_path(job, operator, state)}/{quote(key, safe='')}"
+
+
+def _series_path(job: str, operator: str, state: str, key: str) -> str:
+    return f"/v1/series/{quote(job, safe='')}/{quote(operator, safe='')}/" \
+           f"{quote(state, safe='')}/{quote(key, safe='')}"
+
+
+def _series_params(from_: TimeArg, to: TimeArg, min_batch: int | None,
+                   limit: int | None) -> dict[str, str]:
+    params = _params(from_, to, min_batch)
+    if limit is not None:
+        params["limit"] = str(limit)
+    return params
+
+
+def _page(r: httpx.Response, params: dict[str, str]) -> tuple[list[Point], dict[str, str] | None]:
+    """A series page's points, and the parameters of the next page (None: the last)."""
+    nxt = r.headers.get(NEXT_FROM)
+    return Series.model_validate_json(r.content).root, \
+        None if nxt is None else {**params, "from": nxt}
 
 
 def _top(job: str, operator: str, state: str, n: int, descending: bool, window: TimeArg,
@@ -117,11 +162,20 @@ def _position(topic: str, partition: int, offset: int) -> dict[str, str]:
     return {"topic": topic, "partition": str(partition), "offset": str(offset)}
 
 
-def _connection(url: str, ca: str | None, token: str | None, token_file: str | None = None,
-                insecure_token: bool = False) -> dict[str, Any]:
-    """httpx client arguments: trust ``ca`` (else the system's CAs), send ``token`` (else
-    the content of ``token_file``), never in plain text off loopback unless told so."""
-    kw: dict[str, Any] = {}
+def _connection(url: str | None, ca: str | None, token: str | None, token_file: str | None,
+                insecure_token: bool | None) -> dict[str, Any]:
+    """httpx client arguments: the router at ``url``, trusting ``ca`` (else the system's
+    CAs), sending ``token`` (else the content of ``token_file``), never in plain text off
+    loopback unless told so; what is None comes from the settings (QSTATE_ROUTER_URL,
+    QSTATE_TLS_CA, QSTATE_TOKEN, QSTATE_TOKEN_FILE, QSTATE_ALLOW_INSECURE)."""
+    s = settings()
+    url = url or s.router_url
+    ca = (s.tls_ca or None) if ca is None else ca
+    if token is None and token_file is None:
+        token, token_file = s.token or None, s.token_file or None
+    if insecure_token is None:
+        insecure_token = s.allow_insecure
+    kw: dict[str, Any] = {"base_url": url}
     if not token and token_file:
         try:
             token = Path(token_file).read_text()
@@ -191,12 +245,19 @@ class _Base:
 
 
 class Client(_Base):
-    def __init__(self, url: str = "http://127.0.0.1:8000", timeout: float = 5.0,
-                 retries: int = 3, backoff_s: float = 0.2, *, ca: str | None = None,
-                 token: str | None = None, token_file: str | None = None,
-                 insecure_token: bool = False) -> None:
+    """A router's HTTP API. Use it as a context manager, or ``close()`` it."""
+
+    def __init__(self, url: str | None = None, timeout: float = 5.0, retries: int = 3,
+                 backoff_s: float = 0.2, *, ca: str | None = None, token: str | None = None,
+                 token_file: str | None = None, insecure_token: bool | None = None) -> None:
+        """``url``: the router (None: QSTATE_ROUTER_URL). ``timeout``: seconds per request.
+        ``retries``: times a 503 or 429 is asked again, after ``backoff_s`` doubling (at
+        least the Retry-After the router sent). ``ca``: CA bundle of an https:// router
+        (None: QSTATE_TLS_CA, else the system's). ``token`` or ``token_file``: the client
+        token (both None: QSTATE_TOKEN, QSTATE_TOKEN_FILE). ``insecure_token``: send it over
+        http:// to another host (None: QSTATE_ALLOW_INSECURE)."""
         super().__init__(retries, backoff_s)
-        self._http = httpx.Client(base_url=url, timeout=timeout, **_connection(
+        self._http = httpx.Client(timeout=timeout, **_connection(
             url, ca, token, token_file, insecure_token))
 
     def __enter__(self) -> Client:
@@ -206,6 +267,7 @@ class Client(_Base):
         self.close()
 
     def close(self) -> None:
+        """Closes the connections to the router."""
         self._http.close()
 
     def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
@@ -220,17 +282,41 @@ class Client(_Base):
 
     def get(self, job: str, operator: str, state: str, key: str, *, from_: TimeArg = None,
             to: TimeArg = None, min_batch: int | None = None) -> StateAnswer:
+        """One key of one state: its latest window, or (``from_``, ``to``) its windows
+        starting in [from_, to), oldest first; a time is epoch ms, an ISO-8601 string, a
+        datetime, or relative (``"now-1h"``). ``min_batch``: answer as of that batch or a
+        later one (read your writes). Raises NotFound when the key has no data (its
+        ``detail`` names the batch) or the job, operator or state is unknown."""
         r = self._request("GET", _key_path(job, operator, state, key),
                           params=_params(from_, to, min_batch))
         return StateAnswer.model_validate_json(r.content)
 
     def history(self, job: str, operator: str, state: str, key: str, from_: TimeArg,
                 to: TimeArg) -> StateAnswer:
+        """``get`` of the key's windows starting in [from_, to)."""
         return self.get(job, operator, state, key, from_=from_, to=to)
+
+    def series(self, job: str, operator: str, state: str, key: str, from_: TimeArg = None,
+               to: TimeArg = None, *, min_batch: int | None = None,
+               limit: int | None = None) -> list[Point]:
+        """The key's windows in [from_, to) as points (``time``: the window's start,
+        ``value``), oldest first, every page of them; [] when the key has no data. Without
+        ``from_``: its latest window. ``limit``: windows a request (None: the router's
+        most, QSTATE_MAX_WINDOWS)."""
+        params: dict[str, str] | None = _series_params(from_, to, min_batch, limit)
+        points: list[Point] = []
+        while params is not None:
+            page, params = _page(self._request(
+                "GET", _series_path(job, operator, state, key), params=params), params)
+            points += page
+        return points
 
     def multi_get(self, job: str, operator: str, state: str, keys: list[str], *,
                   from_: TimeArg = None, to: TimeArg = None, min_batch: int | None = None
                   ) -> list[StateAnswer]:
+        """``get`` of many keys of one state in one request, one answer per key in order
+        (a key without data: ``found`` false, not an error). At most the router's
+        QSTATE_MAX_BATCH_KEYS keys."""
         r = self._request("POST", f"{_state_path(job, operator, state)}:batchGet",
                           json={"keys": keys}, params=_params(from_, to, min_batch))
         return BatchAnswer.model_validate_json(r.content).results
@@ -285,20 +371,25 @@ class Client(_Base):
         return JobPosition.model_validate_json(r.content)
 
     def jobs(self) -> JobList:
+        """The jobs the router serves, with their operators' names."""
         return JobList.model_validate_json(self._request("GET", "/v1/jobs").content)
 
     def describe(self, job: str) -> JobInfo:
+        """One job's operators: key, states and their types, window, partitions (and how
+        many answer now), last batch and watermark."""
         r = self._request("GET", f"/v1/jobs/{quote(job, safe='')}")
         return JobInfo.model_validate_json(r.content)
 
 
 class AsyncClient(_Base):
-    def __init__(self, url: str = "http://127.0.0.1:8000", timeout: float = 5.0,
-                 retries: int = 3, backoff_s: float = 0.2, *, ca: str | None = None,
-                 token: str | None = None, token_file: str | None = None,
-                 insecure_token: bool = False) -> None:
+    """``Client`` for asyncio: the same methods, awaited (``watch``: an async iterator)."""
+
+    def __init__(self, url: str | None = None, timeout: float = 5.0, retries: int = 3,
+                 backoff_s: float = 0.2, *, ca: str | None = None, token: str | None = None,
+                 token_file: str | None = None, insecure_token: bool | None = None) -> None:
+        """As ``Client``'s."""
         super().__init__(retries, backoff_s)
-        self._http = httpx.AsyncClient(base_url=url, timeout=timeout, **_connection(
+        self._http = httpx.AsyncClient(timeout=timeout, **_connection(
             url, ca, token, token_file, insecure_token))
 
     async def __aenter__(self) -> AsyncClient:
@@ -308,6 +399,7 @@ class AsyncClient(_Base):
         await self.aclose()
 
     async def aclose(self) -> None:
+        """Closes the connections to the router."""
         await self._http.aclose()
 
     async def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
@@ -323,17 +415,32 @@ class AsyncClient(_Base):
     async def get(self, job: str, operator: str, state: str, key: str, *,
                   from_: TimeArg = None, to: TimeArg = None, min_batch: int | None = None
                   ) -> StateAnswer:
+        """``Client.get``."""
         r = await self._request("GET", _key_path(job, operator, state, key),
                                 params=_params(from_, to, min_batch))
         return StateAnswer.model_validate_json(r.content)
 
     async def history(self, job: str, operator: str, state: str, key: str, from_: TimeArg,
                       to: TimeArg) -> StateAnswer:
+        """``Client.history``."""
         return await self.get(job, operator, state, key, from_=from_, to=to)
+
+    async def series(self, job: str, operator: str, state: str, key: str,
+                     from_: TimeArg = None, to: TimeArg = None, *,
+                     min_batch: int | None = None, limit: int | None = None) -> list[Point]:
+        """``Client.series``."""
+        params: dict[str, str] | None = _series_params(from_, to, min_batch, limit)
+        points: list[Point] = []
+        while params is not None:
+            page, params = _page(await self._request(
+                "GET", _series_path(job, operator, state, key), params=params), params)
+            points += page
+        return points
 
     async def multi_get(self, job: str, operator: str, state: str, keys: list[str], *,
                         from_: TimeArg = None, to: TimeArg = None,
                         min_batch: int | None = None) -> list[StateAnswer]:
+        """``Client.multi_get``."""
         r = await self._request("POST", f"{_state_path(job, operator, state)}:batchGet",
                                 json={"keys": keys}, params=_params(from_, to, min_batch))
         return BatchAnswer.model_validate_json(r.content).results
@@ -380,8 +487,10 @@ class AsyncClient(_Base):
         return JobPosition.model_validate_json(r.content)
 
     async def jobs(self) -> JobList:
+        """``Client.jobs``."""
         return JobList.model_validate_json((await self._request("GET", "/v1/jobs")).content)
 
     async def describe(self, job: str) -> JobInfo:
+        """``Client.describe``."""
         r = await self._request("GET", f"/v1/jobs/{quote(job, safe='')}")
         return JobInfo.model_validate_json(r.content)

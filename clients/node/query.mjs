@@ -24,14 +24,16 @@
 // Read your writes: --min-batch N answers as of batch N or a later one.
 // Token: --token (else $QSTATE_TOKEN, else the content of --token-file or $QSTATE_TOKEN_FILE),
 // sent as "authorization: Bearer ..." metadata (watch: header); never in plain text off
-// loopback: without --ca (watch: to an http:// URL) to another host it refuses (exit 64) unless
+// loopback: without --ca (watch: to an http:// URL) to another host it refuses (exit 2) unless
 // --allow-insecure or QSTATE_ALLOW_INSECURE=true says the network protects it (a service mesh).
 // int64 fields (batch, watermark_ms, start_ms, end_ms, int_value) are printed as decimal
 // strings, so counts beyond 2^53 stay exact; double values are JSON numbers (watch: the
 // router's JSON as sent, numbers as numbers: parse big counts exactly).
-// Exit codes: 0 ok, 2 NOT_FOUND, 3 UNAVAILABLE, 4 INVALID_ARGUMENT, 5 UNAUTHENTICATED or
-// PERMISSION_DENIED, 1 any other gRPC error, 64 bad usage. Errors go to stderr as "CODE_NAME: message"
-// (watch: the HTTP status's gRPC name, e.g. 404 NOT_FOUND, 400 INVALID_ARGUMENT).
+// Exit codes, the same as `qstate get`'s (service/exit_codes.py, README: Exit codes): 0 ok;
+// 1 NOT_FOUND; 2 INVALID_ARGUMENT or bad usage; 3 UNAVAILABLE or RESOURCE_EXHAUSTED; 4 the
+// router cannot be reached; 5 UNAUTHENTICATED or PERMISSION_DENIED; 6 any other error.
+// Errors go to stderr as "CODE_NAME: message" (watch: the HTTP status's gRPC name, e.g. 404
+// NOT_FOUND, 400 INVALID_ARGUMENT).
 import { readFileSync } from "node:fs";
 import http from "node:http";
 import https from "node:https";
@@ -42,8 +44,9 @@ import protoLoader from "@grpc/proto-loader";
 import { createParser } from "eventsource-parser";
 
 const PROTO = fileURLToPath(new URL("../../proto/qstate.proto", import.meta.url));
-const EXIT = { NOT_FOUND: 2, UNAVAILABLE: 3, INVALID_ARGUMENT: 4, UNAUTHENTICATED: 5,
-  PERMISSION_DENIED: 5 };
+// a copy of service/exit_codes.py's table (tests/clients check that they agree)
+const EXIT = { NOT_FOUND: 1, INVALID_ARGUMENT: 2, USAGE: 2, UNAVAILABLE: 3,
+  RESOURCE_EXHAUSTED: 3, UNREACHABLE: 4, UNAUTHENTICATED: 5, PERMISSION_DENIED: 5, OTHER: 6 };
 // The stream is quiet between batches but the router sends a comment every 15 s: a connection
 // silent for longer than this is gone. Reconnect backoff as the Python client's Client.watch.
 const WATCH_IDLE_MS = 45_000;
@@ -61,7 +64,7 @@ const USAGE = "usage: query.mjs get JOB OPERATOR STATE KEY [--from MS --to MS] [
 
 function usage(msg) {
   console.error(`${msg}\n${USAGE}`);
-  process.exit(64);
+  process.exit(EXIT.USAGE);
 }
 
 let args;
@@ -181,7 +184,10 @@ client[method](request, metadata, { deadline: Date.now() + 10_000 }, (err, respo
     const name = grpc.status[err.code] ?? String(err.code);
     const retry = err.metadata?.get("retry-after-ms")?.[0];
     console.error(`${name}: ${err.details}${retry ? ` (retry after ${retry} ms)` : ""}`);
-    process.exit(EXIT[name] ?? 1);
+    // UNAVAILABLE from the channel itself (nothing answers at --addr), not from the router
+    const unreachable = err.code === grpc.status.UNAVAILABLE &&
+      /No connection established|ECONNREFUSED|ENOTFOUND|EHOSTUNREACH/.test(err.details ?? "");
+    process.exit(unreachable ? EXIT.UNREACHABLE : EXIT[name] ?? EXIT.OTHER);
   }
   console.log(JSON.stringify(response, null, 2));
 });
@@ -277,7 +283,7 @@ async function watch() {
       if (!Number.isInteger(batch)) {
         console.error(`INTERNAL: the router sent an event that is not a watch event: ` +
                       `${ev.data.slice(0, 200)}`);
-        process.exit(1);
+        process.exit(EXIT.OTHER);
       }
       console.log(ev.data);
       last = batch;
@@ -291,7 +297,7 @@ async function watch() {
       const name = HTTP_CODE[refused.status] ?? `HTTP_${refused.status}`;
       if (refused.status !== 429 && refused.status !== 503) {
         console.error(`${name}: ${refused.message}`);
-        process.exit(EXIT[name] ?? 1);
+        process.exit(EXIT[name] ?? EXIT.OTHER);
       }
       wait = Math.max(wait, refused.retryAfterS * 1000);
       console.error(`watch: ${name}: ${refused.message}`);

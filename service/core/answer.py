@@ -1,6 +1,11 @@
 """The shape of every answer: one model for the router's HTTP and gRPC front ends and the
 Python client (docs/architecture.md §5). The OpenAPI document is generated from these models and the
 server serializes these same models, so what is documented is what is served.
+
+Answers grow, never change: a later router may add a field, and a client parses an answer
+with fields it does not know by ignoring them, so clients need not be upgraded with the
+routers (the schema does not forbid other properties either). Removing or renaming a field
+is a new API version (docs/architecture.md §5, compatibility).
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 __all__ = [
+    "NEXT_FROM",
     "BatchAnswer",
     "ClusterInfo",
     "ErrorBody",
@@ -33,11 +39,12 @@ __all__ = [
     "error_responses",
 ]
 
-_STRICT = ConfigDict(extra="forbid")
+# unknown fields are ignored, not refused: an older client reads a newer router's answers
+_OPEN = ConfigDict(extra="ignore")
 
 
 class Window(BaseModel):
-    model_config = _STRICT
+    model_config = _OPEN
 
     start: int | None = Field(description="Window start, epoch ms (null: not windowed)")
     end: int | None = Field(description="Window end, epoch ms, exclusive (null: not windowed)")
@@ -47,7 +54,7 @@ class Window(BaseModel):
 class StateAnswer(BaseModel):
     """One key of one state: its latest window, or its windows in a time range, as of a batch."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
+    model_config = ConfigDict(extra="ignore", json_schema_extra={"examples": [{
         "job": "tweets", "operator": "per_tweet_1h", "state": "impressions", "key": "tw-42",
         "found": True, "batch": 311, "watermark": 1767225590000,
         "windows": [{"start": 1767225600000, "end": 1767229200000, "value": 17}]}]})
@@ -72,7 +79,7 @@ class StateAnswer(BaseModel):
 
 
 class BatchAnswer(BaseModel):
-    model_config = _STRICT
+    model_config = _OPEN
 
     results: list[StateAnswer] = Field(description="One per key asked, in the same order")
 
@@ -81,7 +88,7 @@ class JobPosition(BaseModel):
     """The batch of a job that counted one Kafka record: read with ``min_batch`` set to it
     and the answer counts the record."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
+    model_config = ConfigDict(extra="ignore", json_schema_extra={"examples": [{
         "job": "tweets", "topic": "tweets", "partition": 2, "offset": 81234, "batch": 311,
         "end_offset": 81766}]})
 
@@ -96,14 +103,14 @@ class JobPosition(BaseModel):
 
 
 class WindowSpan(BaseModel):
-    model_config = _STRICT
+    model_config = _OPEN
 
     start: int = Field(description="Window start, epoch ms")
     end: int = Field(description="Window end, epoch ms, exclusive")
 
 
 class TopEntry(BaseModel):
-    model_config = _STRICT
+    model_config = _OPEN
 
     key: str
     value: int | float = Field(description="The key's value of the state in the window")
@@ -113,7 +120,7 @@ class TopAnswer(BaseModel):
     """The keys with the largest (or smallest) values of one state in one window, across
     every partition, ties broken by key."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
+    model_config = ConfigDict(extra="ignore", json_schema_extra={"examples": [{
         "job": "tweets", "operator": "per_tweet_1h", "state": "impressions",
         "window": {"start": 1767225600000, "end": 1767229200000}, "order": "desc",
         "batch": 311, "watermark": 1767225590000,
@@ -136,7 +143,7 @@ class WatchEvent(BaseModel):
     ``batch``: reconnect with ``Last-Event-ID`` (or ``from_batch``) to get what changed
     since."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
+    model_config = ConfigDict(extra="ignore", json_schema_extra={"examples": [{
         "job": "tweets", "operator": "per_tweet_1h", "state": "impressions", "batch": 312,
         "watermark": 1767225595000, "committed_at": 1767225601250, "coalesced": False,
         "snapshot": False, "changes": [{
@@ -169,7 +176,7 @@ class Point(BaseModel):
     """One window of a key as a point of a time series: the flat row a dashboard reads
     (Grafana's Infinity datasource)."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
+    model_config = ConfigDict(extra="ignore", json_schema_extra={"examples": [{
         "time": 1767225600000, "value": 17}]})
 
     time: int = Field(description="Window start, epoch ms (a state without windows: the "
@@ -178,13 +185,18 @@ class Point(BaseModel):
 
 
 class Series(RootModel[list[Point]]):
-    """A key's windows as points, oldest first; empty when the key has no data."""
+    """A key's windows as points, oldest first; empty when the key has no data. A range
+    that held more than ``limit`` windows says where the next page starts in the
+    ``NEXT_FROM`` header (a JSON array has no room for it)."""
+
+
+NEXT_FROM = "Next-From"
 
 
 class ErrorBody(BaseModel):
     """Every 4xx/5xx body. ``error`` names the failure (a class of qstate.core.errors)."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
+    model_config = ConfigDict(extra="ignore", json_schema_extra={"examples": [{
         "error": "NotFound", "message": "key 'tw-9' has no data in tweets/per_tweet_1h/"
         "impressions as of batch 311", "batch": 311, "watermark": 1767225590000}]})
 
@@ -204,14 +216,14 @@ class ErrorBody(BaseModel):
 
 
 class StateInfo(BaseModel):
-    model_config = _STRICT
+    model_config = _OPEN
 
     name: str
     type: str = Field(description="long | double")
 
 
 class WindowInfo(BaseModel):
-    model_config = _STRICT
+    model_config = _OPEN
 
     kind: str = Field(description="tumbling | sliding | session | none")
     size_ms: int
@@ -220,7 +232,7 @@ class WindowInfo(BaseModel):
 
 
 class OperatorInfo(BaseModel):
-    model_config = _STRICT
+    model_config = _OPEN
 
     name: str
     key: str = Field(description="The grouping column")
@@ -235,27 +247,27 @@ class OperatorInfo(BaseModel):
 
 
 class JobInfo(BaseModel):
-    model_config = _STRICT
+    model_config = _OPEN
 
     name: str
     operators: list[OperatorInfo]
 
 
 class JobSummary(BaseModel):
-    model_config = _STRICT
+    model_config = _OPEN
 
     name: str
     operators: list[str]
 
 
 class JobList(BaseModel):
-    model_config = _STRICT
+    model_config = _OPEN
 
     jobs: list[JobSummary]
 
 
 class PartitionStatus(BaseModel):
-    model_config = _STRICT
+    model_config = _OPEN
 
     job: str
     operator: str
@@ -270,7 +282,7 @@ class PartitionStatus(BaseModel):
 
 
 class ShardStatus(BaseModel):
-    model_config = _STRICT
+    model_config = _OPEN
 
     id: str = Field(description="Server id")
     address: str = Field(description="host:port of its internal gRPC API")
@@ -286,7 +298,7 @@ class ClusterInfo(BaseModel):
     """Every shard server, the partitions it owns and those it follows, as the router sees them
     now."""
 
-    model_config = _STRICT
+    model_config = _OPEN
 
     now: int = Field(description="When this was taken, epoch ms (freshness is measured to it)")
     shards: list[ShardStatus]

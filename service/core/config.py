@@ -191,7 +191,8 @@ class Settings(BaseSettings):
         0.05, gt=0, description="Router, while anything is watched: how often it asks the "
         "watched operators' shards for their partitions' batches; a new batch is read and "
         "its changes pushed (half of it is the mean delay it adds).")
-    router_url: str = Field("http://127.0.0.1:8000", description="Where `qstate get` asks.")
+    router_url: str = Field("http://127.0.0.1:8000", description="Where `qstate get`, "
+                            "`qstate top`, `qstate watch` and the Python client ask.")
 
     # ---- security ---------------------------------------------------------------------
     tls_cert: str = Field(
@@ -234,12 +235,12 @@ class Settings(BaseSettings):
         "text. Off: such a server refuses to start and says what is missing, such a client "
         "refuses to send.")
     token: str = Field(
-        "", repr=False, description="Client token `qstate get` and the Node client send "
-        "(never logged); the Python client takes ``token=``. Never sent in plain text off "
+        "", repr=False, description="Client token `qstate get`, the Python client (given "
+        "no token) and the Node client send (never logged). Never sent in plain text off "
         "loopback unless allow_insecure.")
     token_file: str = Field(
         "", description="File holding the client token (e.g. a mounted secret), read when "
-        "token is empty; the Python client takes ``token_file=``.")
+        "token is empty, by the Python client too.")
 
     # ---- limits -----------------------------------------------------------------------
     max_body_bytes: int = Field(

@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from qstate.core.address import MAX_KEY_BYTES, NAME_PATTERN, check_key, check_name
 from qstate.core.answer import (
+    NEXT_FROM,
     BatchAnswer,
     ClusterInfo,
     JobInfo,
@@ -69,7 +70,6 @@ from qstate.router.wire import (
 
 __all__ = ["create_app", "json_response"]
 
-NEXT_FROM = "Next-From"  # the series' cursor (a JSON array has no room for one)
 # A watch's stream: a send that waits longer than this (a client that stopped reading with
 # full buffers) ends the stream rather than hold it (the client resumes); the pings that
 # keep it open are QSTATE_WATCH_PING_S apart.

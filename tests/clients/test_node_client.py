@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -21,6 +22,7 @@ import pytest
 from google.protobuf.json_format import MessageToDict
 
 from qstate.embedded.ports import free_port
+from qstate.exit_codes import Exit
 from qstate.proto import qstate_pb2 as qpb
 from qstate.proto import qstate_pb2_grpc as qpb_grpc
 from tests.shop import BATCHES, BIG, KEYS, MANY, ROUTES, WINDOW, Shop, avg_ms, views
@@ -165,10 +167,10 @@ def test_multiget_matches_stub_and_truth_and_marks_misses(node, shop, route, clu
 
 
 @pytest.mark.parametrize(("args", "code", "rc"), [
-    (("get", "nojob", "views_1m", "views", "k"), "NOT_FOUND", 2),
-    (("get", "shop", "views_1m", "views", "absent-key"), "NOT_FOUND", 2),
-    (("get", "shop", "views_1m", "clicks", "page-1"), "NOT_FOUND", 2),
-    (("get", "b/d", "views_1m", "views", "k"), "INVALID_ARGUMENT", 4),
+    (("get", "nojob", "views_1m", "views", "k"), "NOT_FOUND", Exit.NOT_FOUND),
+    (("get", "shop", "views_1m", "views", "absent-key"), "NOT_FOUND", Exit.NOT_FOUND),
+    (("get", "shop", "views_1m", "clicks", "page-1"), "NOT_FOUND", Exit.NOT_FOUND),
+    (("get", "b/d", "views_1m", "views", "k"), "INVALID_ARGUMENT", Exit.BAD_REQUEST),
 ])
 def test_errors_exit_with_documented_code(node, cluster, stub, args, code: str,
                                           rc: int) -> None:
@@ -201,17 +203,31 @@ def test_top_matches_stub_and_truth(node, shop, cluster, stub) -> None:
         KEYS + MANY, key=lambda k: (views(k, 1), k))[:3]
     too_many = run_node(node, cluster.grpc_address, "top", "shop", "views_1m", "views", "--n",
                        "100000")
-    assert (too_many.returncode, too_many.stderr.split(":")[0]) == (4, "INVALID_ARGUMENT")
+    assert (too_many.returncode, too_many.stderr.split(":")[0]) == (Exit.BAD_REQUEST,
+                                                                    "INVALID_ARGUMENT")
 
 
-def test_unreachable_router_is_unavailable(node) -> None:
+def test_unreachable_router_exits_as_qstate_get_does(node) -> None:
     r = run_node(node, f"127.0.0.1:{free_port()}", "get", "shop", "views_1m", "views", "k")
-    assert (r.returncode, r.stderr.split(":")[0]) == (3, "UNAVAILABLE")
+    assert (r.returncode, r.stderr.split(":")[0]) == (Exit.UNREACHABLE, "UNAVAILABLE")
 
 
-def test_bad_usage_exits_64(node) -> None:
+def test_bad_usage_exits_as_a_bad_request(node) -> None:
     r = run_node(node, "127.0.0.1:1", "get", "shop", "views_1m", "views", "k", "--from", "5")
-    assert r.returncode == 64 and "--from and --to go together" in r.stderr
+    assert r.returncode == Exit.BAD_REQUEST and "--from and --to go together" in r.stderr
+
+
+def test_the_exit_code_table_is_the_pythons() -> None:
+    """query.mjs keeps a copy of service/exit_codes.py's table: the same numbers."""
+    text = (NODE_DIR / "query.mjs").read_text()
+    table = text[text.index("const EXIT = {"):]
+    table = table[:table.index("};")]
+    node = {k: int(v) for k, v in re.findall(r"(\w+): (\d+)", table)}
+    assert node == {"NOT_FOUND": Exit.NOT_FOUND, "INVALID_ARGUMENT": Exit.BAD_REQUEST,
+                    "USAGE": Exit.BAD_REQUEST, "UNAVAILABLE": Exit.UNAVAILABLE,
+                    "RESOURCE_EXHAUSTED": Exit.UNAVAILABLE, "UNREACHABLE": Exit.UNREACHABLE,
+                    "UNAUTHENTICATED": Exit.NOT_ALLOWED, "PERMISSION_DENIED": Exit.NOT_ALLOWED,
+                    "OTHER": Exit.OTHER}
 
 
 def test_min_batch_reads_your_writes_or_says_how_far_the_state_is(node, cluster) -> None:
@@ -219,10 +235,10 @@ def test_min_batch_reads_your_writes_or_says_how_far_the_state_is(node, cluster)
     have = node_json(node, cluster.grpc_address, *args, "--min-batch", str(BATCHES - 1))
     assert have["batch"] == str(BATCHES - 1)
     ahead = run_node(node, cluster.grpc_address, *args, "--min-batch", "999999")
-    assert ahead.returncode == 3 and ahead.stderr.startswith("UNAVAILABLE: ") and \
+    assert ahead.returncode == Exit.UNAVAILABLE and ahead.stderr.startswith("UNAVAILABLE: ") and \
         "not yet at min_batch 999999" in ahead.stderr, ahead.stderr
     bad = run_node(node, cluster.grpc_address, *args, "--min-batch=-1")
-    assert bad.returncode == 64 and "not a batch number" in bad.stderr
+    assert bad.returncode == Exit.BAD_REQUEST and "not a batch number" in bad.stderr
 
 
 # --- watch: Server-Sent Events over HTTP ----------------------------------------------------
@@ -291,10 +307,12 @@ def test_watch_top_prints_the_current_board(node, cluster, order: str) -> None:
 
 
 @pytest.mark.parametrize(("args", "code", "rc"), [
-    (("shop", "nope_1m", "views", "page-1"), "NOT_FOUND", 2),     # unknown operator: 404
-    (("shop", "views_1m", "clicks", "--top", "3"), "NOT_FOUND", 2),
-    (("shop", "views_1m", "views", "--top", "100000"), "INVALID_ARGUMENT", 4),  # 400
-    (("shop", "views_1m", "views", *KEYS[:101]), "INVALID_ARGUMENT", 4),  # at most 100 keys
+    (("shop", "nope_1m", "views", "page-1"), "NOT_FOUND", Exit.NOT_FOUND),  # unknown: 404
+    (("shop", "views_1m", "clicks", "--top", "3"), "NOT_FOUND", Exit.NOT_FOUND),
+    (("shop", "views_1m", "views", "--top", "100000"), "INVALID_ARGUMENT",
+     Exit.BAD_REQUEST),  # 400
+    (("shop", "views_1m", "views", *KEYS[:101]), "INVALID_ARGUMENT",
+     Exit.BAD_REQUEST),  # at most 100 keys
 ])
 def test_watch_refused_exits_with_documented_code(node, cluster, args, code: str,
                                                   rc: int) -> None:
@@ -304,10 +322,10 @@ def test_watch_refused_exits_with_documented_code(node, cluster, args, code: str
     assert r.stderr.startswith(f"{code}: "), r.stderr
 
 
-def test_watch_bad_usage_exits_64(node) -> None:
+def test_watch_bad_usage_exits_as_a_bad_request(node) -> None:
     for args, says in [(("shop", "views_1m", "views"), "watch: wrong arguments"),
                        (("shop", "views_1m", "views", "k", "--top", "3"), "wrong arguments"),
                        (("shop", "views_1m", "views", "k", "--asc"), "--asc goes with --top"),
                        (("shop", "views_1m", "views", "k", "--max-events", "0"), "not a count")]:
         r = run_watch(node, "http://127.0.0.1:1", *args)
-        assert r.returncode == 64 and says in r.stderr, (args, r.stderr)
+        assert r.returncode == Exit.BAD_REQUEST and says in r.stderr, (args, r.stderr)
