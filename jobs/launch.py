@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -26,7 +27,8 @@ from qstate.jobs.reports import Reports
 from qstate.jobs.sinks import QStateSink
 from qstate.jobs.spark_state import serve
 
-__all__ = ["EXAMPLES", "MERGED", "Builder", "RunningJob", "load_builder", "start_job"]
+__all__ = ["EXAMPLES", "MERGED", "Builder", "RunningJob", "check_starting_offsets",
+           "load_builder", "start_job"]
 
 log = logging.getLogger(__name__)
 
@@ -36,19 +38,58 @@ MERGED = "merged"  # the checkpoint folder (and query) of a job's merged operato
 
 
 def load_builder(name: str) -> Builder:
-    """``module:function``, or the name of an example job (tweets, ads)."""
+    """``module:function``, or the name of an example job (tweets, ads). A failure says
+    what was looked for where, and what to do."""
     target = EXAMPLES.get(name, name)
     module, sep, func = target.partition(":")
     if not sep or not module or not func:
         raise InvalidRequest(f"job {name!r}: expected MODULE:FUNCTION (e.g. mypkg.myjob:build) "
                              f"or one of the examples {sorted(EXAMPLES)}")
     try:
-        builder = getattr(importlib.import_module(module), func)
-    except (ImportError, AttributeError) as exc:
-        raise InvalidRequest(f"job {name!r}: cannot load {target}: {exc}") from exc
+        loaded = importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and module.startswith(exc.name):  # the job's own module
+            raise InvalidRequest(
+                f"job {name!r}: no module named {exc.name!r} in the working directory "
+                f"({os.getcwd()}) or the installed packages; run `qstate job` from the folder "
+                f"that holds {exc.name.split('.')[0]}.py (or its package), or install your "
+                "package (`pip install -e .`)") from exc
+        raise InvalidRequest(f"job {name!r}: {module} imports {exc.name!r}, which is not "
+                             "installed in this Python: install it (pip install ...)") from exc
+    except Exception as exc:  # the module itself fails: its own error, named
+        raise InvalidRequest(f"job {name!r}: importing {module} failed: "
+                             f"{type(exc).__name__}: {exc}") from exc
+    builder = getattr(loaded, func, None)
+    if builder is None:
+        raise InvalidRequest(f"job {name!r}: module {module} ({loaded.__file__}) has no "
+                             f"{func!r}; define `def {func}(spark, ctx)` that returns a "
+                             "QueryableJob (README: Making your own aggregation queryable)")
     if not callable(builder):
         raise InvalidRequest(f"job {name!r}: {target} is not a function")
     return builder  # type: ignore[no-any-return]
+
+
+def check_starting_offsets(value: str) -> str:
+    """Where a new job (no checkpoint yet) starts reading its topic, as Spark's Kafka
+    source takes it: earliest, latest, or JSON of offsets per partition
+    (``{"tweets": {"0": 42, "1": -2}}``, -2 earliest, -1 latest). A job with a checkpoint
+    goes on from it whatever this says."""
+    if value in ("earliest", "latest"):
+        return value
+    try:
+        parsed = orjson.loads(value)
+    except orjson.JSONDecodeError:
+        parsed = None
+    ok = isinstance(parsed, dict) and parsed and all(
+        isinstance(t, str) and isinstance(ps, dict) and ps and all(
+            p.isdigit() and type(o) is int and o >= -2 for p, o in ps.items())
+        for t, ps in parsed.items())
+    if not ok:
+        raise InvalidRequest(
+            f"starting offsets {value[:80]!r}: earliest, latest, or JSON of offsets per "
+            'topic and partition, e.g. {"tweets": {"0": 42, "1": -2}} (-2: earliest, '
+            "-1: latest)")
+    return value
 
 
 @dataclass

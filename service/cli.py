@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -84,11 +85,23 @@ def shard(
         raise _refused_start(exc) from None
 
 
+def _working_directory_first() -> None:
+    """The user's job module is found as ``python -m`` finds one: the working directory
+    first, here and in Spark's Python workers (which a job's functions run in)."""
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [cwd, *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]])
+
+
 @app.command()
 def job(
     names: Annotated[list[str], typer.Argument(
-        help="Jobs to run: MODULE:FUNCTION (a function build(spark, ctx) -> JobDefinition, "
-             "see jobs/job.py), or an example: tweets, ads.")],
+        help="Jobs to run: MODULE:FUNCTION, a function build(spark, ctx) that returns a "
+             "qstate.jobs.queryable.QueryableJob (ctx: qstate.jobs.job.JobContext; README: "
+             "Making your own aggregation queryable), found as `python -m` finds modules "
+             "(the working directory first); or an example: tweets, ads.")],
     bootstrap: Annotated[str, option("kafka_bootstrap", "--bootstrap")] = S.kafka_bootstrap,
     storage: Annotated[str, option("storage", "--storage")] = S.storage_uri,
     checkpoints: Annotated[Path, option("checkpoints", "--checkpoints")
@@ -104,6 +117,10 @@ def job(
     driver_host: Annotated[str, option("driver_host", "--driver-host")] = S.driver_host,
     metrics_port: Annotated[int, option("job_metrics_port", "--metrics-port")
                             ] = S.job_metrics_port,
+    starting_offsets: Annotated[str, typer.Option(
+        help="Where a new job starts reading its topic: earliest, latest, or JSON of "
+             'offsets per partition, e.g. {"tweets": {"0": 42}}. A job that has a '
+             "checkpoint goes on from it.")] = "earliest",
     live: Annotated[bool, typer.Option(help="Show a live status line.")] = True,
     options: Annotated[list[str] | None, typer.Option(
         "--option", help="A job's own setting KEY=VALUE (repeatable), e.g. "
@@ -114,18 +131,20 @@ def job(
     """Run jobs with the queryable sink until Ctrl-C or SIGTERM."""
     from qstate.core.errors import InvalidRequest
     from qstate.jobs.job import JobContext
-    from qstate.jobs.launch import load_builder
+    from qstate.jobs.launch import check_starting_offsets, load_builder
     from qstate.jobs.supervise import checkpoint_names, run_jobs
 
+    _working_directory_first()
     try:
         for name in names:
             load_builder(name)
         checkpoint_names(names)
+        check_starting_offsets(starting_offsets)
     except InvalidRequest as exc:
         raise typer.BadParameter(exc.message) from None
     _arm_fault()
     ctx = JobContext(bootstrap, storage, checkpoints, partitions, trigger,
-                     max_rows_per_trigger or None,
+                     max_rows_per_trigger or None, starting_offsets,
                      shards=shards.split(",") if shards else None,
                      options=_pairs(options, "--option"))
     run_jobs(names, ctx, metrics_port, master, live=live, spark_conf=_pairs(conf, "--conf"),
@@ -415,8 +434,9 @@ def state_inspect(
     followers.
 
     Exit code 1 when a partition is down, restoring or unassigned, or its shard refused
-    this tool (no or the wrong cluster token: QSTATE_CLUSTER_TOKEN or _FILE); 2 when the
-    cluster token file cannot be read.
+    this tool (no or the wrong cluster token: QSTATE_CLUSTER_TOKEN or _FILE), or when there
+    is no storage or no operator in it to inspect; 2 when the cluster token file cannot be
+    read. It only reads: it makes no folder.
     """
     from dataclasses import asdict
 
@@ -428,8 +448,14 @@ def state_inspect(
     from qstate.core.storage import Storage
     from qstate.inspect import inspect
 
+    st = Storage(storage, make_root=False)
+    if not st.root_exists():
+        typer.echo(f"error: no checkpoint storage at {st.root} (--storage, QSTATE_STORAGE; "
+                   f"default <home>/storage, QSTATE_HOME): point it at your deployment's",
+                   err=True)
+        raise typer.Exit(1)
     try:
-        rows, summary = inspect(Storage(storage), job)
+        rows, summary = inspect(st, job)
     except StartFailed as exc:  # e.g. an unreadable cluster token file
         raise _refused_start(exc) from None
     if json_out:
@@ -452,7 +478,10 @@ def state_inspect(
                           str(r.delta_files), " ".join(r.followers) or "-", style=style)
         console.print(table)
     if not rows:
-        typer.echo("no queryable operators in storage", err=True)
+        typer.echo(f"no queryable operator{f' of job {job!r}' if job else ''} in checkpoint "
+                   f"storage at {st.root}: a job registers its operators there when it "
+                   "starts (`qstate job`, `make run`)", err=True)
+        raise typer.Exit(1)
     if any(r.state == "refused" for r in rows):
         typer.echo("a shard refused this tool: set QSTATE_CLUSTER_TOKEN or "
                    "QSTATE_CLUSTER_TOKEN_FILE, or QSTATE_HOME to the shards' home (a shard "

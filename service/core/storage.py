@@ -27,6 +27,8 @@ class Storage:
     uri: str
     fs: pafs.FileSystem = field(init=False, repr=False)
     root: str = field(init=False)
+    # False: a look that only reads (``qstate state inspect``) does not make the root
+    make_root: bool = True
 
     def __post_init__(self) -> None:
         if "://" in self.uri:
@@ -34,7 +36,11 @@ class Storage:
         else:
             self.fs, self.root = pafs.LocalFileSystem(), os.path.abspath(self.uri)
         self.root = self.root.rstrip("/")
-        self.fs.create_dir(self.root, recursive=True)
+        if self.make_root:
+            self.fs.create_dir(self.root, recursive=True)
+
+    def root_exists(self) -> bool:
+        return self.fs.get_file_info(self.root).type == pafs.FileType.Directory
 
     def full(self, path: str) -> str:
         """The filesystem path of ``path`` (relative to the root, and staying under it:

@@ -83,6 +83,7 @@ async def serve(o: RouterOptions, scratch: Path | None = None) -> None:
     book = WatchedTokens(cfg.tokens_file) if cfg.tokens_file else None
     routing = RoutingTable(Storage(o.storage_uri), cfg.routing_refresh_s,
                            cfg.routing_min_interval_s)
+    routing.disclose_jobs = book is None
     await routing.start()
     caller = ShardCaller(timeout_s=cfg.shard_timeout_s, cfg=cfg,
                          max_queue=cfg.max_shard_queue, retry_after_s=cfg.retry_after_s)
@@ -134,8 +135,10 @@ async def serve(o: RouterOptions, scratch: Path | None = None) -> None:
     # full collection does not walk it while requests wait (docs/architecture.md §8)
     gc.freeze()
     scheme = "https" if cfg.tls_cert else "http"
-    print(f"qstate router ready http={scheme}://{host}:{o.http_port} grpc={host}:{o.grpc_port}",
-          flush=True)
+    jobs = ",".join(sorted({j for j, _ in routing.specs})) or \
+        "none yet (a job registers its operators in storage when it starts)"
+    print(f"qstate router ready http={scheme}://{host}:{o.http_port} grpc={host}:{o.grpc_port}"
+          f" storage={routing.storage.root} jobs={jobs}", flush=True)
     await stop.wait()
     following.cancel()
     await health.stop()

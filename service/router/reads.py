@@ -159,8 +159,11 @@ class PartitionReads:
             if attempt or address is None:  # after a move, or none named yet: refresh once
                 address = await self.routing.owner(pid)
             if address is None:
-                raise self._unavailable(f"partition {pid} has no shard server yet", pid,
-                                        "no-owner")
+                raise self._unavailable(
+                    f"partition {pid} has no shard server yet: the job's coordinator places "
+                    "partitions on the shard servers registered in checkpoint storage; start "
+                    "one (`qstate shard`) if none runs, and see `qstate state inspect`", pid,
+                    "no-owner")
             REMOTE_READS.inc()
             try:
                 r = await call(address)

@@ -29,6 +29,9 @@ class RoutingTable:
         self.storage = storage
         self.refresh_s = refresh_s
         self.min_interval_s = min_interval_s
+        # name the jobs it serves in an unknown job's 404: off where client tokens scope
+        # what a caller may see (GET /v1/jobs then lists what the caller's token may read)
+        self.disclose_jobs = True
         self.assignments: dict[str, Assignment] = {}
         self.specs: dict[tuple[str, str], OperatorSpec] = {}
         self._loaded_at = 0.0
@@ -80,7 +83,7 @@ class RoutingTable:
             spec = self.specs.get((job, operator))
         if spec is None:
             if not any(j == job for j, _ in self.specs):
-                raise UnknownOperator(f"unknown job {job!r}", job=job)
+                raise UnknownOperator(f"unknown job {job!r}: {self._known_jobs()}", job=job)
             raise UnknownOperator(f"job {job!r} has no operator {operator!r}", job=job,
                                   operator=operator)
         if state is not None and state not in spec.states:
@@ -88,6 +91,17 @@ class RoutingTable:
                                   f"{', '.join(spec.states)}", job=job, operator=operator,
                                   state=state)
         return spec
+
+    def _known_jobs(self) -> str:
+        """What this router serves, for a 404: the jobs (when it may say) and where from."""
+        where = f"checkpoint storage {self.storage.root}"
+        if not self.specs:
+            return (f"this router serves no job yet ({where} holds none: a job registers its "
+                    "operators there when it starts)")
+        if not self.disclose_jobs:
+            return f"GET /v1/jobs lists the jobs of {where} that your token may read"
+        names = sorted({j for j, _ in self.specs})
+        return f"this router serves {', '.join(map(repr, names))} (from {where})"
 
     def owner_now(self, pid: PartitionId) -> str | None:
         """The owner's address in the cached table (None: unassigned or unknown)."""

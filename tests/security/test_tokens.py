@@ -317,3 +317,13 @@ def test_tokens_come_from_a_file_and_never_go_off_loopback_in_plain_text(
     refused = run_node(node, "10.1.2.3:50051", "get", "shop", "views_1m", "views", KEY,
                        "--token-file", str(secret))
     assert refused.returncode == 2 and "in plain text" in refused.stderr, refused.stderr
+
+
+def test_an_unknown_job_lists_no_job_names_where_tokens_scope_them(guarded: Guarded) -> None:
+    """With client tokens, a 404 does not tell a caller the names of jobs its token may not
+    read: it points at GET /v1/jobs, which lists those it may."""
+    r = httpx.get(f"{guarded.router.url}/v1/state/nojob/views_1m/views/k",
+                  headers=guarded.headers("admin"))
+    assert r.status_code == 404
+    message = r.json()["message"]
+    assert "GET /v1/jobs lists the jobs" in message and "'shop'" not in message

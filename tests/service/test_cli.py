@@ -119,8 +119,11 @@ def test_help_documents_exit_codes() -> None:
 
 
 def said(r: subprocess.CompletedProcess[str]) -> str:
-    """stderr with its lines joined (rich wraps them at the terminal's width)."""
-    return " ".join(r.stderr.split())
+    """stderr with its lines joined (rich wraps them at the terminal's width, in a box)."""
+    return " ".join(r.stderr.replace("│", " ").split())
+
+
+WIDE = {"COLUMNS": "400"}  # rich's boxes wrap at the terminal's width: no path cut in two
 
 
 def test_state_rescale_refuses_a_count_that_is_not_a_multiple_and_a_running_job(
@@ -154,3 +157,47 @@ def test_state_rescale_refuses_a_count_that_is_not_a_multiple_and_a_running_job(
     assert spec is not None and spec.partitions == 4  # nothing changed
     r = qstate("state", "rescale", "--help")
     assert r.returncode == 0 and "Exit codes: 0 done; 1 refused" in " ".join(r.stdout.split())
+
+
+def test_job_finds_the_users_module_in_the_working_directory(tmp_path: Path) -> None:
+    """`qstate job mymod:build` beside mymod.py finds it, as `python -m` would; each way of
+    failing to load a job says what it looked for, where, and what to do (refused before
+    Spark starts: exit 2)."""
+    def job(*args: str) -> subprocess.CompletedProcess[str]:
+        return qstate("job", *args, "--no-live", cwd=tmp_path, env=WIDE)
+
+    absent = job("mymod:build")
+    assert absent.returncode == 2
+    assert f"no module named 'mymod' in the working directory ({tmp_path})" in said(absent)
+    assert "pip install -e ." in said(absent)
+    (tmp_path / "mymod.py").write_text("def other(spark, ctx):\n    pass\n")
+    found = job("mymod:build")  # found here: it is the function that is missing
+    assert found.returncode == 2 and "module mymod" in said(found)
+    assert f"({tmp_path / 'mymod.py'})" in said(found)
+    assert "has no 'build'" in said(found) and "def build(spark, ctx)" in said(found)
+    (tmp_path / "deps.py").write_text("import no_such_dependency_qs\n")
+    dep = job("deps:build")
+    assert dep.returncode == 2
+    assert "deps imports 'no_such_dependency_qs', which is not installed" in said(dep)
+    (tmp_path / "broken.py").write_text("raise RuntimeError('bad config')\n")
+    broken = job("broken:build")
+    assert broken.returncode == 2
+    assert "importing broken failed: RuntimeError: bad config" in said(broken)
+
+
+def test_job_starting_offsets_are_checked_before_spark_starts(tmp_path: Path) -> None:
+    for bad in ("soon", "{", '{"tweets": {"x": 1}}', '{"tweets": {"0": -3}}', "{}"):
+        r = qstate("job", "tweets", "--starting-offsets", bad, "--no-live", cwd=tmp_path,
+                   env=WIDE)
+        assert r.returncode == 2 and "earliest, latest, or JSON" in said(r), (bad, r.stderr)
+
+
+def test_state_inspect_names_what_it_looked_at_and_makes_nothing(tmp_path: Path) -> None:
+    nowhere = tmp_path / "no-storage"
+    r = qstate("state", "inspect", "--storage", str(nowhere), cwd=tmp_path, env=WIDE)
+    assert r.returncode == 1 and f"no checkpoint storage at {nowhere}" in said(r)
+    assert not nowhere.exists() and not (tmp_path / ".qstate").exists()
+    (tmp_path / "empty").mkdir()
+    r = qstate("state", "inspect", "--storage", str(tmp_path / "empty"), cwd=tmp_path, env=WIDE)
+    assert r.returncode == 1
+    assert f"no queryable operator in checkpoint storage at {tmp_path / 'empty'}" in said(r)

@@ -231,3 +231,15 @@ def test_killed_shard_is_a_fast_503_while_other_shards_answer(shop: Shop, route:
     with Client(router.url, retries=8) as c:
         assert c.get("shop", "views_1m", "views", dead_key).windows[-1].value == \
             views(dead_key, LAST)
+
+
+def test_an_unknown_job_names_the_jobs_served_and_the_storage(shop: Shop, route: str) -> None:
+    """A router without client tokens names what it serves and where from (a typo is then
+    plain); its start-up line says the same."""
+    r = httpx.get(shop.routers[route].url + "/v1/state/shpo/views_1m/views/k")
+    assert r.status_code == 404
+    assert r.json()["message"] == (f"unknown job 'shpo': this router serves 'shop' (from "
+                                   f"checkpoint storage {shop.storage.root})")
+    ready = next(ln for ln in shop.routers[route].log_path.read_text().splitlines()
+                 if ln.startswith("qstate router ready"))
+    assert ready.endswith(f" storage={shop.storage.root} jobs=shop"), ready
