@@ -15,11 +15,13 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
+
+from qstate.core.kafka import client_config
 
 __all__ = ["DLQ_FLUSH_TIMEOUT_S", "DLQ_MAX_MESSAGE_BYTES", "DeadLetterWriter",
            "close_dlq_producers", "ensure_dlq"]
@@ -39,14 +41,16 @@ def ensure_dlq(
     partitions: int = 1,
     max_message_bytes: int = DLQ_MAX_MESSAGE_BYTES,
     timeout: float = 15.0,
+    properties: Mapping[str, str] | None = None,
 ) -> None:
     """Create the DLQ topic if missing, sized for large records.
 
     Not service.kafka.ensure_topic: that cannot set topic configs, and a DLQ created with the
     broker default of ~1 MB per record would reject exactly the oversized values it is for.
-    An existing topic is left as it is.
+    An existing topic is left as it is. ``properties``: the deployment's Kafka client
+    properties (None: QSTATE_KAFKA_PROPERTIES's).
     """
-    admin = AdminClient({"bootstrap.servers": bootstrap, "log.connection.close": False})
+    admin = AdminClient(client_config(bootstrap, properties, **{"log.connection.close": False}))
     # list_topics() without a topic name: asking for one topic auto-creates it on brokers
     # that allow that, with default configs.
     if topic in admin.list_topics(timeout=timeout).topics:
@@ -67,7 +71,7 @@ def ensure_dlq(
 
 # One producer per worker process: Python workers are reused across tasks. An idle producer
 # sends nothing, so unlike a consumer it is fine to keep around.
-_PRODUCERS: dict[str, Producer] = {}
+_PRODUCERS: dict[tuple[str, tuple[tuple[str, str], ...]], Producer] = {}
 _PRODUCERS_PID = os.getpid()
 
 
@@ -83,15 +87,15 @@ def close_dlq_producers(timeout: float = 10.0) -> None:
 atexit.register(close_dlq_producers)
 
 
-def _producer(bootstrap: str) -> Producer:
+def _producer(bootstrap: str, properties: Mapping[str, str]) -> Producer:
     global _PRODUCERS_PID
     if os.getpid() != _PRODUCERS_PID:
         _PRODUCERS.clear()  # librdkafka handles do not survive fork()
         _PRODUCERS_PID = os.getpid()
-    producer = _PRODUCERS.get(bootstrap)
+    key = (bootstrap, tuple(sorted(properties.items())))
+    producer = _PRODUCERS.get(key)
     if producer is None:
-        producer = _PRODUCERS[bootstrap] = Producer({
-            "bootstrap.servers": bootstrap,
+        producer = _PRODUCERS[key] = Producer(client_config(bootstrap, properties, **{
             "message.max.bytes": DLQ_MAX_MESSAGE_BYTES,
             "compression.type": "lz4",
             "linger.ms": 20,
@@ -99,16 +103,19 @@ def _producer(bootstrap: str) -> Producer:
             # Delivery must resolve (either way) well within the flush timeout.
             "message.timeout.ms": int(DLQ_FLUSH_TIMEOUT_S * 1000 / 2),
             "log.connection.close": False,
-        })
+        }))
     return producer
 
 
 class DeadLetterWriter:
     """Produces bad records for one output batch and waits until the broker has them all."""
 
-    def __init__(self, bootstrap: str, topic: str) -> None:
+    def __init__(self, bootstrap: str, topic: str,
+                 properties: Mapping[str, str] | None = None) -> None:
+        """``properties``: the deployment's Kafka client properties; on an executor, those
+        the driver read (``qstate.core.kafka.kafka_properties``), carried in the task."""
         self.topic = topic
-        self.producer = _producer(bootstrap)
+        self.producer = _producer(bootstrap, {} if properties is None else properties)
         self._failed: list[tuple[KafkaError, bytes | None, bytes | None, list]] = []
 
     def _delivery(self, key: bytes | None, value: bytes | None, headers: list) -> Callable:

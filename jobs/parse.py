@@ -51,6 +51,7 @@ from pyspark.sql.types import (
 from qstate.core.address import MAX_KEY_BYTES
 from qstate.core.config import settings
 from qstate.core.errors import BadRecord, InvalidRequest
+from qstate.core.kafka import kafka_properties
 from qstate.jobs.dlq import DeadLetterWriter, ensure_dlq
 
 __all__ = ["ARROW_TYPES", "ERROR_COLUMN", "ERROR_KIND", "KINDS", "MAX_EVENT_MS", "PASSTHROUGH",
@@ -315,7 +316,9 @@ def _record_ms(batch: pa.RecordBatch) -> pa.Array:
 def parse_batches(batches: Iterator[pa.RecordBatch], fields: Mapping[str, str],
                   keys: Sequence[str], dlq_topic: str | None, bootstrap: str,
                   max_value_bytes: int, keep: Sequence[str] = PASSTHROUGH,
-                  event_time: EventTime | None = None) -> Iterator[pa.RecordBatch]:
+                  event_time: EventTime | None = None,
+                  kafka_properties: Mapping[str, str] | None = None
+                  ) -> Iterator[pa.RecordBatch]:
     """The mapInArrow body: every input row out, typed, with ``_error`` and ``_error_kind``
     set on the bad ones (which also went to the dead-letter topic)."""
     fields = dict(fields)
@@ -354,7 +357,7 @@ def parse_batches(batches: Iterator[pa.RecordBatch], fields: Mapping[str, str],
                 errors[i], why[i] = exc.reason, exc.kind
                 bad.append(i)
         if bad and dlq_topic is not None:
-            writer = writer or DeadLetterWriter(bootstrap, dlq_topic)
+            writer = writer or DeadLetterWriter(bootstrap, dlq_topic, kafka_properties)
             _dead_letter(writer, batch, raw, stamps, bad, errors, why)
         columns = list(zip(*rows, strict=True)) if rows else [() for _ in kinds]
         arrays = [pa.array(col, ARROW_TYPES[k]) for col, k in zip(columns, kinds, strict=True)]
@@ -420,14 +423,17 @@ def parse_events(df: DataFrame, fields: Mapping[str, str], *, keys: Sequence[str
     missing = [c for c in ("key", "value", *PASSTHROUGH) if c not in df.columns]
     if missing:
         raise InvalidRequest(f"parse: input lacks columns {missing}; expected read_kafka output")
+    # read here, on the driver, and carried to the executors in the task: their Python
+    # workers need not have the driver's environment (QSTATE_KAFKA_PROPERTIES)
+    props = kafka_properties()
     if create_dlq and dlq_topic is not None:
-        ensure_dlq(bootstrap, dlq_topic)
+        ensure_dlq(bootstrap, dlq_topic, properties=props)
     fields = dict(fields)
     keys, keep = list(keys), list(keep)
 
     def parse(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         return parse_batches(batches, fields, keys, dlq_topic, bootstrap, max_value_bytes, keep,
-                             bound)
+                             bound, props)
 
     return df.select("key", "value", *PASSTHROUGH).mapInArrow(
         parse, _output_schema(fields, df.schema, keep))

@@ -19,6 +19,8 @@ from collections.abc import Mapping
 
 from pyspark.sql import DataFrame, SparkSession
 
+from qstate.core.kafka import java_options, kafka_properties
+
 __all__ = ["read_kafka"]
 
 
@@ -27,8 +29,9 @@ def read_kafka(spark: SparkSession, bootstrap: str, topic: str, *,
                fail_on_data_loss: bool = True,
                kafka_options: Mapping[str, str] | None = None) -> DataFrame:
     """A streaming DataFrame over ``topic``. ``starting_offsets`` applies to a fresh
-    checkpoint only; ``kafka_options`` go to the consumers (``kafka.`` is prefixed), e.g.
-    ``{"security.protocol": "SSL", ...}``."""
+    checkpoint only. The consumers get the deployment's Kafka properties
+    (QSTATE_KAFKA_PROPERTIES, in Java's names), then ``kafka_options`` (Java's names;
+    ``kafka.`` is prefixed), e.g. ``{"security.protocol": "SSL", ...}``."""
     reader = (spark.readStream.format("kafka")
               .option("kafka.bootstrap.servers", bootstrap)
               .option("subscribe", topic)
@@ -36,6 +39,6 @@ def read_kafka(spark: SparkSession, bootstrap: str, topic: str, *,
               .option("failOnDataLoss", str(fail_on_data_loss).lower()))
     if max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
-    for k, v in (kafka_options or {}).items():
+    for k, v in {**java_options(kafka_properties()), **(kafka_options or {})}.items():
         reader = reader.option(f"kafka.{k}", v)
     return reader.load()

@@ -30,6 +30,13 @@ class Settings(BaseSettings):
     # ---- everywhere -------------------------------------------------------------------
     kafka_bootstrap: str = Field(
         "127.0.0.1:9092", description="Kafka bootstrap servers.")
+    kafka_properties: str = Field(
+        "", description="A file of Kafka client properties (key=value lines, librdkafka's "
+        "names: security.protocol, sasl.mechanism, sasl.username, sasl.password, "
+        "ssl.ca.location, ...) for a cluster with SASL or SSL: every client qstate makes "
+        "uses them (dead letters, topics, lag, the generator), and Spark's Kafka source gets "
+        "them in Java's names (sasl.jaas.config, a PEM trust store); `java.`-prefixed keys go "
+        "to Spark alone. Its values are never logged. Empty: plain text, no authentication.")
     home: str = Field(
         ".qstate", description="Local working directory: broker data, shard RocksDB data, "
         "Spark checkpoints, logs.")

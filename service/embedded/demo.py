@@ -22,6 +22,7 @@ from rich.text import Text
 
 from qstate.core.assignment import list_servers
 from qstate.core.files import write_file
+from qstate.core.kafka import client_config
 from qstate.core.security import host_token, host_token_path
 from qstate.core.storage import Storage
 from qstate.embedded import guide
@@ -224,7 +225,7 @@ class Status:
     """events/s per topic (broker high watermarks), last batch and watermark age per job."""
 
     def __init__(self, bootstrap: str, url: str, job_metrics: str) -> None:
-        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "qstate-status"})
+        self.consumer = Consumer(client_config(bootstrap, None, **{"group.id": "qstate-status"}))
         self.http = httpx.Client(base_url=url, timeout=0.5)
         self.job_metrics = job_metrics
         self.last: dict[str, tuple[float, int]] = {}

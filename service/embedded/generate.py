@@ -34,7 +34,7 @@ from rich.progress import (
 from rich.text import Text
 
 from qstate.cli_options import S, option
-from qstate.core.kafka import ensure_topic
+from qstate.core.kafka import client_config, ensure_topic
 from qstate.jobs.examples.workloads import (
     Ads,
     Event,
@@ -152,7 +152,7 @@ def produce(
     if rate is not None and rate < 0:
         raise ValueError(f"rate must be >= 0, got {rate}")
     ensure_topic(bootstrap, topic, partitions=partitions)
-    producer = Producer({"bootstrap.servers": bootstrap, **PRODUCER_DEFAULTS, **(config or {})})
+    producer = Producer(client_config(bootstrap, None, **{**PRODUCER_DEFAULTS, **(config or {})}))
     log_file: IO[bytes] | None = None
     if log_path is not None:
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)

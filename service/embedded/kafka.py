@@ -78,10 +78,24 @@ class KafkaBroker:
     # a command prefix the broker runs under, e.g. ``ip netns exec HOST`` to put it on an
     # emulated host (then give ``host`` and ``port``: no free port is probed for there)
     launcher: list[str] = field(default_factory=list)
+    # clients authenticate with SASL/PLAIN as one of these users (name -> password); the
+    # broker talks to itself over a plain listener of its own on loopback. Empty: plain text
+    sasl_users: dict[str, str] = field(default_factory=dict)
+    internal_port: int = 0
 
     @property
     def bootstrap(self) -> str:
         return f"{self.host}:{self.port}"
+
+    @property
+    def client_properties(self) -> dict[str, str]:
+        """What a client sets to reach this broker (librdkafka's names), as the first user
+        of ``sasl_users``; {} for a plain-text broker."""
+        if not self.sasl_users:
+            return {}
+        user, password = next(iter(self.sasl_users.items()))
+        return {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
+                "sasl.username": user, "sasl.password": password}
 
     # ---- lifecycle --------------------------------------------------------------
     def start(self, timeout: float = 90.0) -> KafkaBroker:
@@ -139,14 +153,18 @@ class KafkaBroker:
             ports = orjson.loads(saved.read_bytes())
             self.port = self.port or ports["port"]
             self.controller_port = ports["controller"]
+            self.internal_port = ports.get("internal", 0)
         self.port = self.port or free_port(self.host)
         self.controller_port = self.controller_port or free_port("127.0.0.1")
-        saved.write_bytes(orjson.dumps({"port": self.port, "controller": self.controller_port}))
+        if self.sasl_users:
+            self.internal_port = self.internal_port or free_port("127.0.0.1")
+        saved.write_bytes(orjson.dumps({"port": self.port, "controller": self.controller_port,
+                                        "internal": self.internal_port}))
 
     def _write_config(self) -> Path:
         logs = self.data_dir / "logs"
         c = self.controller_port
-        settings = {
+        listeners = {
             "process.roles": "broker,controller",
             "node.id": "1",
             "controller.quorum.voters": f"1@127.0.0.1:{c}",
@@ -155,6 +173,23 @@ class KafkaBroker:
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
             "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        }
+        if self.sasl_users:
+            i = self.internal_port
+            users = " ".join(f'user_{u}="{p}"' for u, p in self.sasl_users.items())
+            listeners.update({
+                "listeners": f"SASL_PLAINTEXT://{self.host}:{self.port},"
+                             f"PLAINTEXT://127.0.0.1:{i},CONTROLLER://127.0.0.1:{c}",
+                "advertised.listeners": f"SASL_PLAINTEXT://{self.host}:{self.port},"
+                                        f"PLAINTEXT://127.0.0.1:{i}",
+                "listener.security.protocol.map":
+                    "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT",
+                "sasl.enabled.mechanisms": "PLAIN",
+                "listener.name.sasl_plaintext.plain.sasl.jaas.config":
+                    f"org.apache.kafka.common.security.plain.PlainLoginModule required {users};",
+            })
+        settings = {
+            **listeners,
             "log.dirs": str(logs),
             "num.partitions": "4",
             # one node: every internal topic has one replica, and few partitions (a group
@@ -202,6 +237,7 @@ class KafkaBroker:
     def _wait_ready(self, timeout: float, log_path: Path) -> None:
         # its own logger: refused connections while the broker starts are expected, not news
         admin = AdminClient({"bootstrap.servers": self.bootstrap, "log.connection.close": False,
+                             **self.client_properties,
                              "logger": logging.getLogger(f"{__name__}.admin")})  # type: ignore[dict-item]
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

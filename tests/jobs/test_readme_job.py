@@ -1,0 +1,71 @@
+"""README's own job ("Making your own aggregation queryable"), run as it is written: the code
+block is saved as a module, started as `qstate job` starts it, fed ad events of the demo's
+shape (with fields the job does not declare, and a record it dead-letters) and read back
+through the router: a README that drifts from the code fails here."""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from pathlib import Path
+
+import orjson
+from confluent_kafka import Producer
+
+from qstate.client import Client
+from qstate.jobs.job import JobContext
+from qstate.jobs.launch import start_job
+from tests.jobs.test_exactness import dead_letters
+
+README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+
+
+def readme_job() -> str:
+    section = README[README.index("## Making your own aggregation queryable"):]
+    [code] = re.findall(r"```python\n(.*?)```", section[:section.index("\n## ", 3)], re.S)
+    return code
+
+
+def test_the_readme_job_counts_what_it_says(spark, broker, topic: str, tmp_path: Path,
+                                            storage_uri: str, shards, router) -> None:
+    (tmp_path / "myads_readme.py").write_text(readme_job())
+    sys.path.insert(0, str(tmp_path))
+    job = f"readme{topic[-6:]}"
+    ctx = JobContext(broker.bootstrap, storage_uri, tmp_path / "ckpt", 4, "500 milliseconds",
+                     topic=topic, job=job, shards=[s.address for s in shards])
+    try:
+        running = start_job(spark, "myads_readme:build", ctx)
+    finally:
+        sys.path.remove(str(tmp_path))
+    t0 = (int(time.time() * 1000) // 10_000 - 30) * 10_000  # a 10 s window, well closed
+    events = [  # (ad, user, type, ms into the window): the demo's fields and more
+        ("ad-1", "u1", "view", 1_000), ("ad-1", "u2", "view", 2_000),
+        ("ad-1", "u1", "view", 3_000), ("ad-1", "u1", "click", 4_000),
+        ("ad-2", "u3", "view", 5_000), ("ad-2", "u3", "view", 6_000)]
+    producer = Producer({"bootstrap.servers": broker.bootstrap})
+    try:
+        for ad, user, kind, ms in events:
+            producer.produce(topic, orjson.dumps({
+                "user_id": user, "page_id": "p", "ad_id": ad, "ad_type": "banner",
+                "event_type": kind, "event_time": t0 + ms, "ip_address": "10.0.0.1"}),
+                ad.encode())
+        producer.produce(topic, b'{"ad_id": "ad-1"}', b"ad-1")  # no user_id: dead-lettered
+        # past the watermark (10 s): the window of the events above is final
+        producer.produce(topic, orjson.dumps({
+            "user_id": "u9", "ad_id": "ad-9", "event_type": "view",
+            "event_time": t0 + 60_000}), b"ad-9")
+        assert producer.flush(10) == 0
+        running.process_all_available()
+        with Client(router.url, timeout=30, retries=40, backoff_s=0.25) as c:
+            views = {ad: c.get(job, "ad_views_10s", "views", ad).latest for ad in ("ad-1", "ad-2")}
+            users = c.get(job, "ad_views_10s", "users", "ad-1").latest
+            session = c.get(job, "user_sessions", "events", "u1").latest
+        assert {ad: (w.start, w.value) for ad, w in views.items() if w} == {
+            "ad-1": (t0, 3), "ad-2": (t0, 2)}
+        assert users is not None and users.value == 2  # u1, u2
+        assert session is not None and (session.start, session.value) == (t0 + 1_000, 3)
+        [(key, _, headers)] = dead_letters(broker.bootstrap, f"{topic}.dlq")
+        assert (key, headers["qstate.kind"]) == (b"ad-1", "missing_field")
+    finally:
+        running.stop()
