@@ -63,7 +63,7 @@ def load_builder(name: str) -> Builder:
     if builder is None:
         raise InvalidRequest(f"job {name!r}: module {module} ({loaded.__file__}) has no "
                              f"{func!r}; define `def {func}(spark, ctx)` that returns a "
-                             "QueryableJob (README: Making your own aggregation queryable)")
+                             "QueryableJob (docs/own-job.md)")
     if not callable(builder):
         raise InvalidRequest(f"job {name!r}: {target} is not a function")
     return builder  # type: ignore[no-any-return]

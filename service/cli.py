@@ -99,8 +99,8 @@ def _working_directory_first() -> None:
 def job(
     names: Annotated[list[str], typer.Argument(
         help="Jobs to run: MODULE:FUNCTION, a function build(spark, ctx) that returns a "
-             "qstate.jobs.queryable.QueryableJob (ctx: qstate.jobs.job.JobContext; README: "
-             "Making your own aggregation queryable), found as `python -m` finds modules "
+             "qstate.jobs.queryable.QueryableJob (ctx: qstate.jobs.job.JobContext; "
+             "docs/own-job.md), found as `python -m` finds modules "
              "(the working directory first); or an example: tweets, ads.")],
     bootstrap: Annotated[str, option("kafka_bootstrap", "--bootstrap")] = S.kafka_bootstrap,
     storage: Annotated[str, option("storage", "--storage")] = S.storage_uri,

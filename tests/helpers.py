@@ -4,10 +4,12 @@ condition."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -220,3 +222,15 @@ def refused_then_answered(address: str, refused: Settings, answered: Settings,
     finally:
         outsider.close()
         insider.close()
+
+
+def json_documents(out: str) -> list[Any]:
+    """The JSON documents printed one after the other (indented, or one a line)."""
+    decoder, docs, i = json.JSONDecoder(), [], 0
+    while i < len(out):
+        if out[i].isspace():
+            i += 1
+            continue
+        doc, i = decoder.raw_decode(out, i)
+        docs.append(doc)
+    return docs

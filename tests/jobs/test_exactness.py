@@ -19,6 +19,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from loadtest.truth import ads_campaign_views, load_events, window_counts
+from qstate.core.kafka import client_config
 from qstate.core.process import serve_metrics
 from qstate.embedded.generate import produce
 from qstate.jobs.examples.workloads import (
@@ -135,8 +136,10 @@ def assert_job_metrics(url: str, router, job: str, topic: str, produced: int,
 
 
 def dead_letters(bootstrap: str, topic: str) -> list[tuple[bytes | None, bytes | None, dict]]:
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"dlq-{topic}",
-                  "enable.auto.commit": False})
+    """Every record of ``topic`` (key, value, headers), read with the deployment's Kafka
+    properties (QSTATE_KAFKA_PROPERTIES) as qstate's own clients are."""
+    c = Consumer(client_config(bootstrap, None, **{"group.id": f"dlq-{topic}",
+                                                    "enable.auto.commit": False}))
     try:
         md = c.list_topics(topic, timeout=10).topics[topic]
         ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]

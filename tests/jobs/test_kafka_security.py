@@ -11,7 +11,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 from qstate.client import Client
@@ -22,6 +22,7 @@ from qstate.embedded.kafka import KafkaBroker
 from qstate.jobs.job import JobContext
 from qstate.jobs.launch import start_job
 from tests.helpers import wait_until
+from tests.jobs.test_exactness import dead_letters
 
 HOUR = 3_600_000
 
@@ -95,7 +96,7 @@ def test_the_tweets_job_on_a_cluster_with_sasl(spark, sasl_broker: KafkaBroker, 
                 got = {k: c.get(job, "per_tweet_1h", "impressions", k).latest
                        for k in truth}
             assert {k: w.value for k, w in got.items() if w} == truth
-            letters = _read_all(sasl_broker.bootstrap, f"{topic}.dlq")
+            letters = dead_letters(sasl_broker.bootstrap, f"{topic}.dlq")
             assert [(k, v, h["qstate.kind"]) for k, v, h in letters] == [
                 (b"tw-bad", b"not json at all", "invalid_json")]
         finally:
@@ -103,23 +104,3 @@ def test_the_tweets_job_on_a_cluster_with_sasl(spark, sasl_broker: KafkaBroker, 
     finally:
         monkeypatch.delenv("QSTATE_KAFKA_PROPERTIES")
         config.settings.cache_clear()
-
-
-def _read_all(bootstrap: str, topic: str) -> list[tuple[bytes | None, bytes | None, dict]]:
-    c = Consumer(client_config(bootstrap, None, **{"group.id": f"read-{topic}",
-                                                    "enable.auto.commit": False}))
-    try:
-        md = c.list_topics(topic, timeout=10).topics[topic]
-        ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-                for p in md.partitions}
-        c.assign([TopicPartition(topic, p, 0) for p in ends])
-        out: list[tuple[bytes | None, bytes | None, dict]] = []
-        while len(out) < sum(ends.values()):
-            for m in c.consume(num_messages=sum(ends.values()) - len(out), timeout=5):
-                assert m.error() is None
-                headers = {str(k): bytes(v).decode()  # type: ignore[arg-type,str-unpack]
-                           for k, v in m.headers() or []}
-                out.append((m.key(), m.value(), headers))
-        return out
-    finally:
-        c.close()

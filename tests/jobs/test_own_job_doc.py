@@ -1,11 +1,14 @@
-"""README's own job ("Making your own aggregation queryable"), run as it is written: the code
-block is saved as a module, started as `qstate job` starts it, fed ad events of the demo's
-shape (with fields the job does not declare, and a record it dead-letters) and read back
-through the router: a README that drifts from the code fails here."""
+"""docs/own-job.md, run: its plain Spark job is built, its queryable job is saved as a module,
+started as `qstate job` starts it, fed ad events of the demo's shape (with fields the job does
+not declare, and a record it dead-letters) and read back through the router; its commands
+run, the job's `qstate job` line standing for the job this test started. A page that drifts
+from the code fails here."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -16,26 +19,37 @@ from confluent_kafka import Producer
 from qstate.client import Client
 from qstate.jobs.job import JobContext
 from qstate.jobs.launch import start_job
+from tests.helpers import json_documents
 from tests.jobs.test_exactness import dead_letters
 
-README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+ROOT = Path(__file__).resolve().parents[2]
+PAGE = (ROOT / "docs" / "own-job.md").read_text()
+BLOCKS = re.findall(r"```(bash|python)\n(.*?)```", PAGE, re.S)
 
 
-def readme_job() -> str:
-    section = README[README.index("## Making your own aggregation queryable"):]
-    [code] = re.findall(r"```python\n(.*?)```", section[:section.index("\n## ", 3)], re.S)
-    return code
+def test_the_page_has_the_blocks_this_test_runs() -> None:
+    assert [k for k, _ in BLOCKS] == ["python", "python", "bash", "bash"]
+    help_ = subprocess.run(["bash", "-euo", "pipefail", "-c", BLOCKS[2][1]], cwd=ROOT,
+                           capture_output=True, text=True, timeout=60)
+    assert help_.returncode == 0 and "QueryableJob" in help_.stdout
 
 
-def test_the_readme_job_counts_what_it_says(spark, broker, topic: str, tmp_path: Path,
-                                            storage_uri: str, shards, router) -> None:
-    (tmp_path / "myads_readme.py").write_text(readme_job())
+def test_the_plain_spark_job_builds(spark, broker) -> None:
+    scope: dict = {}
+    exec(BLOCKS[0][1], scope)
+    df = scope["ad_views"](spark, broker.bootstrap)
+    assert df.isStreaming and df.columns == ["window", "ad_id", "views", "users"]
+
+
+def test_the_queryable_job_counts_what_it_says(spark, broker, topic: str, tmp_path: Path,
+                                               storage_uri: str, shards, router) -> None:
+    (tmp_path / "myads_doc.py").write_text(BLOCKS[1][1])
     sys.path.insert(0, str(tmp_path))
-    job = f"readme{topic[-6:]}"
+    job = f"doc{topic[-6:]}"
     ctx = JobContext(broker.bootstrap, storage_uri, tmp_path / "ckpt", 4, "500 milliseconds",
                      topic=topic, job=job, shards=[s.address for s in shards])
     try:
-        running = start_job(spark, "myads_readme:build", ctx)
+        running = start_job(spark, "myads_doc:build", ctx)
     finally:
         sys.path.remove(str(tmp_path))
     t0 = (int(time.time() * 1000) // 10_000 - 30) * 10_000  # a 10 s window, well closed
@@ -67,5 +81,17 @@ def test_the_readme_job_counts_what_it_says(spark, broker, topic: str, tmp_path:
         assert session is not None and (session.start, session.value) == (t0 + 1_000, 3)
         [(key, _, headers)] = dead_letters(broker.bootstrap, f"{topic}.dlq")
         assert (key, headers["qstate.kind"]) == (b"ad-1", "missing_field")
+        # the page's commands, against this router and this job (its first line started it)
+        run = BLOCKS[3][1]
+        assert run.splitlines()[0].startswith(".venv/bin/qstate job myads:build")
+        commands = "\n".join(run.splitlines()[1:]).replace("localhost:8000", router.url[7:]) \
+            .replace("myads", job)
+        r = subprocess.run(["bash", "-euo", "pipefail", "-c", commands], cwd=ROOT,
+                           env=dict(os.environ), capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        described, board = json_documents(r.stdout)
+        assert sorted(o["name"] for o in described["operators"]) == ["ad_views_10s",
+                                                                     "user_sessions"]
+        assert board["job"] == job and "entries" in board
     finally:
         running.stop()

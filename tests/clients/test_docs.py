@@ -1,0 +1,86 @@
+"""docs/querying.md, run: every `bash` and `python` block of the page against a real router
+(the shop deployment's, its names put where the page has the demo's), each checked for what
+it should print. A page that drifts from the code fails here."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.clients.test_node_client import node  # noqa: F401 - a fixture
+from tests.helpers import json_documents
+from tests.shop import BATCHES, KEYS, MANY, Shop, views
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGE = (ROOT / "docs" / "querying.md").read_text()
+LAST = BATCHES - 1
+BLOCKS = re.findall(r"```(bash|python)\n(.*?)```", PAGE, re.S)
+
+
+def _as_shop(code: str, shop: Shop, node_path: str) -> str:
+    router = shop.routers["local"]
+    for demo, ours in [("http://127.0.0.1:8000", router.url),
+                       ("127.0.0.1:50051", router.grpc_address),
+                       ("node clients/node/query.mjs", f"{node_path} clients/node/query.mjs"),
+                       ("per_tweet_1h", "views_1m"), ("impressions", "views"),
+                       ("tw-404", "never-written"), ("now-6h", "0")]:
+        code = code.replace(demo, ours)
+    code = re.sub(r"\btw-1\b", KEYS[3], re.sub(r"\btw-2\b", KEYS[4], code))
+    return re.sub(r"\btweets\b", "shop", code)
+
+
+
+def _run(kind: str, code: str, shop: Shop) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QSTATE_")}
+    env["QSTATE_ROUTER_URL"] = shop.routers["local"].url
+    args = ["bash", "-euo", "pipefail", "-c", code] if kind == "bash" else \
+        [sys.executable, "-c", code]
+    return subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_the_page_has_the_blocks_this_test_knows() -> None:
+    assert [k for k, _ in BLOCKS] == ["bash", "bash", "bash", "python", "python", "python",
+                                      "python", "bash"]
+
+
+@pytest.mark.parametrize("i", range(len(BLOCKS)))
+def test_every_block_runs_and_prints_what_it_says(i: int, shop: Shop, node: str) -> None:  # noqa: F811
+    kind, code = BLOCKS[i]
+    r = _run(kind, _as_shop(code, shop, node), shop)
+    assert r.returncode == 0, (code, r.stdout, r.stderr)
+    out = r.stdout
+    top3 = sorted(KEYS + MANY, key=lambda k: (-views(k, LAST), k))[:3]
+    if "/v1/jobs\n" in code:  # the curl tour: every answer JSON, none an error
+        assert '"error"' not in out and '"name":"shop"' in out.replace(" ", "")
+        assert f'"key":"{KEYS[3]}"' in out.replace(" ", "")
+    elif "tw-404\n" in code and kind == "bash":  # the error example
+        body = json.loads(out)
+        assert body["error"] == "NotFound" and body["batch"] == LAST
+    elif "qstate get" in code:
+        got, board, event = json_documents(out)
+        assert got["windows"][-1]["value"] == views(KEYS[3], LAST)
+        assert [e["key"] for e in board["entries"]] == top3
+        assert event["snapshot"] and {c["key"] for c in event["changes"]} == {KEYS[3], KEYS[4]}
+    elif "from qstate import Client" in code:
+        lines = out.splitlines()
+        assert lines[0] == f"{views(KEYS[3], LAST)} views as of batch {LAST}"  # renamed too
+        assert lines[1:3] == [f"{KEYS[3]} True", "never-written False"]
+        assert lines[3] == str([(k, views(k, LAST)) for k in top3])
+        assert lines[-1] == f"no data as of batch {LAST}"
+    elif "AsyncClient" in code:
+        assert out.splitlines() == [f"{views(KEYS[3], LAST)} {views(KEYS[4], LAST)}",
+                                    f"batch {LAST} {[(KEYS[3], views(KEYS[3], LAST))]}"]
+    elif "ProtoReflectionDescriptorDatabase" in code:
+        assert out.strip() == str(LAST)
+    elif "QueryableStateStub" in code:
+        assert out.startswith(f"True {LAST} ")
+    else:  # node
+        answers = out.replace("\n", "")
+        assert f'"int_value": "{views(KEYS[3], LAST)}"'.replace(" ", "") in \
+            answers.replace(" ", "")
