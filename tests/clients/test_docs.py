@@ -29,7 +29,7 @@ def _as_shop(code: str, shop: Shop, node_path: str) -> str:
                        ("127.0.0.1:50051", router.grpc_address),
                        ("node clients/node/query.mjs", f"{node_path} clients/node/query.mjs"),
                        ("per_tweet_1h", "views_1m"), ("impressions", "views"),
-                       ("tw-404", "never-written"), ("now-6h", "0")]:
+                       ("tw-none", "never-written"), ("now-6h", "0")]:
         code = code.replace(demo, ours)
     code = re.sub(r"\btw-1\b", KEYS[3], re.sub(r"\btw-2\b", KEYS[4], code))
     return re.sub(r"\btweets\b", "shop", code)
@@ -59,7 +59,7 @@ def test_every_block_runs_and_prints_what_it_says(i: int, shop: Shop, node: str)
     if "/v1/jobs\n" in code:  # the curl tour: every answer JSON, none an error
         assert '"error"' not in out and '"name":"shop"' in out.replace(" ", "")
         assert f'"key":"{KEYS[3]}"' in out.replace(" ", "")
-    elif "tw-404\n" in code and kind == "bash":  # the error example
+    elif "tw-none\n" in code and kind == "bash":  # the error example
         body = json.loads(out)
         assert body["error"] == "NotFound" and body["batch"] == LAST
     elif "qstate get" in code:
