@@ -317,10 +317,11 @@ def parse_batches(batches: Iterator[pa.RecordBatch], fields: Mapping[str, str],
                   keys: Sequence[str], dlq_topic: str | None, bootstrap: str,
                   max_value_bytes: int, keep: Sequence[str] = PASSTHROUGH,
                   event_time: EventTime | None = None,
-                  kafka_properties: Mapping[str, str] | None = None
+                  properties: Mapping[str, str] | None = None
                   ) -> Iterator[pa.RecordBatch]:
     """The mapInArrow body: every input row out, typed, with ``_error`` and ``_error_kind``
-    set on the bad ones (which also went to the dead-letter topic)."""
+    set on the bad ones (which also went to the dead-letter topic, written with the Kafka
+    client ``properties`` the driver read)."""
     fields = dict(fields)
     kinds = list(fields.values())
     schema = pa.schema([(n, ARROW_TYPES[k]) for n, k in fields.items()])
@@ -357,7 +358,7 @@ def parse_batches(batches: Iterator[pa.RecordBatch], fields: Mapping[str, str],
                 errors[i], why[i] = exc.reason, exc.kind
                 bad.append(i)
         if bad and dlq_topic is not None:
-            writer = writer or DeadLetterWriter(bootstrap, dlq_topic, kafka_properties)
+            writer = writer or DeadLetterWriter(bootstrap, dlq_topic, properties)
             _dead_letter(writer, batch, raw, stamps, bad, errors, why)
         columns = list(zip(*rows, strict=True)) if rows else [() for _ in kinds]
         arrays = [pa.array(col, ARROW_TYPES[k]) for col, k in zip(columns, kinds, strict=True)]

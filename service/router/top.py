@@ -52,6 +52,13 @@ class TopResult:
     batch: int  # the lowest of the partitions read: each is at least there
     watermark_ms: int
     entries: list[Ranked]
+    # the highest: above ``batch`` when the partitions were read mid-commit, some a batch
+    # behind (a board then may lack what they have not applied yet)
+    newest_batch: int = -1
+
+    @property
+    def partial(self) -> bool:
+        return self.newest_batch > self.batch
 
 
 def _partition_top(r: pb.PartitionTop) -> PartitionTop:
@@ -86,7 +93,8 @@ class TopReads:
         return TopResult(spec, q.state, start,
                          None if start is None else start + spec.window.size_ms,
                          min(t.batch for t in got.values()),
-                         min(t.watermark_ms for t in got.values()), entries)
+                         min(t.watermark_ms for t in got.values()), entries,
+                         max(t.batch for t in got.values()))
 
     async def _at_least(self, spec: OperatorSpec, q: TopQuery, state: int,
                         got: dict[int, PartitionTop], start: int | None

@@ -156,7 +156,10 @@ class _TopFeed:
             return
         self.board = r
         self.current = True
-        if old is None or (old.start, old.entries) != (r.start, r.entries):
+        # pushed when it changed, and when a board read mid-commit (some partitions a batch
+        # behind) is read again whole: its watchers then learn the batch it is complete at
+        if old is None or (old.start, old.entries) != (r.start, r.entries) or (
+                old.partial and r.batch > old.batch):
             for w in self.watchers:
                 w.offer(None, committed_ms)
 

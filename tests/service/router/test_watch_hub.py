@@ -10,7 +10,8 @@ import pytest
 
 from qstate.router.reads import Hit, Row
 from qstate.router.request import WatchQuery
-from qstate.router.watch import Watcher, WatchHub, _KeyFeed
+from qstate.router.top import Ranked, TopResult
+from qstate.router.watch import Watcher, WatchHub, _KeyFeed, _TopFeed
 from tests.shop import SPEC
 
 KEYS = ("a", "b", "c")
@@ -79,3 +80,30 @@ def test_keys_no_one_watches_are_forgotten(feed) -> None:  # type: ignore[no-unt
     assert set(f.tracked) == set(KEYS)
     f.untrack(KEYS, fast)
     assert f.tracked == {}
+
+
+def _board(batch: int, newest: int, entries: list[tuple[str, int]]) -> TopResult:
+    return TopResult(SPEC, "views", 60_000, 120_000, batch, batch * 1000,
+                     [Ranked(k, v) for k, v in entries], newest)
+
+
+def test_a_board_read_mid_commit_is_pushed_again_once_whole() -> None:
+    """A board read while some partitions were a batch behind says the lower batch; read
+    again whole with the same rows, its watchers are told the batch it is complete at. A
+    whole board read again unchanged is not pushed."""
+    hub = WatchHub(None, 0.05, 10, 10)  # type: ignore[arg-type]  # never polls here
+    q = WatchQuery.of("shop", "views_1m", "views", top_n=2, max_keys=10, max_n=10)
+    assert q.top is not None
+    f = _TopFeed(SPEC, q.top)
+    w = Watcher(hub, q, "http")
+    w.feed = f
+    f.watchers.add(w)
+    rows = [("a", 9), ("b", 7)]
+    f.update(_board(6, 7, rows), 0)  # partitions at 6 and 7
+    w._first([None])
+    assert _next(w).top.batch == 6
+    f.update(_board(7, 7, rows), 7000)  # the same rows, every partition at 7
+    assert _next(w).top.batch == 7
+    f.update(_board(8, 8, rows), 8000)  # whole before, the same rows: nothing to tell
+    with pytest.raises(TimeoutError):
+        _next(w, 0.1)
