@@ -25,6 +25,7 @@ from confluent_kafka.admin import AdminClient
 from qstate.core.config import DEFAULTS
 from qstate.core.errors import BrokerError
 from qstate.core.jvm import java
+from qstate.core.kafka import client_config
 from qstate.embedded.lifeline import die_with_parent
 from qstate.embedded.ports import free_port
 
@@ -236,9 +237,8 @@ class KafkaBroker:
 
     def _wait_ready(self, timeout: float, log_path: Path) -> None:
         # its own logger: refused connections while the broker starts are expected, not news
-        admin = AdminClient({"bootstrap.servers": self.bootstrap, "log.connection.close": False,
-                             **self.client_properties,
-                             "logger": logging.getLogger(f"{__name__}.admin")})  # type: ignore[dict-item]
+        admin = AdminClient(client_config(self.bootstrap, self.client_properties, **{
+            "log.connection.close": False, "logger": logging.getLogger(f"{__name__}.admin")}))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:

@@ -128,16 +128,17 @@ def test_disk_loss_restores_on_the_other_server_and_rejoin_rebalances(cluster, t
     Committer(coord, gc_every=3).commit(SPEC, b, b * 100, write_batch(storage, b, truth))
     # a partition handed over in the rebalance may still be restoring on its new owner (on a
     # loaded machine): a 503 with Retry-After then, never a wrong answer, and batch 13 after
-    deadline = time.monotonic() + 20
-    while True:
+    def at_13() -> bool:
         got, batches = served(router)
         if "status" in got:
             assert got["status"] == 503 and got["retry"], got
-        elif batches == {13}:
-            assert got == truth
-            break
-        assert time.monotonic() < deadline, (got, batches)
-        time.sleep(0.05)
+            return False
+        if batches != {13}:
+            return False
+        assert got == truth
+        return True
+
+    wait_until(at_13, 20, "batch 13 served whole")
     assert lost  # (which partitions moved is the coordinator's call)
 
     out = subprocess.run([sys.executable, "-m", "qstate", "state", "inspect", "rec",
