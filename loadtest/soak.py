@@ -83,6 +83,17 @@ def descendants(pid: int) -> set[int]:
     return out
 
 
+def rss_mb(pid: int) -> float | None:
+    """Resident memory of ``pid`` in MiB; None once it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
 def alive(pid: int) -> bool:
     """Running and not a zombie."""
     try:
@@ -147,6 +158,23 @@ class DemoRun:
                 self.roles[pid] = role
         return self.roles
 
+    def memory(self) -> dict[str, float]:
+        """Resident MiB of each process running now, by role: processes of one role told
+        apart by start order (``shard-0``, ``shard-1``); Spark's Python workers, which come
+        and go, summed."""
+        out: dict[str, float] = {}
+        by_role: dict[str, list[int]] = {}
+        for pid, role in sorted(self.see().items()):
+            by_role.setdefault(role, []).append(pid)
+        for role, pids in by_role.items():
+            sizes = [(pid, mb) for pid in pids if (mb := rss_mb(pid)) is not None]
+            if role == "spark-python" or len(pids) == 1:
+                if sizes:
+                    out[role] = sum(mb for _, mb in sizes)
+            else:
+                out.update({f"{role}-{i}": mb for i, (pid, mb) in enumerate(sizes)})
+        return out
+
     def ctrl_c(self, bound_s: float = 10.0) -> tuple[int | None, float, dict[int, str]]:
         """SIGINT to the whole group, as a terminal sends it; returns (exit code, seconds until
         every process seen was gone, processes still alive after ``bound_s``: those are
@@ -196,6 +224,7 @@ class Sample:
     marker_visible_s: float | None  # None: not exact within the marker deadline
     markers_exact: int
     markers_total: int
+    rss_mb: dict[str, float] = field(default_factory=dict)  # role -> resident MiB
 
 
 @dataclass
@@ -208,6 +237,7 @@ class Summary:
     markers_wrong: int
     freshness_p50_s: float
     freshness_p99_s: float
+    rss_slope_mb_per_min: dict[str, float] = field(default_factory=dict)  # after warm-up
     stop_s: float | None = None
     left_running: dict[int, str] = field(default_factory=dict)
 
@@ -348,7 +378,7 @@ class Soak:
             reassignments=self.job_metric("qstate_job_reassignments_total"),
             read_p50_ms=_quantile(latencies, 0.5), read_p99_ms=_quantile(latencies, 0.99),
             bad_answers=bad, marker_visible_s=visible, markers_exact=exact,
-            markers_total=len(self.markers))
+            markers_total=len(self.markers), rss_mb=self.demo.memory())
 
     def run(self, minutes: float, interval_s: float = 60, warmup_min: float = 5,
             hog_at: float | None = None, hog_minutes: float = 1.0,
@@ -393,7 +423,11 @@ def summarize(samples: list[Sample], warmup_min: float) -> Summary:
         reassignments=last.reassignments if last else 0,
         bad_answers=sum(s.bad_answers for s in samples),
         markers_wrong=(last.markers_total - last.markers_exact) if last else 0,
-        freshness_p50_s=_quantile(fresh, 0.5), freshness_p99_s=_quantile(fresh, 0.99))
+        freshness_p50_s=_quantile(fresh, 0.5), freshness_p99_s=_quantile(fresh, 0.99),
+        rss_slope_mb_per_min={
+            role: _slope([s.minute for s in steady if role in s.rss_mb],
+                         [s.rss_mb[role] for s in steady if role in s.rss_mb])
+            for role in sorted({r for s in steady for r in s.rss_mb})})
 
 
 def cpu_hog(n: int | None = None) -> list[subprocess.Popen[bytes]]:
@@ -417,7 +451,7 @@ def write_results(summary: Summary, out: Path, command: str) -> None:
 
     s = summary.samples
     png = out.with_suffix(".png")
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    fig, (ax1, ax2, ax3) = plt.subplots(3, 1, figsize=(9, 9), sharex=True)
     ax1.plot([x.minute for x in s], [x.behind for x in s], marker=".")
     ax1.set_ylabel("events behind")
     ax1.set_title("qstate run: lag over time")
@@ -427,16 +461,22 @@ def write_results(summary: Summary, out: Path, command: str) -> None:
     ax2.plot([x.minute for x in s], [x.marker_visible_s or float("nan") for x in s],
              marker="x", label="marker visible after (s)")
     ax2.set_ylabel("seconds")
-    ax2.set_xlabel("minutes since start")
     ax2.legend(fontsize=8)
+    roles = sorted({r for x in s for r in x.rss_mb})
+    for role in roles:
+        ax3.plot([x.minute for x in s], [x.rss_mb.get(role, float("nan")) for x in s],
+                 marker=".", label=role)
+    ax3.set_ylabel("resident MiB")
+    ax3.set_xlabel("minutes since start")
+    ax3.legend(fontsize=7, ncol=3)
     fig.tight_layout()
     fig.savefig(png, dpi=100)
     ops = sorted({k for x in s for k in x.watermark_age_s})
     rows = [
         "| min | " + " | ".join(f"{op} wm age s" for op in ops) +
         " | behind | reassign. | read p50 / p99 ms | bad answers | marker visible s "
-        "| markers exact |",
-        "|---" * (len(ops) + 7) + "|",
+        "| markers exact | " + " | ".join(f"{r} MiB" for r in roles) + " |",
+        "|---" * (len(ops) + 7 + len(roles)) + "|",
     ]
     for x in s:
         vis = f"{x.marker_visible_s:.2f}" if x.marker_visible_s is not None else "not in time"
@@ -444,7 +484,8 @@ def write_results(summary: Summary, out: Path, command: str) -> None:
                     " | ".join(f"{x.watermark_age_s.get(op, float('nan')):.1f}" for op in ops) +
                     f" | {x.behind:,.0f} | {x.reassignments:.0f} | {x.read_p50_ms:.1f} / "
                     f"{x.read_p99_ms:.1f} | {x.bad_answers} | {vis} | "
-                    f"{x.markers_exact}/{x.markers_total} |")
+                    f"{x.markers_exact}/{x.markers_total} | " +
+                    " | ".join(f"{x.rss_mb.get(r, float('nan')):.0f}" for r in roles) + " |")
     stop_line = (f"{summary.stop_s:.1f} s, left running: {summary.left_running or 'none'}"
                  if summary.stop_s is not None else "not measured")
     out.write_text("\n".join([
@@ -462,10 +503,18 @@ def write_results(summary: Summary, out: Path, command: str) -> None:
         f"- freshness (marker produced -> exact through HTTP): p50 "
         f"{summary.freshness_p50_s:.2f} s, p99 {summary.freshness_p99_s:.2f} s",
         f"- Ctrl-C to the process group: every process gone after {stop_line}",
+        "- resident memory after warm-up (first → last sample, trend): " + "; ".join(
+            f"{r} {_first_last(s, r)} MiB, {summary.rss_slope_mb_per_min.get(r, 0):+.1f} "
+            "MiB/min" for r in roles),
         "",
         *rows,
         "",
     ]))
+
+
+def _first_last(samples: list[Sample], role: str) -> str:
+    have = [x.rss_mb[role] for x in samples if role in x.rss_mb]
+    return f"{have[0]:.0f} → {have[-1]:.0f}" if have else "n/a"
 
 
 def main(
@@ -490,7 +539,8 @@ def main(
             console.print(f"[{s.minute:5.1f} min]{' (cpu hog)' if hogging else ''} "
                           f"behind {s.behind:,.0f}; watermark age {ages}; reassignments "
                           f"{s.reassignments:.0f}; read p99 {s.read_p99_ms:.1f} ms; marker "
-                          f"{s.marker_visible_s}; exact {s.markers_exact}/{s.markers_total}")
+                          f"{s.marker_visible_s}; exact {s.markers_exact}/{s.markers_total}; "
+                          "MiB " + ", ".join(f"{k} {v:.0f}" for k, v in s.rss_mb.items()))
         try:
             summary = soak.run(minutes, interval, warmup, hog_at, hog_minutes, show)
         finally:

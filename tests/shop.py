@@ -137,13 +137,18 @@ def commit_batch(storage: Storage, coord: Coordinator, batch: int) -> None:
     Committer(coord).commit(SPEC, batch, batch * WINDOW, written)
 
 
+SHARD_MEMORY_MB = 64
+
+
 def start_shop(tmp: Path, min_batch_wait_s: float = 0.05) -> Shop:
     """``min_batch_wait_s``: the routers' (a fuzzer asks for batches that will never come:
     each such read is a 503 after this wait)."""
     storage = Storage(str(tmp / "storage"))
     save_spec(storage, SPEC)
-    shards = [ShardProcess.make(f"shop{i}", tmp / "data", storage.uri, tmp / "logs")
-              .start_and_wait() for i in range(2)]
+    # a memory budget other than the default: the metrics test reads it back
+    shard_env = {**os.environ, "QSTATE_SHARD_MEMORY_MB": str(SHARD_MEMORY_MB)}
+    shards = [ShardProcess.make(f"shop{i}", tmp / "data", storage.uri, tmp / "logs",
+                                env=shard_env).start_and_wait() for i in range(2)]
     coord = Coordinator(storage, SPEC.job, [s.address for s in shards])
     coord.register(SPEC)
     # every shard has taken up its (empty) partitions before batch 0: a Commit that found one

@@ -117,6 +117,11 @@ class Settings(BaseSettings):
     shard_data_dir: str = Field(
         "", description="Where a shard server keeps its RocksDB partitions. Empty: "
         "<home>/shards.")
+    shard_memory_mb: int = Field(
+        256, ge=16, description="Shard: RocksDB memory of the whole server in MiB: one block "
+        "cache (data, index and filter blocks) that every partition it holds shares, with "
+        "their memtables charged to it (at most half of it; the largest is flushed first). "
+        "Process memory beyond it: Python, gRPC, the Top cache, allocator slack.")
     snapshot_every: int = Field(
         10, ge=1, description="A shard snapshots a partition to checkpoint storage every N "
         "batches.")

@@ -34,6 +34,7 @@ from qstate.core.storage import Storage
 from qstate.proto import shard_pb2 as pb
 from qstate.proto import shard_pb2_grpc as pb_grpc
 from qstate.shard import metrics
+from qstate.shard.memory import MemoryBudget
 from qstate.shard.partitions import Partitions
 from qstate.shard.server import ShardService
 
@@ -115,8 +116,10 @@ async def serve(o: ShardOptions) -> None:
     server_id = o.id
     partitions = Partitions(o.data_dir / server_id, storage, server_id, cfg.snapshot_every,
                             cfg.snapshots_kept, cfg.commit_workers, cfg.restore_timeout_s,
-                            cfg.restore_retry_s, cfg.rank_index)
+                            cfg.restore_retry_s, cfg.rank_index,
+                            MemoryBudget.of(cfg.shard_memory_mb))
     metrics.HELD.watch(partitions.server_dir, partitions.held_now)
+    metrics.watch_memory(partitions.memory)
     server = grpc.aio.server(options=[*CHANNEL_OPTIONS, security.NO_REUSEPORT],
                              interceptors=security.cluster_interceptors(cfg))
     service = ShardService(partitions, server_id, "", cfg.max_windows, cfg.max_top_scan_keys)

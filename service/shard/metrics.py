@@ -23,10 +23,11 @@ from qstate.core.errors import InvalidAddress, QStateError
 if TYPE_CHECKING:
     from qstate.core.address import PartitionId
     from qstate.shard.held import Held
+    from qstate.shard.memory import MemoryBudget
 
 __all__ = ["APPLIED_ROWS", "APPLY_SECONDS", "CAUGHT_UP", "COMMITS", "COMMIT_SECONDS", "HELD",
-           "LAST_SKIPPED", "LOOKUPS", "LOOKUP_SECONDS", "STATES", "STATE_WRITES",
-           "TOP_PARTITIONS", "TOP_SECONDS", "HeldCollector", "refused_commit"]
+           "LAST_SKIPPED", "LOOKUPS", "LOOKUP_SECONDS", "MEMORY", "STATES", "STATE_WRITES",
+           "TOP_PARTITIONS", "TOP_SECONDS", "HeldCollector", "refused_commit", "watch_memory"]
 
 COMMITS = Counter("qstate_shard_commits_total",
                   "Partition commits by result: applied, skipped (this server already had the "
@@ -64,6 +65,20 @@ LAST_SKIPPED = Gauge("qstate_shard_last_skipped_batch",
                      "Newest batch a Commit found already applied on some of its partitions "
                      "(a re-run or re-sent batch)", ["job", "operator"])
 
+MEMORY = Gauge("qstate_shard_rocksdb_memory_bytes",
+               "RocksDB memory of every partition held, by kind: cache (blocks and the "
+               "memtables charged to it), memtables (their part of it), pinned (blocks in use "
+               "by a read or pinned), budget (QSTATE_SHARD_MEMORY_MB)", ["kind"])
+
+
+def watch_memory(memory: MemoryBudget) -> None:
+    """Report ``memory`` at each scrape."""
+    def reader(kind: str) -> Callable[[], float]:
+        return lambda: memory.usage()[kind]
+
+    for kind in ("cache", "memtables", "pinned"):
+        MEMORY.labels(kind).set_function(reader(kind))
+    MEMORY.labels("budget").set(memory.budget)
 
 
 def refused_commit(job: str, operator: str, exc: QStateError, partitions: int) -> None:

@@ -29,6 +29,7 @@ from qstate.core.storage import Storage
 from qstate.partition.files import partition_dir
 from qstate.shard import metrics
 from qstate.shard.held import Held
+from qstate.shard.memory import MemoryBudget, process_budget
 from qstate.shard.recovery import Recovery
 from qstate.shard.snapshot import Snapshotter
 from qstate.shard.store import PartitionStore
@@ -59,8 +60,10 @@ class Partitions:
                  workers: int = DEFAULTS.commit_workers,
                  restore_timeout_s: float = DEFAULTS.restore_timeout_s,
                  restore_retry_s: float = DEFAULTS.restore_retry_s,
-                 rank_index: bool = DEFAULTS.rank_index) -> None:
+                 rank_index: bool = DEFAULTS.rank_index,
+                 memory: MemoryBudget | None = None) -> None:
         self.server_dir = server_dir
+        self.memory = memory or process_budget()
         self.rank_index = rank_index
         self.storage = storage
         self.server_id = server_id
@@ -124,7 +127,7 @@ class Partitions:
     def _acquire(self, pid: PartitionId, owner: bool) -> None:
         spec = self.spec(pid.job, pid.operator)
         held = Held(PartitionStore(partition_dir(self.server_dir, pid), spec,
-                                   self.rank_index), owner=owner)
+                                   self.rank_index, self.memory), owner=owner)
         self._held[pid] = held
         self._bg.submit(self.recovery.bring_up, pid, held, lambda: self._held.get(pid) is held)
 

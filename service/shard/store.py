@@ -30,6 +30,7 @@ from qstate.partition.codec import Codec
 from qstate.partition.layout import INDEX, META, NO_WINDOW
 from qstate.partition.meta import Meta, encode_meta, read_meta
 from qstate.partition.reader import WindowValue, read_windows
+from qstate.shard.memory import MemoryBudget, process_budget
 
 __all__ = ["ApplyStats", "PartitionStore"]
 
@@ -42,14 +43,14 @@ class ApplyStats:
     writes: int = 0  # RocksDB puts and deletes of data, not counting the index and meta
 
 
-def _options() -> Options:
+def _options(memory: MemoryBudget) -> Options:
     opts = Options(raw_mode=True)
     opts.create_if_missing(True)
     # most keys of a batch are new at millions of keys: a Bloom filter answers "absent"
     # without reading a block
     table = BlockBasedOptions()
     table.set_bloom_filter(10, False)
-    table.set_cache_index_and_filter_blocks(True)
+    memory.configure(opts, table)  # one budget for every partition of the server
     opts.set_block_based_table_factory(table)
     # a server holds many partitions: keep each one's memtables small
     opts.set_write_buffer_size(8 << 20)
@@ -60,14 +61,16 @@ def _options() -> Options:
 
 
 class PartitionStore:
-    def __init__(self, path: Path, spec: OperatorSpec, rank_index: bool = True) -> None:
+    def __init__(self, path: Path, spec: OperatorSpec, rank_index: bool = True,
+                 memory: MemoryBudget | None = None) -> None:
         path.mkdir(parents=True, exist_ok=True)
         self.token = uuid.uuid4().hex[:12]
         self.path = path
         self.spec = spec
         self.codec = Codec(spec)
         self.panes = spec.panes
-        self.db = Rdict(str(path), _options())
+        self.memory = memory or process_budget()
+        self.db = Rdict(str(path), _options(self.memory))
         self._sync = WriteOptions()
         self._sync.sync = True  # WAL synced at each commit (docs/architecture.md §4)
         self.lock = threading.RLock()  # one writer at a time; readers use snapshots
@@ -102,7 +105,7 @@ class PartitionStore:
 
     def reopen(self) -> None:
         """Open again after the directory was replaced (a snapshot was restored into it)."""
-        self.db = Rdict(str(self.path), _options())
+        self.db = Rdict(str(self.path), _options(self.memory))
         self.token = uuid.uuid4().hex[:12]  # a new incarnation: readers must reopen
         self.meta = read_meta(self.db)
         self._index_ranks()

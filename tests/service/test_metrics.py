@@ -38,6 +38,7 @@ from tests.shop import (
     READ_PATH,
     READS,
     ROUTES,
+    SHARD_MEMORY_MB,
     SPEC,
     WINDOW,
     P,
@@ -111,6 +112,12 @@ def test_each_shard_reports_what_it_holds_and_committed(
         assert m.value("qstate_shard_watermark_ms", **OP) == LAST * WINDOW
         size = m.value("qstate_shard_rocksdb_bytes", **OP)
         assert size == data_bytes(data_dir, shard, mine) > 0
+        # the server's one RocksDB budget, as configured; the batches' rows in memtables
+        # charged to its cache
+        memory = {kind: v for (kind,), v in m.by("qstate_shard_rocksdb_memory_bytes",
+                                                  "kind").items()}
+        assert memory["budget"] == SHARD_MEMORY_MB << 20
+        assert 0 < memory["memtables"] <= memory["cache"] < memory["budget"], memory
         no_key_in_labels(m)
     assert serving == P
 
