@@ -5,7 +5,7 @@
 //   node query.mjs multiget JOB OPERATOR STATE KEY... [--from MS --to MS] [--addr HOST:PORT]
 //   node query.mjs top      JOB OPERATOR STATE [--n N] [--asc] [--window MS] [--addr HOST:PORT]
 //   node query.mjs watch    JOB OPERATOR STATE KEY... | --top N [--asc]
-//                           [--from-batch B] [--max-events N] [--url URL]
+//                           [--from-batch B] [--max-events N] [--max-reconnects N] [--url URL]
 //
 // top: the N keys (default 10) with the largest (--asc: smallest) value in one window across
 // every partition, ties by key; --window: the window starting at or holding MS (default:
@@ -17,6 +17,8 @@
 // or a 429 reconnects (backoff from 0.2 s doubling, at most 5 s, at least the Retry-After)
 // and resumes after the last event's batch (--from-batch B: start after batch B); any other
 // refusal ends it with the exit code below. --max-events N: exit 0 after N events.
+// --max-reconnects N: give up after N failed reconnections in a row (default: never), with
+// exit 4 when the router was out of reach, 3 when it kept answering 503 or 429.
 // It speaks HTTP: --url, else $QSTATE_ROUTER_URL, else http://127.0.0.1:8000.
 // Address: --addr, else $QSTATE_GRPC, else 127.0.0.1:50051. TLS: --ca FILE (else
 // $QSTATE_TLS_CA), the CA bundle that signed the router's certificate; plain text without it
@@ -60,7 +62,7 @@ const HTTP_CODE = { 400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMI
 const USAGE = "usage: query.mjs get JOB OPERATOR STATE KEY [--from MS --to MS] [--addr HOST:PORT] [--ca FILE] [--token T | --token-file F] [--allow-insecure]\n" +
   "       query.mjs multiget JOB OPERATOR STATE KEY... [--from MS --to MS] [--addr HOST:PORT]\n" +
   "       query.mjs top JOB OPERATOR STATE [--n N] [--asc] [--window MS] [--addr HOST:PORT]\n" +
-  "       query.mjs watch JOB OPERATOR STATE KEY... | --top N [--asc] [--from-batch B] [--max-events N] [--url URL]";
+  "       query.mjs watch JOB OPERATOR STATE KEY... | --top N [--asc] [--from-batch B] [--max-events N] [--max-reconnects N] [--url URL]";
 
 function usage(msg) {
   console.error(`${msg}\n${USAGE}`);
@@ -77,6 +79,7 @@ try {
                "min-batch": { type: "string" }, n: { type: "string" },
                asc: { type: "boolean" }, window: { type: "string" }, top: { type: "string" },
                "from-batch": { type: "string" }, "max-events": { type: "string" },
+               "max-reconnects": { type: "string" },
                url: { type: "string" } },
   });
 } catch (e) {
@@ -97,6 +100,9 @@ if (cmd === "watch") {
   }
   if (opts["max-events"] !== undefined && !/^[1-9]\d*$/.test(opts["max-events"])) {
     usage(`not a count of events: ${opts["max-events"]}`);
+  }
+  if (opts["max-reconnects"] !== undefined && !/^\d+$/.test(opts["max-reconnects"])) {
+    usage(`not a count of reconnections: ${opts["max-reconnects"]}`);
   }
   if (opts.addr !== undefined) usage("watch speaks HTTP: give the router's --url, not --addr");
 }
@@ -269,6 +275,8 @@ function stream(from, onEvent) {
 
 async function watch() {
   const max = opts["max-events"] === undefined ? Infinity : Number(opts["max-events"]);
+  const maxReconnects = opts["max-reconnects"] === undefined ? Infinity
+    : Number(opts["max-reconnects"]);
   let last = opts["from-batch"] === undefined ? undefined : Number(opts["from-batch"]);
   let attempt = 0;
   let seen = 0;
@@ -301,6 +309,11 @@ async function watch() {
       }
       wait = Math.max(wait, refused.retryAfterS * 1000);
       console.error(`watch: ${name}: ${refused.message}`);
+    }
+    if (attempt >= maxReconnects) {  // the Python client's max_reconnects
+      console.error(`watch: giving up after ${attempt + 1} failed connections in a row ` +
+                    "(--max-reconnects)");
+      process.exit(refused ? EXIT.UNAVAILABLE : EXIT.UNREACHABLE);
     }
     wait = Math.min(wait, MAX_BACKOFF_MS);
     console.error(`watch: reconnecting in ${(wait / 1000).toFixed(1)} s, resuming ` +

@@ -322,10 +322,23 @@ def test_watch_refused_exits_with_documented_code(node, cluster, args, code: str
     assert r.stderr.startswith(f"{code}: "), r.stderr
 
 
+def test_watch_gives_up_after_max_reconnects(node) -> None:
+    """Nothing listens at the URL: the first connection and 2 reconnections fail, then it
+    exits 4 (out of reach), as the Python client's max_reconnects does."""
+    r = run_watch(node, "http://127.0.0.1:1", "shop", "views_1m", "views", "k",
+                  "--max-reconnects", "2")
+    assert r.returncode == Exit.UNREACHABLE, r.stderr
+    assert r.stderr.count("connection lost") == 3, r.stderr
+    assert r.stderr.count("reconnecting in") == 2, r.stderr
+    assert "giving up after 3 failed connections in a row" in r.stderr, r.stderr
+
+
 def test_watch_bad_usage_exits_as_a_bad_request(node) -> None:
     for args, says in [(("shop", "views_1m", "views"), "watch: wrong arguments"),
                        (("shop", "views_1m", "views", "k", "--top", "3"), "wrong arguments"),
                        (("shop", "views_1m", "views", "k", "--asc"), "--asc goes with --top"),
-                       (("shop", "views_1m", "views", "k", "--max-events", "0"), "not a count")]:
+                       (("shop", "views_1m", "views", "k", "--max-events", "0"), "not a count"),
+                       (("shop", "views_1m", "views", "k", "--max-reconnects", "x"),
+                        "not a count of reconnections")]:
         r = run_watch(node, "http://127.0.0.1:1", *args)
         assert r.returncode == Exit.BAD_REQUEST and says in r.stderr, (args, r.stderr)
