@@ -54,13 +54,6 @@ RESULTS = Path("loadtest/results/watch.md")
 JOB, OP, STATE = "tweets", "per_tweet_1h", "impressions"
 
 
-def _quantile(xs: list[float], q: float) -> float:
-    if not xs:
-        return float("nan")
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(q * len(s)))]
-
-
 def _scrape(url: str) -> dict[str, Any]:
     text = httpx.get(f"{url}/metrics", timeout=10).text
     out: dict[str, Any] = {"cpu": 0.0, "buckets": {}}
@@ -248,8 +241,9 @@ def bench(args: argparse.Namespace, url: str) -> str:
     d = tally.delays_ms
     eps = tally.events / took
     server = [_histogram_quantile(before["buckets"], after["buckets"], q) for q in (0.5, 0.99)]
-    print(f"events {tally.events} ({eps:.0f}/s), delay p50 {_quantile(d, .5):.0f} ms p99 "
-          f"{_quantile(d, .99):.0f} ms, router CPU {idle_cpu:.2f} -> {watch_cpu:.2f} cores",
+    print(f"events {tally.events} ({eps:.0f}/s), delay p50 {results.quantile(d, .5):.0f} ms "
+          f"p99 {results.quantile(d, .99):.0f} ms, router CPU {idle_cpu:.2f} -> "
+          f"{watch_cpu:.2f} cores",
           flush=True)
     if not d:
         print("no change event arrived", tally.errors[:5], flush=True)
@@ -264,8 +258,8 @@ def bench(args: argparse.Namespace, url: str) -> str:
         "| --- | --- |",
         f"| events received | {tally.events:,} ({eps:.0f}/s), {tally.snapshots} snapshots, "
         f"{tally.coalesced} coalesced |",
-        f"| delay commit → received, p50 / p90 / p99 / max | {_quantile(d, .5):.0f} / "
-        f"{_quantile(d, .9):.0f} / {_quantile(d, .99):.0f} / {max(d):.0f} ms |",
+        f"| delay commit → received, p50 / p90 / p99 / max | {results.quantile(d, .5):.0f} / "
+        f"{results.quantile(d, .9):.0f} / {results.quantile(d, .99):.0f} / {max(d):.0f} ms |",
         f"| delay commit → event taken for sending (router's histogram, interpolated) p50 / "
         f"p99 | {server[0] * 1000:.0f} / {server[1] * 1000:.0f} ms |",
         f"| router CPU, no watcher → {args.watchers} watchers (cores, whole process) | "

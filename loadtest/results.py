@@ -12,6 +12,14 @@ def command(module: str) -> str:
     return shlex.join(["python", "-m", module, *sys.argv[1:]])
 
 
+def quantile(values: list[float], q: float) -> float:
+    """The ``q`` quantile of ``values`` (nearest rank); NaN when there are none."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
 def append(out: Path, text: str) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("a") as f:

@@ -41,6 +41,7 @@ import typer
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
+from loadtest import results
 from qstate.core.config import DEFAULTS
 from qstate.embedded.ports import free_port, free_ports
 
@@ -250,13 +251,6 @@ def _slope(xs: list[float], ys: list[float]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / den if den else 0.0
 
 
-def _quantile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 class Soak:
     """Samples a running demo; ``run`` drives the whole soak."""
 
@@ -376,7 +370,8 @@ class Soak:
             batches={k: o["last_batch"] for k, o in ops.items()},
             behind=self.job_metric("qstate_job_lag_events"),
             reassignments=self.job_metric("qstate_job_reassignments_total"),
-            read_p50_ms=_quantile(latencies, 0.5), read_p99_ms=_quantile(latencies, 0.99),
+            read_p50_ms=results.quantile(latencies, 0.5),
+            read_p99_ms=results.quantile(latencies, 0.99),
             bad_answers=bad, marker_visible_s=visible, markers_exact=exact,
             markers_total=len(self.markers), rss_mb=self.demo.memory())
 
@@ -423,7 +418,8 @@ def summarize(samples: list[Sample], warmup_min: float) -> Summary:
         reassignments=last.reassignments if last else 0,
         bad_answers=sum(s.bad_answers for s in samples),
         markers_wrong=(last.markers_total - last.markers_exact) if last else 0,
-        freshness_p50_s=_quantile(fresh, 0.5), freshness_p99_s=_quantile(fresh, 0.99),
+        freshness_p50_s=results.quantile(fresh, 0.5),
+        freshness_p99_s=results.quantile(fresh, 0.99),
         rss_slope_mb_per_min={
             role: _slope([s.minute for s in steady if role in s.rss_mb],
                          [s.rss_mb[role] for s in steady if role in s.rss_mb])
