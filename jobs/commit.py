@@ -36,6 +36,7 @@ from qstate.core.manifest import (
     write_manifest,
 )
 from qstate.core.operator import OperatorSpec
+from qstate.core.savepoint import pins
 from qstate.proto import shard_pb2 as pb
 
 __all__ = ["CommitOutcome", "Committer"]
@@ -150,8 +151,9 @@ class Committer:
         return f"{type(err).__name__ if err else code.name} for partitions {parts}"
 
     def collect_manifests(self, spec: OperatorSpec) -> int:
-        """Delete batch manifests no restore can need: those at or before the oldest kept
-        snapshot of every partition (a partition with no snapshot yet keeps them all)."""
+        """Delete batch manifests no restore and no savepoint can need: those at or before
+        the oldest kept snapshot of every partition (a partition with no snapshot yet keeps
+        them all) and before every batch a savepoint replays."""
         storage = self.coordinator.storage
         oldest = []
         for p in range(spec.partitions):
@@ -159,4 +161,7 @@ class Committer:
             if not snaps:
                 return 0
             oldest.append(snaps[0])
+        kept = pins(storage, spec.job, spec.operator).oldest_batch()
+        if kept is not None:
+            oldest.append(kept)
         return delete_manifests_through(storage, spec.job, spec.operator, min(oldest))

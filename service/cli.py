@@ -9,13 +9,17 @@ from __future__ import annotations
 import inspect
 import os
 import sys
+import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from qstate.cli_options import S, option
 from qstate.exit_codes import HELP as EXIT_CODES
+
+if TYPE_CHECKING:  # imported by the commands that use it: `qstate --help` stays quick
+    from qstate.core.storage import Storage
 
 __all__ = ["app", "main"]
 
@@ -423,6 +427,20 @@ state_app = typer.Typer(help="Inspect served state; change a job's partition cou
 app.add_typer(state_app, name="state")
 
 
+def _existing_storage(storage: str) -> Storage:
+    """The checkpoint storage at ``storage`` to read, or exit 1 saying where it looked (a
+    tool that only reads makes no folder)."""
+    from qstate.core.storage import Storage
+
+    st = Storage(storage, make_root=False)
+    if not st.root_exists():
+        typer.echo(f"error: no checkpoint storage at {st.root} (--storage, QSTATE_STORAGE; "
+                   f"default <home>/storage, QSTATE_HOME): point it at your deployment's",
+                   err=True)
+        raise typer.Exit(1)
+    return st
+
+
 @state_app.command("inspect")
 def state_inspect(
     job: Annotated[str | None, typer.Argument(help="Only this job.")] = None,
@@ -445,15 +463,9 @@ def state_inspect(
     from rich.table import Table
 
     from qstate.core.errors import StartFailed
-    from qstate.core.storage import Storage
     from qstate.inspect import inspect
 
-    st = Storage(storage, make_root=False)
-    if not st.root_exists():
-        typer.echo(f"error: no checkpoint storage at {st.root} (--storage, QSTATE_STORAGE; "
-                   f"default <home>/storage, QSTATE_HOME): point it at your deployment's",
-                   err=True)
-        raise typer.Exit(1)
+    st = _existing_storage(storage)
     try:
         rows, summary = inspect(st, job)
     except StartFailed as exc:  # e.g. an unreadable cluster token file
@@ -488,6 +500,99 @@ def state_inspect(
                    "on loopback and `make run` keep the host's token in <home>/cluster-token)",
                    err=True)
     raise typer.Exit(1 if any(r.state != "ready" for r in rows) else 0)
+
+
+savepoint_app = typer.Typer(
+    help="Savepoints: a whole job at one committed batch, kept until deleted.",
+    no_args_is_help=True)
+app.add_typer(savepoint_app, name="savepoint")
+
+
+def _savepoint_failed(exc: Exception) -> typer.Exit:
+    from qstate.exit_codes import exit_code
+
+    typer.echo(f"error: {getattr(exc, 'message', exc)}", err=True)
+    return typer.Exit(exit_code(exc))  # type: ignore[arg-type]
+
+
+@savepoint_app.command("create")
+def savepoint_create(
+    job: Annotated[str, typer.Argument(help="The job, running or stopped.")],
+    name: Annotated[str | None, typer.Option(
+        "--name", help="Its name. Default: the time, UTC (20261126T101500Z).",
+        show_default=False)] = None,
+    storage: Annotated[str, option("storage", "--storage")] = S.storage_uri,
+) -> None:
+    """Keep JOB as of its newest batch committed for every operator: each partition's
+    snapshot and the deltas after it, and where the batch ended in the source. Nothing is
+    copied and the job does not pause; retention keeps those files until the savepoint is
+    deleted.
+
+    Prints the name, the batch and the source offsets. Exit codes: 0 made; 1 no such job
+    (or no storage); 2 a bad or taken name; 3 no batch committed yet, or retention pruned
+    what it needed three times while it was made (try again).
+    """
+    from qstate.core import savepoint
+    from qstate.core.errors import QStateError
+
+    _arm_fault()
+    st = _existing_storage(storage)
+    try:
+        sp = savepoint.create(st, job, name)
+    except QStateError as exc:
+        raise _savepoint_failed(exc) from None
+    offsets = " ".join(f"{t}:{','.join(f'{p}={o}' for p, o in sorted(ps.items()))}"
+                       for t, ps in sorted(sp.offsets.items()))
+    typer.echo(f"savepoint {sp.job}@{sp.name} at batch {sp.batch} "
+               f"({len(sp.operators)} operators, offsets {offsets or 'none'})")
+
+
+@savepoint_app.command("list")
+def savepoint_list(
+    job: Annotated[str, typer.Argument(help="The job.")],
+    storage: Annotated[str, option("storage", "--storage")] = S.storage_uri,
+) -> None:
+    """The savepoints of JOB, oldest batch first: name, batch, when made, and whether it is
+    complete (one whose making was interrupted is not a savepoint: delete it).
+
+    Exit codes: 0 listed (none is an empty list); 1 no storage; 6 a record in storage is
+    not a savepoint (it names the file).
+    """
+    from qstate.core import savepoint
+    from qstate.core.errors import QStateError
+
+    st = _existing_storage(storage)
+    try:
+        records = savepoint.list_savepoints(st, job)
+    except QStateError as exc:
+        raise _savepoint_failed(exc) from None
+    for sp in records:
+        made = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(sp.created_ms / 1000))
+        state = "complete" if sp.complete else "incomplete (its making was interrupted)"
+        typer.echo(f"{sp.name}\tbatch {sp.batch}\t{made}\t{state}")
+
+
+@savepoint_app.command("delete")
+def savepoint_delete(
+    job: Annotated[str, typer.Argument(help="The job.")],
+    name: Annotated[str, typer.Argument(help="The savepoint.")],
+    storage: Annotated[str, option("storage", "--storage")] = S.storage_uri,
+) -> None:
+    """Delete a savepoint (or its interrupted making); what only it kept goes at the next
+    pruning. Exit codes: 0 deleted; 1 no such savepoint (or no storage); 2 a bad name."""
+    from qstate.core import savepoint
+    from qstate.core.errors import QStateError
+
+    st = _existing_storage(storage)
+    try:
+        found = savepoint.delete(st, job, name)
+    except QStateError as exc:
+        raise _savepoint_failed(exc) from None
+    if not found:
+        typer.echo(f"error: job {job!r} has no savepoint {name!r} (qstate savepoint list "
+                   f"{job})", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"deleted savepoint {job}@{name}")
 
 
 @state_app.command("rescale")

@@ -268,10 +268,10 @@ class Settings(BaseSettings):
     # ---- tests ------------------------------------------------------------------------
     fault: str = Field(
         "", description="Fault injection for chaos tests (service/core/faults.py): "
-        "POINT@BATCH[:OPERATOR] makes `qstate shard` or `qstate job` kill itself with SIGKILL "
-        "at that step of that batch; POINT is shard.received, shard.after-write, "
-        "shard.after-ack, driver.after-deltas, driver.after-record or driver.after-commit. "
-        "Empty: off.")
+        "POINT@BATCH[:OPERATOR] makes `qstate shard`, `qstate job` or `qstate savepoint "
+        "create` kill itself with SIGKILL at that step of that batch; POINT is "
+        "shard.received, shard.after-write, shard.after-ack, driver.after-deltas, "
+        "driver.after-record, driver.after-commit or savepoint.after-pending. Empty: off.")
 
     @property
     def storage_uri(self) -> str:

@@ -38,6 +38,8 @@ POINTS: Final[dict[str, str]] = {
     "driver.after-record": "the driver wrote N's manifest and sent no Commit(N)",
     "driver.after-commit": "every shard acknowledged N; foreachBatch(N) has not returned, so "
                            "Spark has not committed N",
+    "savepoint.after-pending": "`qstate savepoint create` wrote the pending record of a "
+                               "savepoint at batch N and has not checked its files",
 }
 
 _FORMAT = re.compile(r"(?P<point>[a-z.-]+)@(?P<batch>\d+)(?::(?P<operator>.+))?")

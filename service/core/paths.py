@@ -16,6 +16,10 @@ One room for it (docs/architecture.md §3-4). Paths are relative to the storage 
                                                        last: a snapshot is whole or absent)
     jobs/{job}/{op}/snapshots/{p}/{N}/{file}           its small mutable RocksDB files
     jobs/{job}/{op}/snapshots/{p}/sst/{sha1}.sst       SST files, content-addressed, shared
+    savepoints/{job}/{name}.json                       a savepoint: the job at one batch (its
+                                                       snapshots and deltas kept for it)
+    savepoints/{job}/{name}.pending.json               one being made (written first: it keeps
+                                                       those files while they are checked)
 
 ``{N}`` is a batch id and ``{E}`` an epoch, both zero-padded to 20 digits, ``{p}`` and ``{f}``
 numbers padded to 5, so names sort as numbers do.
@@ -35,12 +39,14 @@ from qstate.core.errors import CorruptState
 __all__ = [
     "ARROW", "JSON", "assignment", "assignments_dir", "batch_name", "batch_of", "batches",
     "delta", "deltas_dir", "driver_lease", "jobs_dir", "legacy_assignment", "manifest",
-    "manifests_dir", "operator_dir", "plain_name", "plain_path", "server", "servers_dir",
+    "manifests_dir", "operator_dir", "plain_name", "plain_path", "savepoint", "savepoint_pending",
+    "savepoints_dir", "server", "servers_dir",
     "snapshot", "snapshot_member",
     "snapshots_dir", "spec", "sst_member",
 ]
 
 JSON = ".json"
+PENDING = ".pending.json"
 ARROW = ".arrow"
 SPEC_FILE = "operator.json"
 _BATCH_DIGITS = 20
@@ -150,3 +156,15 @@ def snapshot_member(batch: int, file_name: str) -> str:
 def sst_member(sha1: str) -> str:
     """A content-addressed SST, relative to ``snapshots_dir``."""
     return f"sst/{sha1}.sst"
+
+
+def savepoints_dir(job: str) -> str:
+    return f"savepoints/{job}"
+
+
+def savepoint(job: str, name: str) -> str:
+    return f"{savepoints_dir(job)}/{name}{JSON}"
+
+
+def savepoint_pending(job: str, name: str) -> str:
+    return f"{savepoints_dir(job)}/{name}{PENDING}"

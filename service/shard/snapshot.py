@@ -24,6 +24,7 @@ from qstate.core import paths
 from qstate.core.address import PartitionId
 from qstate.core.catalog import delta_files, snapshot_batches
 from qstate.core.errors import CorruptState
+from qstate.core.savepoint import pins
 from qstate.core.storage import Storage
 from qstate.shard.held import Held
 from qstate.shard.store import PartitionStore
@@ -132,12 +133,17 @@ class Snapshotter:
         return batch
 
     def prune(self, pid: PartitionId) -> int | None:
-        """Keep the newest ``keep`` snapshots; delete older ones, SSTs no kept snapshot uses,
-        and delta files at or before the oldest kept snapshot. Returns that snapshot's batch."""
+        """Keep the newest ``keep`` snapshots and those a savepoint names; delete older ones,
+        SSTs no kept snapshot uses, and delta files at or before the oldest of the newest
+        ``keep`` that no savepoint needs (docs/architecture.md §4, savepoints). Returns
+        that snapshot's batch."""
         snaps = snapshot_batches(self.storage, pid)
         if not snaps:
             return None
-        kept, old = snaps[-self.keep:], snaps[:-self.keep]
+        pinned = pins(self.storage, pid.job, pid.operator)
+        newest = snaps[-self.keep:]
+        old = [b for b in snaps[:-self.keep] if not pinned.keeps_snapshot(pid.partition, b)]
+        kept = [b for b in snaps if b not in old]
         base = paths.snapshots_dir(pid)
         used = set()
         for b in kept:
@@ -151,9 +157,9 @@ class Snapshotter:
                     with self._lock:
                         self._uploaded.discard(f"{base}/{rel}")
         for b, path in delta_files(self.storage, pid):
-            if b <= kept[0]:
+            if b <= newest[0] and not pinned.keeps_batch(pid.partition, b):
                 self.storage.delete(path)
-        return kept[0]
+        return newest[0]
 
 
 def restore(storage: Storage, pid: PartitionId, dest: Path,
