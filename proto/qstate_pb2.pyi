@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GetRequest(_message.Message):
-    __slots__ = ("job", "operator", "state", "key", "from_ms", "to_ms", "limit", "min_batch")
+    __slots__ = ("job", "operator", "state", "key", "from_ms", "to_ms", "limit", "min_batch", "savepoint")
     JOB_FIELD_NUMBER: _ClassVar[int]
     OPERATOR_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -16,6 +16,7 @@ class GetRequest(_message.Message):
     TO_MS_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     MIN_BATCH_FIELD_NUMBER: _ClassVar[int]
+    SAVEPOINT_FIELD_NUMBER: _ClassVar[int]
     job: str
     operator: str
     state: str
@@ -24,10 +25,11 @@ class GetRequest(_message.Message):
     to_ms: int
     limit: int
     min_batch: int
-    def __init__(self, job: _Optional[str] = ..., operator: _Optional[str] = ..., state: _Optional[str] = ..., key: _Optional[str] = ..., from_ms: _Optional[int] = ..., to_ms: _Optional[int] = ..., limit: _Optional[int] = ..., min_batch: _Optional[int] = ...) -> None: ...
+    savepoint: str
+    def __init__(self, job: _Optional[str] = ..., operator: _Optional[str] = ..., state: _Optional[str] = ..., key: _Optional[str] = ..., from_ms: _Optional[int] = ..., to_ms: _Optional[int] = ..., limit: _Optional[int] = ..., min_batch: _Optional[int] = ..., savepoint: _Optional[str] = ...) -> None: ...
 
 class MultiGetRequest(_message.Message):
-    __slots__ = ("job", "operator", "state", "keys", "from_ms", "to_ms", "limit", "min_batch")
+    __slots__ = ("job", "operator", "state", "keys", "from_ms", "to_ms", "limit", "min_batch", "savepoint")
     JOB_FIELD_NUMBER: _ClassVar[int]
     OPERATOR_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -36,6 +38,7 @@ class MultiGetRequest(_message.Message):
     TO_MS_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     MIN_BATCH_FIELD_NUMBER: _ClassVar[int]
+    SAVEPOINT_FIELD_NUMBER: _ClassVar[int]
     job: str
     operator: str
     state: str
@@ -44,7 +47,8 @@ class MultiGetRequest(_message.Message):
     to_ms: int
     limit: int
     min_batch: int
-    def __init__(self, job: _Optional[str] = ..., operator: _Optional[str] = ..., state: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., from_ms: _Optional[int] = ..., to_ms: _Optional[int] = ..., limit: _Optional[int] = ..., min_batch: _Optional[int] = ...) -> None: ...
+    savepoint: str
+    def __init__(self, job: _Optional[str] = ..., operator: _Optional[str] = ..., state: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., from_ms: _Optional[int] = ..., to_ms: _Optional[int] = ..., limit: _Optional[int] = ..., min_batch: _Optional[int] = ..., savepoint: _Optional[str] = ...) -> None: ...
 
 class Window(_message.Message):
     __slots__ = ("start_ms", "end_ms", "int_value", "double_value")

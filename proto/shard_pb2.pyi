@@ -67,7 +67,7 @@ class KeyQuery(_message.Message):
     def __init__(self, key: _Optional[str] = ..., partition: _Optional[int] = ...) -> None: ...
 
 class LookupRequest(_message.Message):
-    __slots__ = ("job", "operator", "state", "keys", "range", "from_ms", "to_ms", "limit")
+    __slots__ = ("job", "operator", "state", "keys", "range", "from_ms", "to_ms", "limit", "savepoint")
     JOB_FIELD_NUMBER: _ClassVar[int]
     OPERATOR_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -76,6 +76,7 @@ class LookupRequest(_message.Message):
     FROM_MS_FIELD_NUMBER: _ClassVar[int]
     TO_MS_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    SAVEPOINT_FIELD_NUMBER: _ClassVar[int]
     job: str
     operator: str
     state: str
@@ -84,7 +85,8 @@ class LookupRequest(_message.Message):
     from_ms: int
     to_ms: int
     limit: int
-    def __init__(self, job: _Optional[str] = ..., operator: _Optional[str] = ..., state: _Optional[str] = ..., keys: _Optional[_Iterable[_Union[KeyQuery, _Mapping]]] = ..., range: _Optional[bool] = ..., from_ms: _Optional[int] = ..., to_ms: _Optional[int] = ..., limit: _Optional[int] = ...) -> None: ...
+    savepoint: str
+    def __init__(self, job: _Optional[str] = ..., operator: _Optional[str] = ..., state: _Optional[str] = ..., keys: _Optional[_Iterable[_Union[KeyQuery, _Mapping]]] = ..., range: _Optional[bool] = ..., from_ms: _Optional[int] = ..., to_ms: _Optional[int] = ..., limit: _Optional[int] = ..., savepoint: _Optional[str] = ...) -> None: ...
 
 class Window(_message.Message):
     __slots__ = ("windowed", "start_ms", "end_ms", "int_value", "double_value")

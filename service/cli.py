@@ -235,17 +235,22 @@ def get(
     job: str, operator: str, state: str, key: str,
     from_: Annotated[str | None, typer.Option("--from", help="Epoch ms or ISO-8601.")] = None,
     to: Annotated[str | None, typer.Option(help="Epoch ms or ISO-8601 (exclusive).")] = None,
+    savepoint: Annotated[str | None, typer.Option(
+        help="As of this savepoint of the job (qstate savepoint create).",
+        show_default=False)] = None,
     url: Annotated[str, option("router_url", "--url")] = S.router_url,
     ca: Annotated[str, option("tls_ca", "--ca")] = S.tls_ca,
     token: Annotated[str, option("token", "--token", show_default=False)] = S.token,
     token_file: Annotated[str, option("token_file", "--token-file")] = S.token_file,
 ) -> None:
-    """Print one key's latest window (or windows in --from/--to) as JSON.
+    """Print one key's latest window (or windows in --from/--to) as JSON, live or as of a
+    --savepoint.
 
     {exit_codes}
     """
     v = _ask(url, ca, token, token_file,
-             lambda c: c.get(job, operator, state, key, from_=from_, to=to))
+             lambda c: c.get(job, operator, state, key, from_=from_, to=to,
+                             savepoint=savepoint))
     typer.echo(v.model_dump_json(indent=2))
 
 

@@ -83,12 +83,16 @@ def _t(v: TimeArg) -> str | None:
     return str(v)
 
 
-def _params(from_: TimeArg, to: TimeArg, min_batch: int | None = None) -> dict[str, str]:
+def _params(from_: TimeArg, to: TimeArg, min_batch: int | None = None,
+            savepoint: str | None = None) -> dict[str, str]:
     """Query parameters; ``min_batch``: answer as of that batch or a later one (the router
-    waits a while for it, then 503: retried like any other)."""
+    waits a while for it, then 503: retried like any other); ``savepoint``: as of that
+    savepoint of the job."""
     out = {k: s for k, v in (("from", from_), ("to", to)) if (s := _t(v)) is not None}
     if min_batch is not None:
         out["min_batch"] = str(min_batch)
+    if savepoint is not None:
+        out["savepoint"] = savepoint
     return out
 
 
@@ -106,8 +110,8 @@ def _series_path(job: str, operator: str, state: str, key: str) -> str:
 
 
 def _series_params(from_: TimeArg, to: TimeArg, min_batch: int | None,
-                   limit: int | None) -> dict[str, str]:
-    params = _params(from_, to, min_batch)
+                   limit: int | None, savepoint: str | None = None) -> dict[str, str]:
+    params = _params(from_, to, min_batch, savepoint)
     if limit is not None:
         params["limit"] = str(limit)
     return params
@@ -281,14 +285,17 @@ class Client(_Base):
             attempt += 1
 
     def get(self, job: str, operator: str, state: str, key: str, *, from_: TimeArg = None,
-            to: TimeArg = None, min_batch: int | None = None) -> StateAnswer:
+            to: TimeArg = None, min_batch: int | None = None,
+            savepoint: str | None = None) -> StateAnswer:
         """One key of one state: its latest window, or (``from_``, ``to``) its windows
         starting in [from_, to), oldest first; a time is epoch ms, an ISO-8601 string, a
         datetime, or relative (``"now-1h"``). ``min_batch``: answer as of that batch or a
-        later one (read your writes). Raises NotFound when the key has no data (its
-        ``detail`` names the batch) or the job, operator or state is unknown."""
+        later one (read your writes). ``savepoint``: as of that savepoint of the job
+        (``qstate savepoint create``; the answer's ``batch`` is its batch). Raises NotFound
+        when the key has no data (its ``detail`` names the batch) or the job, operator or
+        state (or savepoint) is unknown."""
         r = self._request("GET", _key_path(job, operator, state, key),
-                          params=_params(from_, to, min_batch))
+                          params=_params(from_, to, min_batch, savepoint))
         return StateAnswer.model_validate_json(r.content)
 
     def history(self, job: str, operator: str, state: str, key: str, from_: TimeArg,
@@ -298,12 +305,12 @@ class Client(_Base):
 
     def series(self, job: str, operator: str, state: str, key: str, from_: TimeArg = None,
                to: TimeArg = None, *, min_batch: int | None = None,
-               limit: int | None = None) -> list[Point]:
+               limit: int | None = None, savepoint: str | None = None) -> list[Point]:
         """The key's windows in [from_, to) as points (``time``: the window's start,
         ``value``), oldest first, every page of them; [] when the key has no data. Without
         ``from_``: its latest window. ``limit``: windows a request (None: the router's
-        most, QSTATE_MAX_WINDOWS)."""
-        params: dict[str, str] | None = _series_params(from_, to, min_batch, limit)
+        most, QSTATE_MAX_WINDOWS). ``savepoint``: as in ``get``."""
+        params: dict[str, str] | None = _series_params(from_, to, min_batch, limit, savepoint)
         points: list[Point] = []
         while params is not None:
             page, params = _page(self._request(
@@ -312,13 +319,13 @@ class Client(_Base):
         return points
 
     def multi_get(self, job: str, operator: str, state: str, keys: list[str], *,
-                  from_: TimeArg = None, to: TimeArg = None, min_batch: int | None = None
-                  ) -> list[StateAnswer]:
+                  from_: TimeArg = None, to: TimeArg = None, min_batch: int | None = None,
+                  savepoint: str | None = None) -> list[StateAnswer]:
         """``get`` of many keys of one state in one request, one answer per key in order
         (a key without data: ``found`` false, not an error). At most the router's
         QSTATE_MAX_BATCH_KEYS keys."""
         r = self._request("POST", f"{_state_path(job, operator, state)}:batchGet",
-                          json={"keys": keys}, params=_params(from_, to, min_batch))
+                          json={"keys": keys}, params=_params(from_, to, min_batch, savepoint))
         return BatchAnswer.model_validate_json(r.content).results
 
     def top(self, job: str, operator: str, state: str, n: int = 10, *,
@@ -413,11 +420,11 @@ class AsyncClient(_Base):
             attempt += 1
 
     async def get(self, job: str, operator: str, state: str, key: str, *,
-                  from_: TimeArg = None, to: TimeArg = None, min_batch: int | None = None
-                  ) -> StateAnswer:
+                  from_: TimeArg = None, to: TimeArg = None, min_batch: int | None = None,
+                  savepoint: str | None = None) -> StateAnswer:
         """``Client.get``."""
         r = await self._request("GET", _key_path(job, operator, state, key),
-                                params=_params(from_, to, min_batch))
+                                params=_params(from_, to, min_batch, savepoint))
         return StateAnswer.model_validate_json(r.content)
 
     async def history(self, job: str, operator: str, state: str, key: str, from_: TimeArg,
@@ -427,9 +434,10 @@ class AsyncClient(_Base):
 
     async def series(self, job: str, operator: str, state: str, key: str,
                      from_: TimeArg = None, to: TimeArg = None, *,
-                     min_batch: int | None = None, limit: int | None = None) -> list[Point]:
+                     min_batch: int | None = None, limit: int | None = None,
+                     savepoint: str | None = None) -> list[Point]:
         """``Client.series``."""
-        params: dict[str, str] | None = _series_params(from_, to, min_batch, limit)
+        params: dict[str, str] | None = _series_params(from_, to, min_batch, limit, savepoint)
         points: list[Point] = []
         while params is not None:
             page, params = _page(await self._request(
@@ -439,10 +447,12 @@ class AsyncClient(_Base):
 
     async def multi_get(self, job: str, operator: str, state: str, keys: list[str], *,
                         from_: TimeArg = None, to: TimeArg = None,
-                        min_batch: int | None = None) -> list[StateAnswer]:
+                        min_batch: int | None = None,
+                        savepoint: str | None = None) -> list[StateAnswer]:
         """``Client.multi_get``."""
         r = await self._request("POST", f"{_state_path(job, operator, state)}:batchGet",
-                                json={"keys": keys}, params=_params(from_, to, min_batch))
+                                json={"keys": keys},
+                                params=_params(from_, to, min_batch, savepoint))
         return BatchAnswer.model_validate_json(r.content).results
 
     async def top(self, job: str, operator: str, state: str, n: int = 10, *,

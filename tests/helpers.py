@@ -103,7 +103,7 @@ def grpc_windows(address: str, job: str, operator: str, state: str, keys: list[s
     from qstate.proto import qstate_pb2_grpc as qpb_grpc
 
     out: Windows = {}
-    rng = {} if latest else {"from_ms": -FAR, "to_ms": FAR}
+    rng: dict[str, Any] = {} if latest else {"from_ms": -FAR, "to_ms": FAR}
     with grpc.insecure_channel(address) as ch:
         stub = qpb_grpc.QueryableStateStub(ch)
         for i in range(0, len(keys), 1000):

@@ -140,13 +140,16 @@ def commit_batch(storage: Storage, coord: Coordinator, batch: int) -> None:
 SHARD_MEMORY_MB = 64
 
 
-def start_shop(tmp: Path, min_batch_wait_s: float = 0.05) -> Shop:
+def start_shop(tmp: Path, min_batch_wait_s: float = 0.05,
+               shard_settings: dict[str, str] | None = None) -> Shop:
     """``min_batch_wait_s``: the routers' (a fuzzer asks for batches that will never come:
-    each such read is a 503 after this wait)."""
+    each such read is a 503 after this wait); ``shard_settings``: QSTATE_ settings of the
+    shard servers."""
     storage = Storage(str(tmp / "storage"))
     save_spec(storage, SPEC)
     # a memory budget other than the default: the metrics test reads it back
-    shard_env = {**os.environ, "QSTATE_SHARD_MEMORY_MB": str(SHARD_MEMORY_MB)}
+    shard_env = {**os.environ, "QSTATE_SHARD_MEMORY_MB": str(SHARD_MEMORY_MB),
+                 **(shard_settings or {})}
     shards = [ShardProcess.make(f"shop{i}", tmp / "data", storage.uri, tmp / "logs",
                                 env=shard_env).start_and_wait() for i in range(2)]
     coord = Coordinator(storage, SPEC.job, [s.address for s in shards])
@@ -179,10 +182,11 @@ def start_shop(tmp: Path, min_batch_wait_s: float = 0.05) -> Shop:
 
 
 @contextmanager
-def own_shop(tmp: Path, min_batch_wait_s: float = 0.05) -> Iterator[Shop]:
+def own_shop(tmp: Path, min_batch_wait_s: float = 0.05,
+             shard_settings: dict[str, str] | None = None) -> Iterator[Shop]:
     """A shop of a module's own, for tests that commit batches the session's shop must not
     see; stopped on exit."""
-    s = start_shop(tmp, min_batch_wait_s)
+    s = start_shop(tmp, min_batch_wait_s, shard_settings)
     try:
         yield s
     finally:

@@ -27,8 +27,9 @@ from qstate.proto import shard_pb2_grpc as pb_grpc
 
 __all__ = ["MAX_BATCH", "ShardCaller"]
 
-# address, job, op, state, from, to, range, limit (windows per key of a range)
-Group = tuple[str, str, str, str, int, int, bool, int]
+# address, job, op, state, from, to, range, limit (windows per key of a range), savepoint
+# ("": the live state)
+Group = tuple[str, str, str, str, int, int, bool, int, str]
 MAX_BATCH = 2000
 
 
@@ -70,10 +71,11 @@ class ShardCaller:
             await ch.close()
 
     def lookup(self, address: str, pid: PartitionId, state: str, key: pb.KeyQuery,
-               rng: tuple[int, int] | None, limit: int = 0) -> asyncio.Future:
+               rng: tuple[int, int] | None, limit: int = 0,
+               savepoint: str | None = None) -> asyncio.Future:
         """A future of the key's ``KeyResult``; fails with ``grpc.aio.AioRpcError``."""
         group: Group = (address, pid.job, pid.operator, state, *(rng or (0, 0)), rng is not None,
-                        limit if rng is not None else 0)
+                        limit if rng is not None else 0, savepoint or "")
         if self._waiting[address] >= self.max_queue:  # before a group is made for it
             raise Overloaded(f"{self._waiting[address]} keys already wait for shard {address} "
                              f"(QSTATE_MAX_SHARD_QUEUE); retry after {self.retry_after_s:g} s",
@@ -117,9 +119,10 @@ class ShardCaller:
 
     async def _call(self, group: Group, p: _Pending, keys: list[pb.KeyQuery],
                     futures: list[asyncio.Future]) -> None:
-        address, job, operator, state, lo, hi, is_range, limit = group
+        address, job, operator, state, lo, hi, is_range, limit, savepoint = group
         req = pb.LookupRequest(job=job, operator=operator, state=state, keys=keys,
-                               range=is_range, from_ms=lo, to_ms=hi, limit=limit)
+                               range=is_range, from_ms=lo, to_ms=hi, limit=limit,
+                               savepoint=savepoint)
         try:
             reply = await self.stub(address).MultiGet(req, timeout=self.timeout_s)
         except grpc.aio.AioRpcError as exc:

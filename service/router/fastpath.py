@@ -53,7 +53,7 @@ def with_fast_get(app: Any, query: QueryService) -> Any:
             q = query.point(
                 job, operator, state, key, time_range(params.get("from"), params.get("to")),
                 parse_limit(params.get("limit"), query.max_windows),
-                parse_min_batch(params.get("min_batch")))
+                parse_min_batch(params.get("min_batch")), params.get("savepoint"))
             spec, key, hit = await query.lookup(q)
             if not hit.found:
                 raise absent_key(spec.job, spec.operator, q.state, key, hit.batch,

@@ -81,6 +81,10 @@ def _min_batch(req: pb.GetRequest | pb.MultiGetRequest | pb.TopRequest) -> int |
     return req.min_batch if req.HasField("min_batch") else None
 
 
+def _savepoint(req: pb.GetRequest | pb.MultiGetRequest) -> str | None:
+    return req.savepoint if req.HasField("savepoint") else None
+
+
 async def _fail(context: grpc.aio.ServicerContext, method: str, exc: QStateError) -> None:
     RPCS.labels(method, exc.grpc_code.name).inc()
     count_error(exc)
@@ -103,7 +107,8 @@ class QueryableStateService(pb_grpc.QueryableStateServicer):
         try:
             self.auth.check(context, request.job, request.operator)
             q = self.query.point(request.job, request.operator, request.state, request.key,
-                                 _range(request), _limit(request), _min_batch(request))
+                                 _range(request), _limit(request), _min_batch(request),
+                                 _savepoint(request))
             spec, key, hit = await self.query.lookup(q)
             if not hit.found:
                 raise absent_key(spec.job, spec.operator, q.state, key, hit.batch,
@@ -120,7 +125,8 @@ class QueryableStateService(pb_grpc.QueryableStateServicer):
         try:
             self.auth.check(context, request.job, request.operator)
             q = self.query.batch(request.job, request.operator, request.state, request.keys,
-                                 _range(request), _limit(request), _min_batch(request))
+                                 _range(request), _limit(request), _min_batch(request),
+                                 _savepoint(request))
             spec, hits = await self.query.multi_lookup(q)
         except QStateError as exc:
             await _fail(context, "MultiGet", exc)

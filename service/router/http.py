@@ -205,6 +205,12 @@ def create_app(query: QueryService, ready: Callable[[], bool] = lambda: True,
         "partitions read to have it; then 503 + Retry-After naming the batch they have. "
         "Every answer carries the batch it reflects")
 
+    savepoint_param = Query(
+        None, description="Answer as of this savepoint of the job (`qstate savepoint "
+        "create`), its batch in the answer; the first read of a partition opens it on its "
+        "shard server and answers 503 + Retry-After meanwhile. Not with min_batch",
+        pattern=NAME_PATTERN)
+
     app.add_middleware(_Measured)
 
     def _error(exc: QStateError) -> Response:
@@ -227,6 +233,8 @@ def create_app(query: QueryService, ready: Callable[[], bool] = lambda: True,
                     parse_limit(str(e.get("input")), most)
                 if loc == ("query", "min_batch"):
                     parse_min_batch(str(e.get("input")))
+                if loc == ("query", "savepoint"):
+                    check_name("savepoint name", str(e.get("input")))
         except QStateError as named:
             return _error(named)
         problems = "; ".join(
@@ -251,9 +259,10 @@ def create_app(query: QueryService, ready: Callable[[], bool] = lambda: True,
              responses=errors, summary="The latest window of a key, or its windows in a range")
     async def get_state(job: Name, operator: Name, state: Name, key: Key, from_: From = None,
                         to: To = None, limit: int | None = limit_param,
-                        min_batch: int | None = min_batch_param) -> Any:
+                        min_batch: int | None = min_batch_param,
+                        savepoint: str | None = savepoint_param) -> Any:
         a = await query.get(query.point(job, operator, state, key, time_range(from_, to), limit,
-                                        min_batch))
+                                        min_batch, savepoint))
         if not a.found:
             raise absent(a)
         return json_response(a)
@@ -264,9 +273,10 @@ def create_app(query: QueryService, ready: Callable[[], bool] = lambda: True,
     async def batch_get(job: Name, operator: Name, state: Name,
                         body: Annotated[BatchGetIn, Body()], from_: From = None,
                         to: To = None, limit: int | None = limit_param,
-                        min_batch: int | None = min_batch_param) -> Any:
+                        min_batch: int | None = min_batch_param,
+                        savepoint: str | None = savepoint_param) -> Any:
         q = query.batch(job, operator, state, body.keys, time_range(from_, to), limit,
-                        min_batch)
+                        min_batch, savepoint)
         spec, hits = await query.multi_lookup(q)
         return Response(batch_answer_json(
             answer_fields(spec.job, spec.operator, q.state, k, h.found, h.batch,
@@ -282,9 +292,10 @@ def create_app(query: QueryService, ready: Callable[[], bool] = lambda: True,
                      "key has no data")
     async def get_series(job: Name, operator: Name, state: Name, key: Key, from_: From = None,
                          to: To = None, limit: int | None = limit_param,
-                        min_batch: int | None = min_batch_param) -> Any:
+                         min_batch: int | None = min_batch_param,
+                         savepoint: str | None = savepoint_param) -> Any:
         a = await query.get(query.point(job, operator, state, key, time_range(from_, to), limit,
-                                        min_batch))
+                                        min_batch, savepoint))
         out = json_response(Series([
             Point.model_construct(time=a.watermark if w.start is None else w.start,
                                   value=w.value) for w in a.windows]))

@@ -64,21 +64,24 @@ class QueryService:
 
     def point(self, job: str, operator: str, state: str, key: str,
               rng: tuple[int, int] | None = None, limit: int | None = None,
-              min_batch: int | None = None) -> StateQuery:
+              min_batch: int | None = None, savepoint: str | None = None) -> StateQuery:
         """One key's query under this router's bounds. ``limit``: most windows of a range
         answer (None: ``max_windows``); one cut short says where the next page starts.
-        ``min_batch``: answer as of that batch or a later one (waiting for it a while)."""
+        ``min_batch``: answer as of that batch or a later one (waiting for it a while).
+        ``savepoint``: as of that savepoint of the job."""
         return StateQuery.of(job, operator, state, (key,), rng, limit,
                              max_windows=self.max_windows,
-                             max_request_windows=self.max_request_windows, min_batch=min_batch)
+                             max_request_windows=self.max_request_windows, min_batch=min_batch,
+                             savepoint=savepoint)
 
     def batch(self, job: str, operator: str, state: str, keys: Sequence[str],
               rng: tuple[int, int] | None = None, limit: int | None = None,
-              min_batch: int | None = None) -> StateQuery:
+              min_batch: int | None = None, savepoint: str | None = None) -> StateQuery:
         """Many keys' query: at most ``max_batch_keys`` of them (QSTATE_MAX_BATCH_KEYS)."""
         return StateQuery.of(job, operator, state, keys, rng, limit,
                              max_windows=self.max_windows, max_keys=self.max_batch_keys,
-                             max_request_windows=self.max_request_windows, min_batch=min_batch)
+                             max_request_windows=self.max_request_windows, min_batch=min_batch,
+                             savepoint=savepoint)
 
     def top_query(self, job: str, operator: str, state: str, n: int | None = None,
                   descending: bool = True, start_ms: int | None = None,

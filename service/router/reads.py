@@ -99,8 +99,8 @@ class PartitionReads:
     def read_local_many(self, spec: OperatorSpec, pid: PartitionId, q: StateQuery,
                         keys: Sequence[str], owner: str | None) -> list[Hit] | None:
         """``read_local`` of keys of one partition, as of one batch."""
-        if self.local is None or owner is None:
-            return None
+        if self.local is None or owner is None or q.savepoint is not None:
+            return None  # a savepoint is read by a shard server, not in its live files
         res = self.local.read_many(owner, spec, pid, keys, q.range_ms, q.limit + 1)
         if not res:
             return None
@@ -125,7 +125,7 @@ class PartitionReads:
         move once; from a follower when the owner cannot answer."""
         kq = pb.KeyQuery(key=key, partition=pid.partition)
         return _hit(await self.ask(pid, owner, lambda address: self.caller.lookup(
-            address, pid, q.state, kq, q.range_ms, q.limit)))
+            address, pid, q.state, kq, q.range_ms, q.limit, q.savepoint)))
 
     async def ask(self, pid: PartitionId, owner: str | None,
                   call: Callable[[str], Awaitable[Answer]]) -> Answer:

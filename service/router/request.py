@@ -47,12 +47,15 @@ class StateQuery:
     # read your writes: answer once each partition read has this batch (the router waits a
     # bounded time, then 503 naming the batch it has)
     min_batch: int | None = None
+    # read as of this savepoint of the job (docs/architecture.md §4, savepoints), from the
+    # owner over gRPC; None: the live state
+    savepoint: str | None = None
 
     @classmethod
     def of(cls, job: str, operator: str, state: str, keys: Sequence[str],
            range_ms: tuple[int, int] | None = None, limit: int | None = None, *,
            max_windows: int, max_keys: int = 1, max_request_windows: int | None = None,
-           min_batch: int | None = None) -> StateQuery:
+           min_batch: int | None = None, savepoint: str | None = None) -> StateQuery:
         """The query, or the InvalidRequest (400) that says what to fix: too many keys, a
         name or key outside docs/architecture.md §2, an empty range, a limit out of bounds,
         more windows than one request may read (keys × limit beyond
@@ -74,8 +77,13 @@ class StateQuery:
                     f"{len(keys)} keys × limit {limit} = {len(keys) * limit} windows: one "
                     f"request reads at most {budget} (QSTATE_MAX_REQUEST_WINDOWS); ask fewer "
                     "keys or a smaller limit, and page on with 'next_from'")
+        if savepoint is not None:
+            check_name("savepoint name", savepoint)
+            if min_batch is not None:
+                raise InvalidRequest("'min_batch' and 'savepoint' together: a savepoint is "
+                                     "as of its own batch; ask one or the other")
         return cls(job, operator, state, tuple(keys), range_ms, check_limit(limit, max_windows),
-                   check_min_batch(min_batch))
+                   check_min_batch(min_batch), savepoint)
 
 
 @dataclass(frozen=True, slots=True)

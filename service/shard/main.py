@@ -36,6 +36,7 @@ from qstate.proto import shard_pb2_grpc as pb_grpc
 from qstate.shard import metrics
 from qstate.shard.memory import MemoryBudget
 from qstate.shard.partitions import Partitions
+from qstate.shard.savepoints import SavepointReads
 from qstate.shard.server import ShardService
 
 __all__ = ["ShardOptions", "run", "serve"]
@@ -122,7 +123,10 @@ async def serve(o: ShardOptions) -> None:
     metrics.watch_memory(partitions.memory)
     server = grpc.aio.server(options=[*CHANNEL_OPTIONS, security.NO_REUSEPORT],
                              interceptors=security.cluster_interceptors(cfg))
-    service = ShardService(partitions, server_id, "", cfg.max_windows, cfg.max_top_scan_keys)
+    savepoints = SavepointReads(storage, partitions.server_dir, partitions.spec,
+                                partitions.memory)
+    service = ShardService(partitions, server_id, "", cfg.max_windows, cfg.max_top_scan_keys,
+                           savepoints)
     pb_grpc.add_ShardServicer_to_server(service, server)
 
     def ready() -> bool:  # no partition restoring: gRPC health and /readyz alike
@@ -162,6 +166,7 @@ async def serve(o: ShardOptions) -> None:
     await server.stop(grace=2)
     probe.should_exit = True
     await probe_task
+    savepoints.close()
     partitions.close()
 
 

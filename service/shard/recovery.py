@@ -24,10 +24,22 @@ from qstate.core.storage import Storage
 from qstate.partition.files import partition_dir
 from qstate.shard import metrics, snapshot
 from qstate.shard.held import Held
+from qstate.shard.store import PartitionStore
 
-__all__ = ["Recovery"]
+__all__ = ["Recovery", "replay"]
 
 log = logging.getLogger(__name__)
+
+
+def replay(storage: Storage, pid: PartitionId, spec: OperatorSpec, store: PartitionStore,
+           batches: range, epoch: int) -> None:
+    """Apply ``batches`` to ``store`` from their manifests and delta files, in order."""
+    retention = spec.retention_ms if spec.windowed else None
+    for b in batches:
+        m = read_manifest(storage, pid.job, pid.operator, b)
+        fragments = m.deltas.get(pid.partition)
+        table = deltas.read_deltas(storage, pid, b, fragments, spec) if fragments else None
+        store.apply(b, m.watermark_ms, epoch, table, retention)
 
 
 class Recovery:
@@ -103,14 +115,8 @@ class Recovery:
         return needed
 
     def _replay(self, pid: PartitionId, held: Held, needed: range) -> None:
-        spec = self.spec(pid.job, pid.operator)
-        retention = spec.retention_ms if spec.windowed else None
-        epoch = self.epoch(pid.job)
-        for b in needed:
-            m = read_manifest(self.storage, pid.job, pid.operator, b)
-            fragments = m.deltas.get(pid.partition)
-            table = deltas.read_deltas(self.storage, pid, b, fragments, spec) if fragments else None
-            held.store.apply(b, m.watermark_ms, epoch, table, retention)
+        replay(self.storage, pid, self.spec(pid.job, pid.operator), held.store, needed,
+               self.epoch(pid.job))
 
     def _restore(self, pid: PartitionId, held: Held, batch: int | None) -> None:
         t0 = time.perf_counter()

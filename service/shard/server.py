@@ -28,6 +28,8 @@ from qstate.proto import shard_pb2_grpc as pb_grpc
 from qstate.shard import metrics
 from qstate.shard.held import Held
 from qstate.shard.partitions import PartitionCommit, Partitions
+from qstate.shard.savepoints import SavepointReads
+from qstate.shard.store import PartitionStore
 
 __all__ = ["ShardService"]
 
@@ -78,8 +80,10 @@ async def _abort(context: grpc.aio.ServicerContext, exc: QStateError) -> None:
 class ShardService(pb_grpc.ShardServicer):
     def __init__(self, partitions: Partitions, server_id: str, address: str,
                  max_windows: int = DEFAULTS.max_windows,
-                 max_top_scan_keys: int = DEFAULTS.max_top_scan_keys) -> None:
+                 max_top_scan_keys: int = DEFAULTS.max_top_scan_keys,
+                 savepoints: SavepointReads | None = None) -> None:
         self.partitions = partitions
+        self.savepoints = savepoints
         self.server_id = server_id
         self.address = address
         self.max_windows = max_windows
@@ -166,11 +170,15 @@ class ShardService(pb_grpc.ShardServicer):
         except QStateError as exc:
             await _abort(context, exc)
         limit = min(request.limit or self.max_windows, self.max_windows)
-        if len(request.keys) * (limit if request.range else 1) <= INLINE_WINDOWS:
+        if len(request.keys) * (limit if request.range else 1) <= INLINE_WINDOWS and \
+                not request.savepoint:
             reply = self._lookup(request, spec, limit)
-        else:
-            reply = await asyncio.get_running_loop().run_in_executor(
-                self.read_pool, self._lookup, request, spec, limit)
+        else:  # large, or a savepoint's partition may first be built: on the read thread
+            try:
+                reply = await asyncio.get_running_loop().run_in_executor(
+                    self.read_pool, self._lookup, request, spec, limit)
+            except QStateError as exc:
+                await _abort(context, exc)
         for r in reply.results:
             metrics.LOOKUPS.labels(pb.KeyStatus.Name(r.status)).inc()
         metrics.LOOKUP_SECONDS.observe(time.perf_counter() - t0)
@@ -186,12 +194,21 @@ class ShardService(pb_grpc.ShardServicer):
         for kq in request.keys:
             pid = PartitionId(request.job, request.operator, kq.partition)
             r = reply.results.add(key=kq.key)
-            held, r.status = self._serving(pid)
-            if held is None:
-                continue
+            if request.savepoint:  # as of the savepoint: any server builds it from storage
+                held, store = None, self._savepoint(pid, request.savepoint)
+                if store is None:
+                    r.status = pb.RESTORING
+                    continue
+            else:
+                held, r.status = self._serving(pid)
+                if held is None:
+                    continue
+                store = held.store
             try:
-                meta, windows = held.store.read(kq.key, rng, limit + 1)
+                meta, windows = store.read(kq.key, rng, limit + 1)
             except Exception as exc:
+                if held is None:
+                    raise
                 self._moved_away(pid, held, exc)
                 r.status = pb.NOT_OWNED
                 continue
@@ -202,6 +219,12 @@ class ShardService(pb_grpc.ShardServicer):
             r.status = pb.FOUND if windows else pb.ABSENT
             r.windows.extend(_window(w, idx) for w in windows)
         return reply
+
+    def _savepoint(self, pid: PartitionId, name: str) -> PartitionStore | None:
+        if self.savepoints is None:
+            raise InvalidRequest("this shard server reads no savepoints")
+        check_name("savepoint name", name)
+        return self.savepoints.store(pid, name)
 
     def _serving(self, pid: PartitionId) -> tuple[Held | None, pb.KeyStatus]:
         """The partition when this server serves it now (status FOUND, for the caller to
