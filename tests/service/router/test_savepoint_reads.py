@@ -6,7 +6,6 @@ Retry-After while its shard opens it. Ground truth: what the shop fixture commit
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import grpc
 import httpx
