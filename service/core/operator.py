@@ -28,7 +28,7 @@ from qstate.core.storage import Storage
 from qstate.core.windows import pane_ms
 
 __all__ = ["MAX_REPLICAS", "MERGEABLE", "AggKind", "Aggregate", "Mode", "OperatorSpec", "StateType",
-           "WindowKind", "WindowSpec", "list_specs", "load_spec", "save_spec"]
+           "WindowKind", "WindowSpec", "list_specs", "load_spec", "save_spec", "state_changes"]
 
 StateType = Literal["long", "double"]
 WindowKind = Literal["tumbling", "sliding", "session", "none"]
@@ -184,12 +184,55 @@ def save_spec(storage: Storage, spec: OperatorSpec, rescale: bool = False) -> No
                 f"changing to {spec.partitions} needs `qstate state rescale {spec.job} "
                 f"--partitions {spec.partitions}` while the job is stopped (a multiple of "
                 f"{old.partitions})")
-        if (old.states, old.window) != (spec.states, spec.window):
+        changed = state_changes(old, spec)
+        if changed:
             raise InvalidRequest(
-                f"{spec.job}/{spec.operator} is stored with other aggregates or another window "
-                "than the job declares now; its state would not mean what the new declaration "
-                "says: serve the changed aggregation under a new operator name")
+                f"{spec.job}/{spec.operator} cannot keep its state: {'; '.join(changed)}. Its "
+                "stored values would not mean what the job declares now. Serve the change "
+                "under a new operator name beside this one (it fills from the job's current "
+                f"position), and keep this one's state readable with a savepoint (`qstate "
+                f"savepoint create {spec.job}`): docs/upgrading.md")
     storage.write_bytes(path, spec.to_json())
+
+
+def _window_text(w: WindowSpec) -> str:
+    if w.kind == "none":
+        return "no window"
+    if w.kind == "session":
+        return f"session, gap {w.gap_ms} ms"
+    if w.kind == "sliding":
+        return f"sliding {w.size_ms} ms every {w.slide_ms} ms"
+    return f"tumbling {w.size_ms} ms"
+
+
+def _aggregate_text(a: Aggregate) -> str:
+    return a.kind + (f" (lg_k {a.lg_k})" if a.lg_k else "") + f" as {a.type}"
+
+
+def state_changes(old: OperatorSpec, new: OperatorSpec) -> list[str]:
+    """What ``new`` changes of ``old`` that its stored state cannot follow: the key, the
+    window, an aggregate's kind or type, an aggregate added or removed (docs/upgrading.md);
+    [] when the state carries over."""
+    out = []
+    if old.key != new.key:
+        out.append(f"its key changed ({old.key} -> {new.key})")
+    if old.window != new.window:
+        out.append(f"its window changed ({_window_text(old.window)} -> "
+                   f"{_window_text(new.window)})")
+    for name in sorted(old.states.keys() | new.states.keys()):
+        before, after = old.states.get(name), new.states.get(name)
+        if before is None:
+            out.append(f"aggregate {name!r} added")
+        elif after is None:
+            out.append(f"aggregate {name!r} removed")
+        elif before != after:
+            out.append(f"aggregate {name!r} changed ({_aggregate_text(before)} -> "
+                       f"{_aggregate_text(after)})")
+    if not out and list(old.states) != list(new.states):
+        # a stored row holds its values in the declared order (state_index)
+        out.append(f"its aggregates are declared in another order ({', '.join(old.states)} "
+                   f"-> {', '.join(new.states)}): declare them in the stored order")
+    return out
 
 
 def load_spec(storage: Storage, job: str, operator: str) -> OperatorSpec | None:
