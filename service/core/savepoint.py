@@ -35,7 +35,7 @@ from qstate.core.address import PartitionId, check_name
 from qstate.core.catalog import delta_batches, manifest_batches, snapshot_batches
 from qstate.core.errors import CorruptState, InvalidRequest, NotFound, Unavailable
 from qstate.core.manifest import Offsets, read_manifest
-from qstate.core.operator import load_spec
+from qstate.core.operator import OperatorSpec, load_spec
 from qstate.core.storage import Storage
 
 __all__ = ["Cut", "Pins", "Savepoint", "create", "delete", "list_savepoints", "pins",
@@ -51,9 +51,13 @@ _ATTEMPTS = 3  # retention may prune a snapshot between the choice of N and the 
 class Cut:
     """One operator at the savepoint's batch."""
 
-    partitions: int
+    spec: OperatorSpec  # as stored then: what its state means
     watermark_ms: int
     snapshots: dict[int, int]  # partition -> the snapshot it starts from, NO_SNAPSHOT: none
+
+    @property
+    def partitions(self) -> int:
+        return self.spec.partitions
 
 
 @dataclass(frozen=True)
@@ -80,7 +84,8 @@ def _encode(sp: Savepoint) -> bytes:
         "job": sp.job, "name": sp.name, "batch": sp.batch, "created_ms": sp.created_ms,
         "offsets": {t: {str(p): o for p, o in sorted(ps.items())}
                     for t, ps in sorted(sp.offsets.items())},
-        "operators": {op: {"partitions": c.partitions, "watermark_ms": c.watermark_ms,
+        "operators": {op: {"spec": orjson.loads(c.spec.to_json()),
+                           "watermark_ms": c.watermark_ms,
                            "snapshots": {str(p): s for p, s in sorted(c.snapshots.items())}}
                       for op, c in sorted(sp.operators.items())}})
 
@@ -91,11 +96,18 @@ def _int(v: object) -> int:
     return v
 
 
+def _spec(job: str, operator: str, raw: object) -> OperatorSpec:
+    spec = OperatorSpec.from_json(orjson.dumps(raw))
+    if (spec.job, spec.operator) != (job, operator):
+        raise ValueError(f"the spec of {operator} names {spec.job}/{spec.operator}")
+    return spec
+
+
 def _decode(raw: bytes, path: str, complete: bool) -> Savepoint:
     try:
         d = orjson.loads(raw)
         ops = {check_name("operator", op): Cut(
-            _int(c["partitions"]), _int(c["watermark_ms"]),
+            _spec(d["job"], op, c["spec"]), _int(c["watermark_ms"]),
             {_int(int(p)): _int(s) for p, s in c["snapshots"].items()})
             for op, c in d["operators"].items()}
         return Savepoint(check_name("job", d["job"]), check_name("savepoint name", d["name"]),
@@ -163,7 +175,7 @@ def _cut(storage: Storage, job: str, ops: list[str]) -> tuple[int, dict[str, Cut
         for p in range(spec.partitions):
             have = [b for b in snapshot_batches(storage, PartitionId(job, op, p)) if b <= batch]
             snaps[p] = have[-1] if have else NO_SNAPSHOT
-        cuts[op] = Cut(spec.partitions, m.watermark_ms, snaps)
+        cuts[op] = Cut(spec, m.watermark_ms, snaps)
     return batch, cuts, offsets
 
 

@@ -91,7 +91,7 @@ class SavepointReads:
                 f"savepoint {pid.job}@{name} has {cut.partitions} partitions of "
                 f"{pid.operator} and the operator now {spec.partitions} (rescaled since): "
                 "its keys are not where this read looks")
-        return sp, spec
+        return sp, cut.spec  # what its rows meant then
 
     def _build(self, pid: PartitionId, name: str) -> PartitionStore:
         sp, spec = self._check(pid, name)

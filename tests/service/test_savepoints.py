@@ -84,8 +84,8 @@ def test_a_savepoint_names_each_partitions_snapshot_and_the_batchs_offsets(
     sp = create(storage, JOB, "before-v2", now_ms=1_700_000_000_000)
     # batch 10 exists for views only: the newest batch of every operator is 9
     assert sp.batch == LAST and sp.offsets == offsets(LAST) and sp.complete
-    assert {op: (c.partitions, c.watermark_ms, c.snapshots) for op, c in sp.operators.items()} \
-        == {op: (P, LAST * 10, {0: SNAPSHOTS[-1], 1: NO_SNAPSHOT}) for op in OPS}
+    assert {op: (c.spec, c.watermark_ms, c.snapshots) for op, c in sp.operators.items()} \
+        == {op: (spec(op), LAST * 10, {0: SNAPSHOTS[-1], 1: NO_SNAPSHOT}) for op in OPS}
     assert read_savepoint(storage, JOB, "before-v2") == sp
     assert list_savepoints(storage, JOB) == [sp]
     assert storage.list_names(paths.savepoints_dir(JOB)) == ["before-v2.json"]  # no pending
