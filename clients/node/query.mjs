@@ -24,6 +24,7 @@
 // $QSTATE_TLS_CA), the CA bundle that signed the router's certificate; plain text without it
 // (watch: an https:// URL, verified with --ca, else the system's CAs).
 // Read your writes: --min-batch N answers as of batch N or a later one.
+// --savepoint NAME (get, multiget): as of that savepoint of the job (qstate savepoint create).
 // Token: --token (else $QSTATE_TOKEN, else the content of --token-file or $QSTATE_TOKEN_FILE),
 // sent as "authorization: Bearer ..." metadata (watch: header); never in plain text off
 // loopback: without --ca (watch: to an http:// URL) to another host it refuses (exit 2) unless
@@ -59,8 +60,8 @@ const HTTP_CODE = { 400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMI
   404: "NOT_FOUND", 409: "ABORTED", 413: "INVALID_ARGUMENT", 429: "RESOURCE_EXHAUSTED",
   500: "INTERNAL", 503: "UNAVAILABLE" };
 
-const USAGE = "usage: query.mjs get JOB OPERATOR STATE KEY [--from MS --to MS] [--addr HOST:PORT] [--ca FILE] [--token T | --token-file F] [--allow-insecure]\n" +
-  "       query.mjs multiget JOB OPERATOR STATE KEY... [--from MS --to MS] [--addr HOST:PORT]\n" +
+const USAGE = "usage: query.mjs get JOB OPERATOR STATE KEY [--from MS --to MS] [--savepoint NAME] [--addr HOST:PORT] [--ca FILE] [--token T | --token-file F] [--allow-insecure]\n" +
+  "       query.mjs multiget JOB OPERATOR STATE KEY... [--from MS --to MS] [--savepoint NAME] [--addr HOST:PORT]\n" +
   "       query.mjs top JOB OPERATOR STATE [--n N] [--asc] [--window MS] [--addr HOST:PORT]\n" +
   "       query.mjs watch JOB OPERATOR STATE KEY... | --top N [--asc] [--from-batch B] [--max-events N] [--max-reconnects N] [--url URL]";
 
@@ -76,7 +77,8 @@ try {
     options: { from: { type: "string" }, to: { type: "string" }, addr: { type: "string" },
                ca: { type: "string" }, token: { type: "string" },
                "token-file": { type: "string" }, "allow-insecure": { type: "boolean" },
-               "min-batch": { type: "string" }, n: { type: "string" },
+               "min-batch": { type: "string" }, savepoint: { type: "string" },
+               n: { type: "string" },
                asc: { type: "boolean" }, window: { type: "string" }, top: { type: "string" },
                "from-batch": { type: "string" }, "max-events": { type: "string" },
                "max-reconnects": { type: "string" },
@@ -173,6 +175,7 @@ const range = {
   ...(opts.from === undefined ? {} : { from_ms: opts.from, to_ms: opts.to }),
   // read your writes: as of this batch or later (the router waits a while for it)
   ...(opts["min-batch"] === undefined ? {} : { min_batch: opts["min-batch"] }),
+  ...(opts.savepoint === undefined ? {} : { savepoint: opts.savepoint }),
 };
 const top = {
   n: opts.n ?? "10", ascending: Boolean(opts.asc),

@@ -21,10 +21,12 @@ import grpc
 import pytest
 from google.protobuf.json_format import MessageToDict
 
+from qstate.core import savepoint
 from qstate.embedded.ports import free_port
 from qstate.exit_codes import Exit
 from qstate.proto import qstate_pb2 as qpb
 from qstate.proto import qstate_pb2_grpc as qpb_grpc
+from tests.helpers import wait_until
 from tests.shop import BATCHES, BIG, KEYS, MANY, ROUTES, WINDOW, Shop, avg_ms, views
 
 NODE_DIR = Path(__file__).resolve().parents[2] / "clients" / "node"
@@ -239,6 +241,24 @@ def test_min_batch_reads_your_writes_or_says_how_far_the_state_is(node, cluster)
         "not yet at min_batch 999999" in ahead.stderr, ahead.stderr
     bad = run_node(node, cluster.grpc_address, *args, "--min-batch=-1")
     assert bad.returncode == Exit.BAD_REQUEST and "not a batch number" in bad.stderr
+
+
+def test_savepoint_reads_as_of_its_batch(node, cluster, shop: Shop) -> None:
+    """A savepoint of the shop (its last batch): the first read is UNAVAILABLE (exit 3)
+    while the shard opens the partition, then the value as of the savepoint's batch."""
+    if "node-reads" not in {s.name for s in savepoint.list_savepoints(shop.storage, "shop")}:
+        savepoint.create(shop.storage, "shop", "node-reads")  # once for both routes
+    args = ("get", "shop", "views_1m", "views", "page-3", "--savepoint", "node-reads")
+
+    def read() -> dict[str, Any] | None:
+        r = run_node(node, cluster.grpc_address, *args)
+        assert r.returncode in (0, Exit.UNAVAILABLE), r.stderr
+        return json.loads(r.stdout) if r.returncode == 0 else None
+    got = wait_until(read, 60, "the savepoint's partition open")
+    assert got["batch"] == str(BATCHES - 1)  # type: ignore[index]
+    assert got["windows"][0]["int_value"] == str(views("page-3", BATCHES - 1))  # type: ignore[index]
+    bad = run_node(node, cluster.grpc_address, *args[:-1], "nope")
+    assert bad.returncode == Exit.NOT_FOUND and "no savepoint 'nope'" in bad.stderr, bad.stderr
 
 
 # --- watch: Server-Sent Events over HTTP ----------------------------------------------------
