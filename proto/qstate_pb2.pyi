@@ -91,7 +91,7 @@ class MultiGetResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[StateValue, _Mapping]]] = ...) -> None: ...
 
 class TopRequest(_message.Message):
-    __slots__ = ("job", "operator", "state", "n", "ascending", "window_start_ms", "min_batch")
+    __slots__ = ("job", "operator", "state", "n", "ascending", "window_start_ms", "min_batch", "savepoint")
     JOB_FIELD_NUMBER: _ClassVar[int]
     OPERATOR_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -99,6 +99,7 @@ class TopRequest(_message.Message):
     ASCENDING_FIELD_NUMBER: _ClassVar[int]
     WINDOW_START_MS_FIELD_NUMBER: _ClassVar[int]
     MIN_BATCH_FIELD_NUMBER: _ClassVar[int]
+    SAVEPOINT_FIELD_NUMBER: _ClassVar[int]
     job: str
     operator: str
     state: str
@@ -106,7 +107,8 @@ class TopRequest(_message.Message):
     ascending: bool
     window_start_ms: int
     min_batch: int
-    def __init__(self, job: _Optional[str] = ..., operator: _Optional[str] = ..., state: _Optional[str] = ..., n: _Optional[int] = ..., ascending: _Optional[bool] = ..., window_start_ms: _Optional[int] = ..., min_batch: _Optional[int] = ...) -> None: ...
+    savepoint: str
+    def __init__(self, job: _Optional[str] = ..., operator: _Optional[str] = ..., state: _Optional[str] = ..., n: _Optional[int] = ..., ascending: _Optional[bool] = ..., window_start_ms: _Optional[int] = ..., min_batch: _Optional[int] = ..., savepoint: _Optional[str] = ...) -> None: ...
 
 class TopEntry(_message.Message):
     __slots__ = ("key", "int_value", "double_value")

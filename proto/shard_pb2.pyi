@@ -167,7 +167,7 @@ class DescribeReply(_message.Message):
     def __init__(self, server_id: _Optional[str] = ..., address: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[PartitionInfo, _Mapping]]] = ..., draining: _Optional[bool] = ...) -> None: ...
 
 class TopRequest(_message.Message):
-    __slots__ = ("job", "operator", "state", "partitions", "current", "start_ms", "n", "ascending", "partition_count")
+    __slots__ = ("job", "operator", "state", "partitions", "current", "start_ms", "n", "ascending", "partition_count", "savepoint")
     JOB_FIELD_NUMBER: _ClassVar[int]
     OPERATOR_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -177,6 +177,7 @@ class TopRequest(_message.Message):
     N_FIELD_NUMBER: _ClassVar[int]
     ASCENDING_FIELD_NUMBER: _ClassVar[int]
     PARTITION_COUNT_FIELD_NUMBER: _ClassVar[int]
+    SAVEPOINT_FIELD_NUMBER: _ClassVar[int]
     job: str
     operator: str
     state: str
@@ -186,7 +187,8 @@ class TopRequest(_message.Message):
     n: int
     ascending: bool
     partition_count: int
-    def __init__(self, job: _Optional[str] = ..., operator: _Optional[str] = ..., state: _Optional[str] = ..., partitions: _Optional[_Iterable[int]] = ..., current: _Optional[bool] = ..., start_ms: _Optional[int] = ..., n: _Optional[int] = ..., ascending: _Optional[bool] = ..., partition_count: _Optional[int] = ...) -> None: ...
+    savepoint: str
+    def __init__(self, job: _Optional[str] = ..., operator: _Optional[str] = ..., state: _Optional[str] = ..., partitions: _Optional[_Iterable[int]] = ..., current: _Optional[bool] = ..., start_ms: _Optional[int] = ..., n: _Optional[int] = ..., ascending: _Optional[bool] = ..., partition_count: _Optional[int] = ..., savepoint: _Optional[str] = ...) -> None: ...
 
 class TopEntry(_message.Message):
     __slots__ = ("key", "int_value", "double_value")

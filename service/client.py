@@ -125,13 +125,15 @@ def _page(r: httpx.Response, params: dict[str, str]) -> tuple[list[Point], dict[
 
 
 def _top(job: str, operator: str, state: str, n: int, descending: bool, window: TimeArg,
-         min_batch: int | None) -> tuple[str, dict[str, str]]:
+         min_batch: int | None, savepoint: str | None = None) -> tuple[str, dict[str, str]]:
     """The path and parameters of a top-N request."""
     path = f"/v1/top/{quote(job, safe='')}/{quote(operator, safe='')}/{quote(state, safe='')}"
     params = {"n": str(n), "order": "desc" if descending else "asc",
               "window": _t(window) or "current"}
     if min_batch is not None:
         params["min_batch"] = str(min_batch)
+    if savepoint is not None:
+        params["savepoint"] = savepoint
     return path, params
 
 
@@ -330,11 +332,13 @@ class Client(_Base):
 
     def top(self, job: str, operator: str, state: str, n: int = 10, *,
             descending: bool = True, window: TimeArg = None,
-            min_batch: int | None = None) -> TopAnswer:
+            min_batch: int | None = None, savepoint: str | None = None) -> TopAnswer:
         """The ``n`` keys with the largest (``descending=False``: smallest) value of
         ``state`` in one window across every partition, ties by key; ``window``: a time in
-        the window (None: the current one, the oldest still open at the watermark)."""
-        path, params = _top(job, operator, state, n, descending, window, min_batch)
+        the window (None: the current one, the oldest still open at the watermark).
+        ``savepoint``: as of that savepoint of the job."""
+        path, params = _top(job, operator, state, n, descending, window, min_batch,
+                            savepoint)
         return TopAnswer.model_validate_json(self._request("GET", path, params=params).content)
 
     def watch(self, job: str, operator: str, state: str, keys: Sequence[str] = (), *,
@@ -457,9 +461,10 @@ class AsyncClient(_Base):
 
     async def top(self, job: str, operator: str, state: str, n: int = 10, *,
                   descending: bool = True, window: TimeArg = None,
-                  min_batch: int | None = None) -> TopAnswer:
+                  min_batch: int | None = None, savepoint: str | None = None) -> TopAnswer:
         """``Client.top``."""
-        path, params = _top(job, operator, state, n, descending, window, min_batch)
+        path, params = _top(job, operator, state, n, descending, window, min_batch,
+                            savepoint)
         r = await self._request("GET", path, params=params)
         return TopAnswer.model_validate_json(r.content)
 

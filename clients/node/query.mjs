@@ -24,7 +24,8 @@
 // $QSTATE_TLS_CA), the CA bundle that signed the router's certificate; plain text without it
 // (watch: an https:// URL, verified with --ca, else the system's CAs).
 // Read your writes: --min-batch N answers as of batch N or a later one.
-// --savepoint NAME (get, multiget): as of that savepoint of the job (qstate savepoint create).
+// --savepoint NAME (get, multiget, top): as of that savepoint of the job (qstate savepoint
+// create).
 // Token: --token (else $QSTATE_TOKEN, else the content of --token-file or $QSTATE_TOKEN_FILE),
 // sent as "authorization: Bearer ..." metadata (watch: header); never in plain text off
 // loopback: without --ca (watch: to an http:// URL) to another host it refuses (exit 2) unless
@@ -62,7 +63,7 @@ const HTTP_CODE = { 400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMI
 
 const USAGE = "usage: query.mjs get JOB OPERATOR STATE KEY [--from MS --to MS] [--savepoint NAME] [--addr HOST:PORT] [--ca FILE] [--token T | --token-file F] [--allow-insecure]\n" +
   "       query.mjs multiget JOB OPERATOR STATE KEY... [--from MS --to MS] [--savepoint NAME] [--addr HOST:PORT]\n" +
-  "       query.mjs top JOB OPERATOR STATE [--n N] [--asc] [--window MS] [--addr HOST:PORT]\n" +
+  "       query.mjs top JOB OPERATOR STATE [--n N] [--asc] [--window MS] [--savepoint NAME] [--addr HOST:PORT]\n" +
   "       query.mjs watch JOB OPERATOR STATE KEY... | --top N [--asc] [--from-batch B] [--max-events N] [--max-reconnects N] [--url URL]";
 
 function usage(msg) {
@@ -181,6 +182,7 @@ const top = {
   n: opts.n ?? "10", ascending: Boolean(opts.asc),
   ...(opts.window === undefined ? {} : { window_start_ms: opts.window }),
   ...(opts["min-batch"] === undefined ? {} : { min_batch: opts["min-batch"] }),
+  ...(opts.savepoint === undefined ? {} : { savepoint: opts.savepoint }),
 };
 const [method, request] = cmd === "get"
   ? ["Get", { job, operator, state, key: keys[0], ...range }]

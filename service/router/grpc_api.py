@@ -81,7 +81,7 @@ def _min_batch(req: pb.GetRequest | pb.MultiGetRequest | pb.TopRequest) -> int |
     return req.min_batch if req.HasField("min_batch") else None
 
 
-def _savepoint(req: pb.GetRequest | pb.MultiGetRequest) -> str | None:
+def _savepoint(req: pb.GetRequest | pb.MultiGetRequest | pb.TopRequest) -> str | None:
     return req.savepoint if req.HasField("savepoint") else None
 
 
@@ -143,7 +143,7 @@ class QueryableStateService(pb_grpc.QueryableStateServicer):
                 request.job, request.operator, request.state, request.n or None,
                 not request.ascending,
                 request.window_start_ms if request.HasField("window_start_ms") else None,
-                _min_batch(request))
+                _min_batch(request), _savepoint(request))
             r = await self.hub.top(q)
         except QStateError as exc:
             await _fail(context, "Top", exc)

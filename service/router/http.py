@@ -321,10 +321,11 @@ def create_app(query: QueryService, ready: Callable[[], bool] = lambda: True,
                           "without windows", examples=["current", "now-1h"],
                           json_schema_extra={"pattern": f"^(?:current|{TIME_PATTERN[1:-1]})$"})
                       ] = "current",
-                      min_batch: int | None = min_batch_param) -> Any:
+                      min_batch: int | None = min_batch_param,
+                      savepoint: str | None = savepoint_param) -> Any:
         start = None if window == "current" else parse_time("window", window)
         r = await watches.top(query.top_query(job, operator, state, n, order == "desc", start,
-                                              min_batch))
+                                              min_batch, savepoint))
         return Response(orjson.dumps(top_fields(r, order == "desc")), media_type=JSON)
 
 

@@ -85,10 +85,10 @@ class QueryService:
 
     def top_query(self, job: str, operator: str, state: str, n: int | None = None,
                   descending: bool = True, start_ms: int | None = None,
-                  min_batch: int | None = None) -> TopQuery:
+                  min_batch: int | None = None, savepoint: str | None = None) -> TopQuery:
         """A top-N query under this router's bound on ``n`` (QSTATE_MAX_TOP_N)."""
         return TopQuery.of(job, operator, state, n, descending, start_ms,
-                           max_n=self.max_top_n, min_batch=min_batch)
+                           max_n=self.max_top_n, min_batch=min_batch, savepoint=savepoint)
 
     async def top(self, q: TopQuery) -> TopResult:
         """The query's top n across every partition of its operator."""

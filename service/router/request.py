@@ -12,7 +12,7 @@ from qstate.core.address import check_key, check_name
 from qstate.core.errors import InvalidRequest
 
 __all__ = ["StateQuery", "TopQuery", "WatchQuery", "check_limit", "check_min_batch",
-           "check_range"]
+           "check_range", "check_savepoint"]
 
 
 def check_range(rng: tuple[int, int] | None) -> None:
@@ -34,6 +34,15 @@ def check_min_batch(min_batch: int | None) -> int | None:
     if min_batch is not None and not 0 <= min_batch < 2**63:
         raise InvalidRequest(f"'min_batch' is {min_batch}: a batch number, 0 or more")
     return min_batch
+
+
+def check_savepoint(savepoint: str | None, min_batch: int | None) -> str | None:
+    if savepoint is not None:
+        check_name("savepoint name", savepoint)
+        if min_batch is not None:
+            raise InvalidRequest("'min_batch' and 'savepoint' together: a savepoint is as of "
+                                 "its own batch; ask one or the other")
+    return savepoint
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,13 +86,8 @@ class StateQuery:
                     f"{len(keys)} keys × limit {limit} = {len(keys) * limit} windows: one "
                     f"request reads at most {budget} (QSTATE_MAX_REQUEST_WINDOWS); ask fewer "
                     "keys or a smaller limit, and page on with 'next_from'")
-        if savepoint is not None:
-            check_name("savepoint name", savepoint)
-            if min_batch is not None:
-                raise InvalidRequest("'min_batch' and 'savepoint' together: a savepoint is "
-                                     "as of its own batch; ask one or the other")
         return cls(job, operator, state, tuple(keys), range_ms, check_limit(limit, max_windows),
-                   check_min_batch(min_batch), savepoint)
+                   check_min_batch(min_batch), check_savepoint(savepoint, min_batch))
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,11 +102,12 @@ class TopQuery:
     descending: bool = True
     start_ms: int | None = None  # the window starting here; None: the current one
     min_batch: int | None = None  # every partition, as in StateQuery
+    savepoint: str | None = None  # as in StateQuery
 
     @classmethod
     def of(cls, job: str, operator: str, state: str, n: int | None, descending: bool = True,
            start_ms: int | None = None, *, max_n: int,
-           min_batch: int | None = None) -> TopQuery:
+           min_batch: int | None = None, savepoint: str | None = None) -> TopQuery:
         """The query, or the InvalidRequest (400) that says what to fix."""
         check_name("job", job)
         check_name("operator", operator)
@@ -111,7 +116,8 @@ class TopQuery:
             n = min(10, max_n)
         if not 1 <= n <= max_n:
             raise InvalidRequest(f"'n' is {n}: ask for 1 to {max_n} keys (QSTATE_MAX_TOP_N)")
-        return cls(job, operator, state, n, descending, start_ms, check_min_batch(min_batch))
+        return cls(job, operator, state, n, descending, start_ms, check_min_batch(min_batch),
+                   check_savepoint(savepoint, min_batch))
 
 
 @dataclass(frozen=True, slots=True)

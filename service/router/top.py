@@ -133,7 +133,7 @@ class TopReads:
         return pb.TopRequest(job=spec.job, operator=spec.operator, state=q.state,
                              partitions=parts, current=start is None, start_ms=start or 0,
                              n=q.n, ascending=not q.descending,
-                             partition_count=spec.partitions)
+                             partition_count=spec.partitions, savepoint=q.savepoint or "")
 
     async def _owner(self, spec: OperatorSpec, q: TopQuery, owner: str | None,
                      parts: list[int], start: int | None) -> dict[int, PartitionTop]:

@@ -321,7 +321,7 @@ class WatchHub:
         read behind the newest commit, as of the batch it says), or read now: a ``min_batch``
         or a window named, a board not kept yet (then kept ``BOARD_KEPT_S``), or one whose
         last refresh failed (the answer is then that failure, never an old board)."""
-        if q.start_ms is not None:
+        if q.start_ms is not None or q.savepoint is not None:  # not kept: read as asked
             return await self.query.top(q)
         if q.min_batch is not None:
             r = await self.query.top(q)

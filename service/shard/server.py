@@ -92,9 +92,9 @@ class ShardService(pb_grpc.ShardServicer):
         self.coordinator_at = float("-inf")  # monotonic time of a coordinator's last beat
         # its own threads: a read storm must not take the ones commits run on either
         self.read_pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="reads")
-        # (partition, state, start or None, n, ascending, partition count) ->
+        # (partition, state, start or None, n, ascending, partition count, savepoint) ->
         # ((incarnation, batch), answer); used on the read thread only
-        self._top_cache: OrderedDict[tuple[PartitionId, str, int | None, int, bool, int],
+        self._top_cache: OrderedDict[tuple[PartitionId, str, int | None, int, bool, int, str],
                                      tuple[tuple[str, int], pb.PartitionTop]] = OrderedDict()
 
     def _spec(self, job: str, operator: str, partitions: Iterable[int] = ()) -> OperatorSpec:
@@ -194,16 +194,9 @@ class ShardService(pb_grpc.ShardServicer):
         for kq in request.keys:
             pid = PartitionId(request.job, request.operator, kq.partition)
             r = reply.results.add(key=kq.key)
-            if request.savepoint:  # as of the savepoint: any server builds it from storage
-                held, store = None, self._savepoint(pid, request.savepoint)
-                if store is None:
-                    r.status = pb.RESTORING
-                    continue
-            else:
-                held, r.status = self._serving(pid)
-                if held is None:
-                    continue
-                store = held.store
+            held, store, r.status = self._open(pid, request.savepoint)
+            if store is None:
+                continue
             try:
                 meta, windows = store.read(kq.key, rng, limit + 1)
             except Exception as exc:
@@ -219,6 +212,17 @@ class ShardService(pb_grpc.ShardServicer):
             r.status = pb.FOUND if windows else pb.ABSENT
             r.windows.extend(_window(w, idx) for w in windows)
         return reply
+
+    def _open(self, pid: PartitionId, savepoint: str
+              ) -> tuple[Held | None, PartitionStore | None, pb.KeyStatus]:
+        """What a read of ``pid`` reads: the live partition when this server serves it now,
+        or (``savepoint`` set) the savepoint's, which any server opens from storage; None
+        and why not (NOT_OWNED, RESTORING: being restored or opened)."""
+        if savepoint:
+            store = self._savepoint(pid, savepoint)
+            return None, store, pb.FOUND if store is not None else pb.RESTORING
+        held, status = self._serving(pid)
+        return held, None if held is None else held.store, status
 
     def _savepoint(self, pid: PartitionId, name: str) -> PartitionStore | None:
         if self.savepoints is None:
@@ -271,12 +275,12 @@ class ShardService(pb_grpc.ShardServicer):
         for p in request.partitions:
             pid = PartitionId(request.job, request.operator, p)
             r = reply.partitions.add(partition=p)
-            held, r.status = self._serving(pid)
-            if held is None:
+            held, store, r.status = self._open(pid, request.savepoint)
+            if store is None:
                 continue
             key = (pid, request.state, start, request.n, request.ascending,
-                   request.partition_count)
-            version = (held.store.token, held.store.meta.last_batch)
+                   request.partition_count, request.savepoint)
+            version = (store.token, store.meta.last_batch)
             cached = self._top_cache.get(key)
             if cached is not None and cached[0] == version:
                 self._top_cache.move_to_end(key)
@@ -285,12 +289,14 @@ class ShardService(pb_grpc.ShardServicer):
                 continue
             try:
                 meta, at, ranked = rank.read_top(
-                    held.store.db, held.store.codec, state, start, request.n,
+                    store.db, store.codec, state, start, request.n,
                     not request.ascending, self.max_top_scan_keys,
                     _owned(p, request.partition_count))
             except QStateError:  # the answer: too large, no rank index
                 raise
             except Exception as exc:
+                if held is None:
+                    raise
                 self._moved_away(pid, held, exc)
                 r.status = pb.NOT_OWNED
                 continue
@@ -302,7 +308,7 @@ class ShardService(pb_grpc.ShardServicer):
             if request.n <= TOP_CACHE_N:
                 # labelled with the batch it read: a commit between the snapshot and
                 # store.meta makes the two differ, and the next call reads again
-                self._top_cache[key] = ((held.store.token, meta.last_batch), pb.PartitionTop())
+                self._top_cache[key] = ((store.token, meta.last_batch), pb.PartitionTop())
                 self._top_cache[key][1].CopyFrom(r)
                 if len(self._top_cache) > TOP_CACHE_SIZE:
                     self._top_cache.popitem(last=False)

@@ -13,12 +13,13 @@ import pytest
 
 from qstate.client import Client
 from qstate.core.address import PartitionId
+from qstate.core.answer import TopAnswer
 from qstate.core.catalog import snapshot_batches
 from qstate.core.savepoint import NO_SNAPSHOT, create
 from qstate.proto import qstate_pb2 as qpb
 from qstate.proto import qstate_pb2_grpc as qpb_grpc
 from tests.helpers import wait_until
-from tests.shop import BATCHES, KEYS, SPEC, WINDOW, P, Shop, own_shop, views, window
+from tests.shop import BATCHES, KEYS, MANY, SPEC, WINDOW, P, Shop, own_shop, views, window
 
 SAVED = BATCHES - 1  # the savepoint's batch
 LIVE = SAVED + 3  # the live state's, after three more batches
@@ -89,6 +90,29 @@ def test_a_batch_of_keys_the_python_client_and_grpc(shop: Shop) -> None:
         v = stub.Get(qpb.GetRequest(job=SPEC.job, operator=SPEC.operator, state="views",
                                     key=KEYS[7], savepoint="before"), timeout=10)
         assert (v.batch, v.windows[0].int_value) == (SAVED, views(KEYS[7], SAVED))
+
+
+def live_start(board: TopAnswer) -> tuple[int, int]:
+    """The board's batch and the start of its window (the current one then, if not named)."""
+    assert board.window is not None
+    return board.batch, board.window.start
+
+
+def test_top_n_as_of_the_savepoint(shop: Shop) -> None:
+    url = shop.routers["local"].url
+    for key in KEYS:
+        opened(url, key)  # every partition open
+    everything = KEYS + MANY
+    with Client(url) as c:
+        board = c.top(SPEC.job, SPEC.operator, "views", 5, savepoint="before")
+        truth = sorted(everything, key=lambda k: (-views(k, SAVED), k))[:5]
+        assert live_start(board) == (SAVED, window(SAVED)[0])  # its current window then
+        assert [(e.key, e.value) for e in board.entries] == [(k, views(k, SAVED)) for k in truth]
+        live = c.top(SPEC.job, SPEC.operator, "views", 5)
+        assert live_start(live) == (LIVE, window(LIVE)[0])
+        old = c.top(SPEC.job, SPEC.operator, "views", 5, window=window(1)[0], savepoint="before")
+        truth = sorted(everything, key=lambda k: (-views(k, 1), k))[:5]
+        assert [(e.key, e.value) for e in old.entries] == [(k, views(k, 1)) for k in truth]
 
 
 def test_what_cannot_be_read_is_refused_saying_why(shop: Shop) -> None:
