@@ -114,7 +114,12 @@ function setOptions(select, values) {
 
 function selected() {
   return { job: $("job").value, operator: $("operator").value, state: $("state").value,
-           key: $("key").value };
+           key: $("key").value, savepoint: $("savepoint").value.trim() };
+}
+
+// The key's reads: as of the savepoint typed, else live (the leaderboard stays live).
+function asOf(s, params) {
+  return s.savepoint ? { ...(params || {}), savepoint: s.savepoint } : params;
 }
 
 function operatorInfo(job, name) {
@@ -126,7 +131,7 @@ function operatorInfo(job, name) {
 function saveHash() {
   const s = selected();
   const h = new URLSearchParams();
-  for (const k of ["job", "operator", "state", "key"]) if (s[k]) h.set(k, s[k]);
+  for (const k of ["job", "operator", "state", "key", "savepoint"]) if (s[k]) h.set(k, s[k]);
   history.replaceState(null, "", "#" + h.toString());
   wanted = h;
 }
@@ -198,7 +203,7 @@ async function refreshKey() {
   }
   const path = ["state", s.job, s.operator, s.state].map(segment).join("/")
     + "/" + segment(s.key);
-  const latest = await api(path);
+  const latest = await api(path, asOf(s));
   if (seq !== keySeq) return;
   const fetched = Date.now();
   if (!latest.ok) {
@@ -225,7 +230,7 @@ async function refreshWindows(s, path, latest, seq) {
   const op = operatorInfo(s.job, s.operator);
   if (latest.start === null || !op) { body.replaceChildren(); return; }
   const step = op.window.slide_ms || op.window.size_ms || op.window.gap_ms || 60000;
-  const r = await api(path, { from: latest.start - step * RECENT });
+  const r = await api(path, asOf(s, { from: latest.start - step * RECENT }));
   if (seq !== keySeq || !r.ok) return;
   const ws = r.body.windows.slice(-RECENT).reverse();
   body.replaceChildren(...ws.map((x) => row([iso(x.start), iso(x.end), x.value === null ? "null" : x.value])));
@@ -504,8 +509,10 @@ function onSelection() {
 
 document.addEventListener("DOMContentLoaded", () => {
   if (wanted.has("key")) $("key").value = wanted.get("key");
+  if (wanted.has("savepoint")) $("savepoint").value = wanted.get("savepoint");
   for (const id of ["job", "operator", "state"]) $(id).addEventListener("change", onSelection);
   $("key").addEventListener("input", onSelection);
+  $("savepoint").addEventListener("input", onSelection);
   $("query").addEventListener("submit", (e) => { e.preventDefault(); onSelection(); });
   $("token-form").addEventListener("submit", (e) => {
     e.preventDefault();

@@ -288,3 +288,28 @@ def test_what_the_page_shows_is_text_never_markup(live: Shop, browser: Browser) 
         assert w.errors == [] or all("404" in e for e in w.errors), w.errors
     finally:
         w.close()
+
+
+def test_a_key_as_of_a_savepoint_beside_the_live_state(live: Shop, browser: Browser) -> None:
+    """A savepoint typed in: the key as of its batch (503s while its partition opens, then
+    the value); emptied: live again. The fragment keeps it, so the view can be shared."""
+    from qstate.core.savepoint import create
+
+    saved = create(live.storage, SPEC.job, "ui-before").batch
+    live.commit(saved + 1)
+    w = Watched(browser, live.routers["local"].url)
+    try:
+        key = KEYS[4]
+        w.choose(SPEC.job, SPEC.operator, "views", key)
+        expect_key(w, key, saved + 1)
+        w.page.fill("#savepoint", "ui-before")
+        expect(w.page.locator("#batch")).to_have_text(str(saved), timeout=TIMEOUT_MS)
+        expect(w.page.locator("#value")).to_have_text(str(views(key, saved)),
+                                                      timeout=TIMEOUT_MS)
+        assert "savepoint=ui-before" in w.page.url
+        assert any("savepoint=ui-before" in p for p in w.paths("state/"))
+        w.page.fill("#savepoint", "")
+        expect_key(w, key, saved + 1)
+        assert w.errors == [] or all("503" in e for e in w.errors), w.errors
+    finally:
+        w.close()
