@@ -239,6 +239,7 @@ class Summary:
     freshness_p50_s: float
     freshness_p99_s: float
     rss_slope_mb_per_min: dict[str, float] = field(default_factory=dict)  # after warm-up
+    warmup_min: float = 0.0
     stop_s: float | None = None
     left_running: dict[int, str] = field(default_factory=dict)
 
@@ -419,7 +420,7 @@ def summarize(samples: list[Sample], warmup_min: float) -> Summary:
         bad_answers=sum(s.bad_answers for s in samples),
         markers_wrong=(last.markers_total - last.markers_exact) if last else 0,
         freshness_p50_s=results.quantile(fresh, 0.5),
-        freshness_p99_s=results.quantile(fresh, 0.99),
+        freshness_p99_s=results.quantile(fresh, 0.99), warmup_min=warmup_min,
         rss_slope_mb_per_min={
             role: _slope([s.minute for s in steady if role in s.rss_mb],
                          [s.rss_mb[role] for s in steady if role in s.rss_mb])
@@ -500,16 +501,16 @@ def write_results(summary: Summary, out: Path, command: str) -> None:
         f"{summary.freshness_p50_s:.2f} s, p99 {summary.freshness_p99_s:.2f} s",
         f"- Ctrl-C to the process group: every process gone after {stop_line}",
         "- resident memory after warm-up (first → last sample, trend): " + "; ".join(
-            f"{r} {_first_last(s, r)} MiB, {summary.rss_slope_mb_per_min.get(r, 0):+.1f} "
-            "MiB/min" for r in roles),
+            f"{r} {_first_last(s, r, summary.warmup_min)} MiB, "
+            f"{summary.rss_slope_mb_per_min.get(r, 0):+.1f} MiB/min" for r in roles),
         "",
         *rows,
         "",
     ]))
 
 
-def _first_last(samples: list[Sample], role: str) -> str:
-    have = [x.rss_mb[role] for x in samples if role in x.rss_mb]
+def _first_last(samples: list[Sample], role: str, warmup_min: float) -> str:
+    have = [x.rss_mb[role] for x in samples if role in x.rss_mb and x.minute >= warmup_min]
     return f"{have[0]:.0f} → {have[-1]:.0f}" if have else "n/a"
 
 
