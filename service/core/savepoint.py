@@ -218,6 +218,10 @@ def create(storage: Storage, job: str, name: str | None = None,
         if not storage.create(pending, _encode(sp)):
             raise InvalidRequest(f"job {job!r} already has a savepoint {name!r} being made")
         faults.hit("savepoint.after-pending", batch, "")
+        # Retention honours the pending record from here on; what a pruning that read the
+        # records before it deleted is found missing here. One still deleting after this
+        # check would need to prune the newest snapshot at N, which it keeps until two more
+        # are taken (QSTATE_SNAPSHOTS_KEPT, every QSTATE_SNAPSHOT_EVERY batches)
         gone = _missing(storage, sp)
         if gone is None:
             storage.write_bytes(final, _encode(sp))
