@@ -10,6 +10,7 @@ has a delta file for that batch, one not listed had no rows.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import orjson
 
@@ -19,7 +20,7 @@ from qstate.core.errors import DeltaMismatch
 from qstate.core.storage import Storage
 
 __all__ = ["BatchManifest", "Fragments", "Offsets", "delete_manifests_through",
-           "read_manifest", "write_manifest"]
+           "offsets_json", "offsets_of", "read_manifest", "strict_int", "write_manifest"]
 
 
 Fragments = dict[int, int]  # fragment -> rows in it
@@ -40,8 +41,7 @@ def write_manifest(storage: Storage, job: str, operator: str, m: BatchManifest) 
     data = orjson.dumps({"batch": m.batch, "watermark_ms": m.watermark_ms,
                          "deltas": {str(p): {str(f): n for f, n in sorted(fs.items())}
                                     for p, fs in sorted(m.deltas.items())},
-                         "offsets": {t: {str(p): o for p, o in sorted(ps.items())}
-                                     for t, ps in sorted(m.offsets.items())}})
+                         "offsets": offsets_json(m.offsets)})
     storage.write_bytes(paths.manifest(job, operator, m.batch), data)
 
 
@@ -51,16 +51,28 @@ def read_manifest(storage: Storage, job: str, operator: str, batch: int) -> Batc
     path = paths.manifest(job, operator, batch)
     raw = orjson.loads(storage.read_bytes(path))
     try:
-        m = BatchManifest(_int(raw["batch"]), _int(raw["watermark_ms"]),
-                          {_int(int(p)): {_int(int(f)): _int(n) for f, n in fs.items()}
+        m = BatchManifest(strict_int(raw["batch"]), strict_int(raw["watermark_ms"]),
+                          {strict_int(int(p)): {strict_int(int(f)): strict_int(n)
+                                                for f, n in fs.items()}
                            for p, fs in raw["deltas"].items()},
-                          {_str(t): {_int(int(p)): _int(o) for p, o in ps.items()}
-                           for t, ps in raw.get("offsets", {}).items()})
+                          offsets_of(raw.get("offsets", {})))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise DeltaMismatch(f"manifest {path} is not a batch manifest: {exc!r}") from None
     if m.batch != batch:
         raise DeltaMismatch(f"manifest {path} names batch {m.batch}")
     return m
+
+
+def offsets_json(offsets: Offsets) -> dict[str, dict[str, int]]:
+    """``offsets`` as JSON writes them: topic -> partition (a string) -> offset."""
+    return {t: {str(p): o for p, o in sorted(ps.items())} for t, ps in sorted(offsets.items())}
+
+
+def offsets_of(raw: Any) -> Offsets:
+    """What ``offsets_json`` wrote, read back from storage (not trusted): TypeError or
+    ValueError naming the first field that is not what it writes."""
+    return {_str(t): {strict_int(int(p)): strict_int(o) for p, o in ps.items()}
+            for t, ps in raw.items()}
 
 
 def _str(v: object) -> str:
@@ -69,7 +81,8 @@ def _str(v: object) -> str:
     return v
 
 
-def _int(v: object) -> int:
+def strict_int(v: object) -> int:
+    """``v`` if it is an int (not a bool, a float or a string); else TypeError."""
     if type(v) is not int:
         raise TypeError(f"{v!r} is not an integer")
     return v

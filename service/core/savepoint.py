@@ -34,7 +34,7 @@ from qstate.core import faults, paths
 from qstate.core.address import PartitionId, check_name
 from qstate.core.catalog import delta_batches, manifest_batches, snapshot_batches
 from qstate.core.errors import CorruptState, InvalidRequest, NotFound, Unavailable
-from qstate.core.manifest import Offsets, read_manifest
+from qstate.core.manifest import Offsets, offsets_json, offsets_of, read_manifest, strict_int
 from qstate.core.operator import OperatorSpec, load_spec
 from qstate.core.storage import Storage
 
@@ -82,18 +82,11 @@ def _name(name: str) -> str:
 def _encode(sp: Savepoint) -> bytes:
     return orjson.dumps({
         "job": sp.job, "name": sp.name, "batch": sp.batch, "created_ms": sp.created_ms,
-        "offsets": {t: {str(p): o for p, o in sorted(ps.items())}
-                    for t, ps in sorted(sp.offsets.items())},
+        "offsets": offsets_json(sp.offsets),
         "operators": {op: {"spec": orjson.loads(c.spec.to_json()),
                            "watermark_ms": c.watermark_ms,
                            "snapshots": {str(p): s for p, s in sorted(c.snapshots.items())}}
                       for op, c in sorted(sp.operators.items())}})
-
-
-def _int(v: object) -> int:
-    if type(v) is not int:
-        raise TypeError(f"{v!r} is not an integer")
-    return v
 
 
 def _spec(job: str, operator: str, raw: object) -> OperatorSpec:
@@ -107,13 +100,12 @@ def _decode(raw: bytes, path: str, complete: bool) -> Savepoint:
     try:
         d = orjson.loads(raw)
         ops = {check_name("operator", op): Cut(
-            _spec(d["job"], op, c["spec"]), _int(c["watermark_ms"]),
-            {_int(int(p)): _int(s) for p, s in c["snapshots"].items()})
+            _spec(d["job"], op, c["spec"]), strict_int(c["watermark_ms"]),
+            {strict_int(int(p)): strict_int(s) for p, s in c["snapshots"].items()})
             for op, c in d["operators"].items()}
         return Savepoint(check_name("job", d["job"]), check_name("savepoint name", d["name"]),
-                         _int(d["batch"]), _int(d["created_ms"]),
-                         {check_name("topic", t): {_int(int(p)): _int(o) for p, o in ps.items()}
-                          for t, ps in d["offsets"].items()}, ops, complete)
+                         strict_int(d["batch"]), strict_int(d["created_ms"]),
+                         offsets_of(d["offsets"]), ops, complete)
     except (KeyError, TypeError, ValueError, AttributeError, orjson.JSONDecodeError,
             InvalidRequest) as exc:
         raise CorruptState(f"savepoint {path} is not a savepoint record: {exc}") from None
@@ -150,15 +142,16 @@ def list_savepoints(storage: Storage, job: str) -> list[Savepoint]:
     return sorted(out, key=lambda s: (s.batch, s.name, s.complete))
 
 
-def _operators(storage: Storage, job: str) -> list[str]:
-    ops = [op for op in storage.list_dirs(f"{paths.jobs_dir()}/{job}")
-           if load_spec(storage, job, op) is not None]
-    if not ops:
+def _operators(storage: Storage, job: str) -> dict[str, OperatorSpec]:
+    specs = {op: spec for op in storage.list_dirs(f"{paths.jobs_dir()}/{job}")
+             if (spec := load_spec(storage, job, op)) is not None}
+    if not specs:
         raise NotFound(f"job {job!r} has no operator in checkpoint storage at {storage.root}")
-    return ops
+    return specs
 
 
-def _cut(storage: Storage, job: str, ops: list[str]) -> tuple[int, dict[str, Cut], Offsets]:
+def _cut(storage: Storage, job: str, ops: dict[str, OperatorSpec]
+         ) -> tuple[int, dict[str, Cut], Offsets]:
     """The newest batch every operator has a manifest for, and each partition's snapshot."""
     newest = {op: manifest_batches(storage, job, op) for op in ops}
     if not all(newest.values()):
@@ -166,9 +159,7 @@ def _cut(storage: Storage, job: str, ops: list[str]) -> tuple[int, dict[str, Cut
     batch = min(bs[-1] for bs in newest.values())
     cuts: dict[str, Cut] = {}
     offsets: Offsets = {}
-    for op in ops:
-        spec = load_spec(storage, job, op)
-        assert spec is not None
+    for op, spec in ops.items():
         m = read_manifest(storage, job, op, batch)
         offsets = offsets or m.offsets
         snaps = {}
@@ -262,11 +253,11 @@ class Pins:
             s < batch <= n for s, n in self.ranges.get(partition, ()))
 
     def oldest_batch(self) -> int | None:
-        """The oldest batch whose manifest a savepoint needs (None: none; -1: keep all)."""
+        """The newest batch through which no savepoint needs a manifest (each replays the
+        batches after its partitions' snapshots): None, no savepoint; -1, keep them all."""
         if self.unreadable:
             return NO_SNAPSHOT
-        firsts = [s + 1 for rs in self.ranges.values() for s, n in rs if s < n]
-        return min(firsts) - 1 if firsts else None
+        return min((s for rs in self.ranges.values() for s, n in rs if s < n), default=None)
 
 
 def pins(storage: Storage, job: str, operator: str) -> Pins:

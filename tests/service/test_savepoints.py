@@ -203,3 +203,13 @@ def test_killed_while_making_it_the_savepoint_is_absent_and_says_so(storage: Sto
     assert read_savepoint(storage, JOB, "crash").complete
     r = run("delete", JOB, "nope", *at)
     assert r.returncode == Exit.NOT_FOUND and "has no savepoint 'nope'" in r.stderr
+
+
+def test_a_topic_name_kafka_allows_is_kept_as_the_manifest_has_it(storage: Storage) -> None:
+    """Kafka topic names run to 249 characters, past a state name's 64: the savepoint keeps
+    the offsets as the manifest holds them, and reads them back."""
+    topic = "t" * 200
+    for op in OPS:
+        write_manifest(storage, JOB, op, BatchManifest(LAST + 1, 0, {}, {topic: {0: 7}}))
+    sp = create(storage, JOB, "long-topic")
+    assert read_savepoint(storage, JOB, "long-topic").offsets == {topic: {0: 7}} == sp.offsets
