@@ -5,8 +5,9 @@ instance has its own block cache and its own memtables, so the server's memory g
 the partitions it holds and with time (docs/architecture.md §4, memory). Here every
 partition of the process shares one LRU block cache (data, index and filter blocks) and one
 write-buffer manager whose memtables are charged to that cache: blocks and memtables together
-stay near ``budget`` bytes, whatever the partitions. When the memtables reach their share,
-RocksDB flushes the largest; when the blocks do, the least recently used are evicted.
+stay near ``budget`` bytes, whatever the partitions. Past the memtables' share, a partition
+written switches its memtable and flushes it; past the budget, the least recently used
+blocks are evicted.
 """
 
 from __future__ import annotations

@@ -68,8 +68,9 @@ class SavepointReads:
                 return hit[0]
             building = self._building.get(key)
             if building is None:
-                self._check(pid, name)  # a savepoint that cannot be read fails this read
-                self._building[key] = self._pool.submit(self._build, pid, name)
+                # a savepoint that cannot be read fails this read
+                sp, spec = self._check(pid, name)
+                self._building[key] = self._pool.submit(self._build, pid, sp, spec)
                 return None
             if not building.done():
                 return None
@@ -93,10 +94,9 @@ class SavepointReads:
                 "its keys are not where this read looks")
         return sp, cut.spec  # what its rows meant then
 
-    def _build(self, pid: PartitionId, name: str) -> PartitionStore:
-        sp, spec = self._check(pid, name)
+    def _build(self, pid: PartitionId, sp: Savepoint, spec: OperatorSpec) -> PartitionStore:
         t0 = time.perf_counter()
-        dest = self.root / pid.job / name / pid.operator / f"p{pid.partition:05d}"
+        dest = self.root / pid.job / sp.name / pid.operator / f"p{pid.partition:05d}"
         shutil.rmtree(dest, ignore_errors=True)
         start = sp.operators[pid.operator].snapshots.get(pid.partition, NO_SNAPSHOT)
         if start != NO_SNAPSHOT:
@@ -108,7 +108,7 @@ class SavepointReads:
         except BaseException:
             store.close()
             raise
-        log.info("savepoint %s@%s: %s opened at batch %d in %.2fs", pid.job, name, pid,
+        log.info("savepoint %s@%s: %s opened at batch %d in %.2fs", pid.job, sp.name, pid,
                  sp.batch, time.perf_counter() - t0)
         return store
 

@@ -227,8 +227,7 @@ class ShardService(pb_grpc.ShardServicer):
     def _savepoint(self, pid: PartitionId, name: str) -> PartitionStore | None:
         if self.savepoints is None:
             raise InvalidRequest("this shard server reads no savepoints")
-        check_name("savepoint name", name)
-        return self.savepoints.store(pid, name)
+        return self.savepoints.store(pid, name)  # the name is checked reading its record
 
     def _serving(self, pid: PartitionId) -> tuple[Held | None, pb.KeyStatus]:
         """The partition when this server serves it now (status FOUND, for the caller to
