@@ -18,7 +18,8 @@ import typer
 from qstate.cli_options import S, option
 from qstate.exit_codes import HELP as EXIT_CODES
 
-if TYPE_CHECKING:  # imported by the commands that use it: `qstate --help` stays quick
+if TYPE_CHECKING:  # imported by the commands that use them: `qstate --help` stays quick
+    from qstate.core.errors import QStateError
     from qstate.core.storage import Storage
 
 __all__ = ["app", "main"]
@@ -208,6 +209,14 @@ def router(
         raise _refused_start(exc) from None
 
 
+def _failed(exc: QStateError) -> typer.Exit:
+    """The error said on stderr, and the exit with its code of ``qstate.exit_codes``."""
+    from qstate.exit_codes import exit_code
+
+    typer.echo(f"error: {exc.message}", err=True)
+    return typer.Exit(exit_code(exc))
+
+
 def _ask(url: str, ca: str, token: str, token_file: str, question: Any) -> Any:
     """``question(client)`` of the router at ``url``; a failure leaves with its code of
     ``qstate.exit_codes``, the same as the Node client's."""
@@ -215,15 +224,14 @@ def _ask(url: str, ca: str, token: str, token_file: str, question: Any) -> Any:
 
     from qstate.client import Client
     from qstate.core.errors import QStateError
-    from qstate.exit_codes import Exit, exit_code
+    from qstate.exit_codes import Exit
 
     try:
         with Client(url, ca=ca or None, token=token or None, token_file=token_file or None,
                     insecure_token=S.allow_insecure) as c:
             return question(c)
     except QStateError as exc:
-        typer.echo(f"error: {exc.message}", err=True)
-        raise typer.Exit(exit_code(exc)) from None
+        raise _failed(exc) from None
     except httpx.TransportError as exc:
         why = " ".join(str(exc).split()) or type(exc).__name__  # one line; a timeout has no text
         typer.echo(f"error: the router at {url} cannot be reached: {why}", err=True)
@@ -513,13 +521,6 @@ savepoint_app = typer.Typer(
 app.add_typer(savepoint_app, name="savepoint")
 
 
-def _savepoint_failed(exc: Exception) -> typer.Exit:
-    from qstate.exit_codes import exit_code
-
-    typer.echo(f"error: {getattr(exc, 'message', exc)}", err=True)
-    return typer.Exit(exit_code(exc))  # type: ignore[arg-type]
-
-
 @savepoint_app.command("create")
 def savepoint_create(
     job: Annotated[str, typer.Argument(help="The job, running or stopped.")],
@@ -545,7 +546,7 @@ def savepoint_create(
     try:
         sp = savepoint.create(st, job, name)
     except QStateError as exc:
-        raise _savepoint_failed(exc) from None
+        raise _failed(exc) from None
     offsets = " ".join(f"{t}:{','.join(f'{p}={o}' for p, o in sorted(ps.items()))}"
                        for t, ps in sorted(sp.offsets.items()))
     typer.echo(f"savepoint {sp.job}@{sp.name} at batch {sp.batch} "
@@ -570,7 +571,7 @@ def savepoint_list(
     try:
         records = savepoint.list_savepoints(st, job)
     except QStateError as exc:
-        raise _savepoint_failed(exc) from None
+        raise _failed(exc) from None
     for sp in records:
         made = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(sp.created_ms / 1000))
         state = "complete" if sp.complete else "incomplete (its making was interrupted)"
@@ -592,7 +593,7 @@ def savepoint_delete(
     try:
         found = savepoint.delete(st, job, name)
     except QStateError as exc:
-        raise _savepoint_failed(exc) from None
+        raise _failed(exc) from None
     if not found:
         typer.echo(f"error: job {job!r} has no savepoint {name!r} (qstate savepoint list "
                    f"{job})", err=True)

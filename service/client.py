@@ -128,13 +128,9 @@ def _top(job: str, operator: str, state: str, n: int, descending: bool, window: 
          min_batch: int | None, savepoint: str | None = None) -> tuple[str, dict[str, str]]:
     """The path and parameters of a top-N request."""
     path = f"/v1/top/{quote(job, safe='')}/{quote(operator, safe='')}/{quote(state, safe='')}"
-    params = {"n": str(n), "order": "desc" if descending else "asc",
-              "window": _t(window) or "current"}
-    if min_batch is not None:
-        params["min_batch"] = str(min_batch)
-    if savepoint is not None:
-        params["savepoint"] = savepoint
-    return path, params
+    return path, {"n": str(n), "order": "desc" if descending else "asc",
+                  "window": _t(window) or "current",
+                  **_params(None, None, min_batch, savepoint)}
 
 
 # A watch's stream is quiet between batches; the router sends a comment every 15 s, so a read

@@ -172,17 +172,18 @@ const client = new pkg.qstate.v1.QueryableState(addr, creds);
 const metadata = new grpc.Metadata();
 if (token) metadata.set("authorization", `Bearer ${token}`);
 
-const range = {
-  ...(opts.from === undefined ? {} : { from_ms: opts.from, to_ms: opts.to }),
-  // read your writes: as of this batch or later (the router waits a while for it)
+// which state every request reads: read your writes (as of this batch or later: the router
+// waits a while for it), or as of a savepoint
+const asOf = {
   ...(opts["min-batch"] === undefined ? {} : { min_batch: opts["min-batch"] }),
   ...(opts.savepoint === undefined ? {} : { savepoint: opts.savepoint }),
 };
+const range = {
+  ...(opts.from === undefined ? {} : { from_ms: opts.from, to_ms: opts.to }), ...asOf,
+};
 const top = {
   n: opts.n ?? "10", ascending: Boolean(opts.asc),
-  ...(opts.window === undefined ? {} : { window_start_ms: opts.window }),
-  ...(opts["min-batch"] === undefined ? {} : { min_batch: opts["min-batch"] }),
-  ...(opts.savepoint === undefined ? {} : { savepoint: opts.savepoint }),
+  ...(opts.window === undefined ? {} : { window_start_ms: opts.window }), ...asOf,
 };
 const [method, request] = cmd === "get"
   ? ["Get", { job, operator, state, key: keys[0], ...range }]
