@@ -10,7 +10,7 @@ import importlib
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import orjson
 from pyspark.sql import SparkSession
@@ -20,8 +20,12 @@ from qstate.control.coordinator import release
 from qstate.core.config import settings
 from qstate.core.errors import InvalidRequest
 from qstate.core.kafka import EndOffsets, ensure_topic
+from qstate.core.manifest import offsets_json
+from qstate.core.savepoint import Savepoint, read_savepoint
+from qstate.core.storage import Storage
 from qstate.jobs import metrics, pipeline
 from qstate.jobs.job import JobContext
+from qstate.jobs.origin import Origin, Seed, begin, split_savepoint
 from qstate.jobs.queryable import QueryableJob
 from qstate.jobs.reports import Reports
 from qstate.jobs.sinks import QStateSink
@@ -163,12 +167,34 @@ def _offsets(text: str | None) -> dict[str, dict[str, int]]:
             if isinstance(parts, dict)}
 
 
-def start_job(spark: SparkSession, builder: str | Builder, ctx: JobContext) -> RunningJob:
+def start_job(spark: SparkSession, builder: str | Builder, ctx: JobContext,
+              seed: Seed | None = None) -> RunningJob:
+    """Build the job and start its queries. With ``ctx.from_savepoint``, the job begins
+    from that savepoint (``qstate.jobs.origin``; ``seed`` writes its state) unless it
+    already did."""
     build = load_builder(builder) if isinstance(builder, str) else builder
+    sp = None
+    if ctx.from_savepoint:
+        owner, name = split_savepoint(ctx.from_savepoint, ctx.job or ctx.checkpoint.name)
+        sp = read_savepoint(Storage(ctx.storage), owner, name)
+        if not sp.offsets:
+            raise InvalidRequest(f"savepoint {owner}@{name} records no source offsets: a "
+                                 "job cannot begin from it")
+        ctx = replace(ctx, starting_offsets=orjson.dumps(offsets_json(sp.offsets)).decode())
     job = build(spark, ctx)
+    if sp is not None and "@" not in (ctx.from_savepoint or "") and sp.job != job.name:
+        raise InvalidRequest(f"job {job.name!r}: name the savepoint's job "
+                             f"(--from-savepoint JOB@{sp.name})")
     ensure_topic(ctx.bootstrap, job.topic)
     cfg = settings()
     retention = cfg.retention_ms if ctx.retention_ms is None else ctx.retention_ms
+    if sp is not None:
+        _check_savepoint_source(job, sp)
+    origin = Origin()
+    if job.operators:
+        specs = [op.spec(job.name, ctx.partitions, retention) for op in job.operators]
+        origin = begin(Storage(ctx.storage), ctx.checkpoint, job.name, specs, sp, seed,
+                       [MERGED])
     queries: dict[str, StreamingQuery] = {}
     reports: dict[str, Reports] = {}
     sinks = []
@@ -179,7 +205,7 @@ def start_job(spark: SparkSession, builder: str | Builder, ctx: JobContext) -> R
         queries[MERGED] = pipeline.start(
             job, str(ctx.checkpoint / MERGED), sink, partitions=ctx.partitions,
             retention_ms=retention, trigger_interval=ctx.trigger_interval,
-            reports=reports[MERGED])
+            reports=reports[MERGED], origin=origin)
     for op in job.spark_state:
         reports[op.name] = Reports()
         queries[op.name] = serve(
@@ -189,3 +215,15 @@ def start_job(spark: SparkSession, builder: str | Builder, ctx: JobContext) -> R
             retention_ms=retention, trigger_interval=ctx.trigger_interval,
             reports=reports[op.name])
     return RunningJob(job, ctx, queries, reports, sinks, EndOffsets(ctx.bootstrap))
+
+
+def _check_savepoint_source(job: QueryableJob, sp: Savepoint) -> None:
+    """A job begins from a savepoint of merged operators reading the same topic."""
+    where = f"job {job.name!r} cannot begin from savepoint {sp.job}@{sp.name}"
+    if job.spark_state:
+        raise InvalidRequest(
+            f"{where}: {', '.join(o.name for o in job.spark_state)} keep their state in "
+            "Spark's checkpoint, which a savepoint does not hold (spark-state mode)")
+    if job.topic not in sp.offsets:
+        raise InvalidRequest(f"{where}: it reads {job.topic!r}, the savepoint's offsets are "
+                             f"of {', '.join(sorted(sp.offsets))}")

@@ -29,6 +29,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from qstate.jobs import metrics
+from qstate.jobs.origin import Origin
 from qstate.jobs.parse import ERROR_KIND, KINDS
 from qstate.jobs.partials import RESULT, TIME, Plan, run_operators
 from qstate.jobs.queryable import QueryableJob
@@ -47,11 +48,14 @@ log = logging.getLogger(__name__)
 
 def start(job: QueryableJob, checkpoint: str, sink: PartialsSink, *, partitions: int,
           retention_ms: int, trigger_interval: str, reports: Reports | None = None,
-          on_batch: Callable[[BatchReport], None] | None = None) -> StreamingQuery:
-    """Start the job's one streaming query; every batch goes through ``sink``."""
+          on_batch: Callable[[BatchReport], None] | None = None,
+          origin: Origin | None = None) -> StreamingQuery:
+    """Start the job's one streaming query; every batch goes through ``sink``, numbered
+    from ``origin`` (``qstate.jobs.origin``: a job begun from a savepoint)."""
     if not job.operators:
         raise ValueError(f"job {job.name!r} declares no operator")
     specs = [op.spec(job.name, partitions, retention_ms) for op in job.operators]
+    origin = origin or Origin()
     sink.prepare(specs)
     reports = reports if reports is not None else Reports()
     event_ms = job.event_ms()
@@ -61,10 +65,12 @@ def start(job: QueryableJob, checkpoint: str, sink: PartialsSink, *, partitions:
     pool = ThreadPoolExecutor(len(specs), thread_name_prefix=f"{job.name}-commit")
     metrics.expect_dead_letters(job.name, job.topic, KINDS)
 
-    def run_batch(df: DataFrame, batch: int) -> None:
+    def run_batch(df: DataFrame, spark_batch: int) -> None:
         t0 = time.perf_counter()
-        late = batch_watermark_ms(checkpoint, batch - 1)
-        watermark, offsets = batch_log(checkpoint, batch)
+        batch = origin.batch(spark_batch)
+        late = origin.watermark(batch_watermark_ms(checkpoint, spark_batch - 1))
+        spark_watermark, offsets = batch_log(checkpoint, spark_batch)
+        watermark = origin.watermark(spark_watermark)
         plans = [Plan(spec, late, batch, offsets) for spec in specs]
         # one action over the whole batch: Spark also sees every event time (its watermark)
         result = df.select(*projection).mapInArrow(

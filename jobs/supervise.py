@@ -17,6 +17,7 @@ from qstate.core.process import start_process
 from qstate.jobs.job import JobContext
 from qstate.jobs.launch import EXAMPLES, RunningJob, start_job
 from qstate.jobs.metrics import JOB_UP
+from qstate.jobs.origin import Seed
 from qstate.jobs.spark import spark_session
 
 __all__ = ["checkpoint_name", "checkpoint_names", "run_jobs", "watch"]
@@ -79,16 +80,18 @@ def checkpoint_names(builders: list[str]) -> list[str]:
 def run_jobs(builders: list[str], ctx: JobContext, metrics_port: int = 0,
              master: str = "local[2]", shuffle_partitions: int = 4, live: bool = True,
              spark_conf: dict[str, str] | None = None, metrics_host: str = "127.0.0.1",
-             driver_host: str = "127.0.0.1") -> None:
+             driver_host: str = "127.0.0.1", seed: Seed | None = None) -> None:
     """Run every job of ``builders`` (``module:function`` or an example's name); each gets
-    ``ctx`` with its own checkpoint folder under ``ctx.checkpoint``. /metrics is served on
-    ``metrics_host:metrics_port`` (0: any free port), printed at start; the Spark driver
-    binds and advertises ``driver_host`` (its host's address when executors run elsewhere)."""
+    ``ctx`` with its own checkpoint folder under ``ctx.checkpoint`` (``ctx.job``'s, when
+    it names the one job). /metrics is served on ``metrics_host:metrics_port`` (0: any free
+    port), printed at start; the Spark driver binds and advertises ``driver_host`` (its
+    host's address when executors run elsewhere). ``seed``: a job beginning from a savepoint
+    (``qstate.jobs.origin``)."""
     stop = start_process("job", metrics_port, metrics_host, console.print)
-    names = checkpoint_names(builders)
+    names = [ctx.job] if ctx.job and len(builders) == 1 else checkpoint_names(builders)
     spark = spark_session("qstate-" + "-".join(names), master, shuffle_partitions, spark_conf,
                           driver_host)
-    running = [start_job(spark, b, replace(ctx, checkpoint=ctx.checkpoint / n))
+    running = [start_job(spark, b, replace(ctx, checkpoint=ctx.checkpoint / n), seed)
                for b, n in zip(builders, names, strict=True)]
     console.print(f"[green]running[/green] {', '.join(j.name for j in running)} "
                   f"(checkpoints under {ctx.checkpoint})")

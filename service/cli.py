@@ -132,28 +132,60 @@ def job(
                          "mapping=PATH for the ads example.")] = None,
     conf: Annotated[list[str] | None, typer.Option(
         help="Extra Spark setting KEY=VALUE (repeatable).")] = None,
+    name: Annotated[str | None, typer.Option(
+        help="Serve the one job under this name (and keep its checkpoint under it) instead "
+             "of the module's own, e.g. a second version beside the first.")] = None,
+    from_savepoint: Annotated[str | None, typer.Option(
+        help="Begin from a savepoint, JOB@NAME: another job's forks it (give --name), the "
+             "job's own (or NAME alone) rolls the job back to it; its state and source "
+             "offsets are the savepoint's (docs/upgrading.md). A job that already began "
+             "from it goes on from its checkpoint.")] = None,
 ) -> None:
-    """Run jobs with the queryable sink until Ctrl-C or SIGTERM."""
-    from qstate.core.errors import InvalidRequest
+    """Run jobs with the queryable sink until Ctrl-C or SIGTERM.
+
+    Exit codes: 0 stopped by SIGTERM/Ctrl-C; 1 every job failed, or no such savepoint; 2 a
+    bad argument, or a job that cannot begin from --from-savepoint (the message says why);
+    3 the savepoint is incomplete.
+    """
+    from qstate.core.address import check_name
+    from qstate.core.errors import InvalidRequest, QStateError
+    from qstate.core.savepoint import read_savepoint
     from qstate.jobs.job import JobContext
     from qstate.jobs.launch import check_starting_offsets, load_builder
+    from qstate.jobs.origin import split_savepoint
     from qstate.jobs.supervise import checkpoint_names, run_jobs
+    from qstate.shard.seed import seed
 
     _working_directory_first()
     try:
-        for name in names:
-            load_builder(name)
+        for builder in names:
+            load_builder(builder)
         checkpoint_names(names)
         check_starting_offsets(starting_offsets)
+        if (name or from_savepoint) and len(names) != 1:
+            raise InvalidRequest("--name and --from-savepoint take one job")
+        if name:
+            check_name("job", name)
     except InvalidRequest as exc:
         raise typer.BadParameter(exc.message) from None
+    if from_savepoint:  # said before Spark starts
+        owner, saved = split_savepoint(from_savepoint, name or checkpoint_names(names)[0])
+        try:
+            read_savepoint(_existing_storage(storage), owner, saved)
+        except QStateError as exc:
+            raise _failed(exc) from None
     _arm_fault()
     ctx = JobContext(bootstrap, storage, checkpoints, partitions, trigger,
                      max_rows_per_trigger or None, starting_offsets,
                      shards=shards.split(",") if shards else None,
-                     options=_pairs(options, "--option"))
-    run_jobs(names, ctx, metrics_port, master, live=live, spark_conf=_pairs(conf, "--conf"),
-             metrics_host=S.metrics_host, driver_host=driver_host)
+                     options=_pairs(options, "--option"), job=name,
+                     from_savepoint=from_savepoint)
+    try:
+        run_jobs(names, ctx, metrics_port, master, live=live,
+                 spark_conf=_pairs(conf, "--conf"), metrics_host=S.metrics_host,
+                 driver_host=driver_host, seed=seed)
+    except QStateError as exc:
+        raise _failed(exc) from None
 
 
 @app.command()

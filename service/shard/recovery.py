@@ -58,8 +58,12 @@ class Recovery:
         while still_mine():
             try:
                 batches = manifest_batches(self.storage, pid.job, pid.operator)
-                if batches:
-                    self.catch_up(pid, held, batches[-1], batches)
+                # a snapshot after the newest batch recorded: a job begun from a savepoint
+                # (docs/architecture.md §4, forks and rollbacks), served before its first
+                upto = max(batches[-1:] + snapshot_batches(self.storage, pid)[-1:],
+                           default=None)
+                if upto is not None:
+                    self.catch_up(pid, held, upto, batches)
                 held.ready.set()
                 return
             except Exception:

@@ -111,6 +111,17 @@ class PartitionStore:
         self._index_ranks()
         self._mark()
 
+    def relabel(self, batch: int, watermark_ms: int) -> None:
+        """This state as batch ``batch`` of another history: a fork's first, or a rolled-back
+        job's (docs/architecture.md §4, forks and rollbacks). Epoch 0: the epochs that
+        wrote it were another job's, or older than any that commits from now on."""
+        with self.lock:
+            ranks = self.meta.ranks if self.meta.last_batch >= 0 else (
+                rank.VERSION if self.rank_index else 0)  # an empty index is complete
+            self.meta = Meta(batch, max(watermark_ms, self.meta.watermark_ms), 0, ranks)
+            self.db.put(META, encode_meta(self.meta), self._sync)
+            self._mark()
+
     # ---- write path -------------------------------------------------------------
     def apply(self, batch: int, watermark_ms: int, epoch: int, delta: pa.Table | None,
               retention_ms: int | None) -> bool:

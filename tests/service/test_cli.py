@@ -192,6 +192,29 @@ def test_job_starting_offsets_are_checked_before_spark_starts(tmp_path: Path) ->
         assert r.returncode == 2 and "earliest, latest, or JSON" in said(r), (bad, r.stderr)
 
 
+def test_job_from_a_savepoint_is_checked_before_spark_starts(tmp_path: Path) -> None:
+    """The savepoint named by --from-savepoint is read before Spark starts: none there, or
+    none of that name, exits 1 saying which there are; --name takes one job."""
+    from qstate.core.operator import OperatorSpec, save_spec
+    from qstate.core.storage import Storage
+
+    storage = Storage(str(tmp_path / "storage"))
+    save_spec(storage, OperatorSpec("tweets", "per_tweet_1h", "tweet_id", {"n": "long"}, 2))
+
+    def job(*args: str) -> subprocess.CompletedProcess[str]:
+        return qstate("job", *args, "--storage", storage.uri, "--no-live", cwd=tmp_path,
+                      env=WIDE)
+
+    r = job("tweets", "--from-savepoint", "nope")
+    assert r.returncode == 1 and "no savepoint 'nope' of job 'tweets'; it has none" in said(r)
+    r = job("tweets", "--name", "tweets_v2", "--from-savepoint", "other@x")
+    assert r.returncode == 1 and "no savepoint 'x' of job 'other'" in said(r)
+    r = job("tweets", "ads", "--name", "v2")
+    assert r.returncode == 2 and "--name and --from-savepoint take one job" in said(r)
+    r = job("tweets", "--name", "../x")
+    assert r.returncode == 2 and "invalid job" in said(r)
+
+
 def test_state_inspect_names_what_it_looked_at_and_makes_nothing(tmp_path: Path) -> None:
     nowhere = tmp_path / "no-storage"
     r = qstate("state", "inspect", "--storage", str(nowhere), cwd=tmp_path, env=WIDE)
