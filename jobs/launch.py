@@ -19,7 +19,7 @@ from pyspark.sql.streaming import StreamingQuery
 from qstate.control.coordinator import release
 from qstate.core.config import settings
 from qstate.core.errors import InvalidRequest
-from qstate.core.kafka import EndOffsets, ensure_topic
+from qstate.core.kafka import EndOffsets, ensure_topic, topic_partitions
 from qstate.core.manifest import offsets_json
 from qstate.core.savepoint import Savepoint, read_savepoint
 from qstate.core.storage import Storage
@@ -180,7 +180,10 @@ def start_job(spark: SparkSession, builder: str | Builder, ctx: JobContext,
         if not sp.offsets:
             raise InvalidRequest(f"savepoint {owner}@{name} records no source offsets: a "
                                  "job cannot begin from it")
-        ctx = replace(ctx, starting_offsets=orjson.dumps(offsets_json(sp.offsets)).decode())
+        # Spark wants every partition named: one added since the savepoint is read whole
+        offsets = {t: {**{p: -2 for p in topic_partitions(ctx.bootstrap, t)}, **ps}
+                   for t, ps in sp.offsets.items()}
+        ctx = replace(ctx, starting_offsets=orjson.dumps(offsets_json(offsets)).decode())
     job = build(spark, ctx)
     if sp is not None and "@" not in (ctx.from_savepoint or "") and sp.job != job.name:
         raise InvalidRequest(f"job {job.name!r}: name the savepoint's job "

@@ -87,6 +87,11 @@ def read_delta(storage: Storage, pid: PartitionId, batch: int, fragment: int = 0
         raise DeltaMismatch(f"delta file {path} of batch {batch} is unreadable: {exc}") from None
     if spec is not None:
         want = delta_schema(spec)
+        for f in delta_fields(spec):
+            # written before the aggregate was added to its operator (docs/upgrading.md): no
+            # row had a value of it
+            if table.schema.get_field_index(f.name) < 0:
+                table = table.append_column(f, pa.nulls(table.num_rows, f.type))
         wrong = [f"{f.name} ({f.type})" for f in want
                  if table.schema.get_field_index(f.name) < 0
                  or table.schema.field(f.name).type != f.type]

@@ -16,7 +16,7 @@ from qstate.core.config import settings
 from qstate.core.errors import StartFailed
 
 __all__ = ["JAVA_ONLY", "EndOffsets", "client_config", "ensure_topic", "java_options",
-           "kafka_properties", "read_properties"]
+           "kafka_properties", "read_properties", "topic_partitions"]
 
 # ---- the deployment's client properties ---------------------------------------------
 
@@ -112,6 +112,14 @@ def ensure_topic(bootstrap: str, topic: str, partitions: int = 4, timeout: float
         except KafkaException as exc:  # created concurrently by someone else is fine
             if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise
+
+
+def topic_partitions(bootstrap: str, topic: str, timeout: float = 15.0,
+                     properties: Mapping[str, str] | None = None) -> list[int]:
+    """The partitions of ``topic`` on the broker ([] if it has none, or no such topic)."""
+    admin = AdminClient(client_config(bootstrap, properties))
+    md = admin.list_topics(topic, timeout=timeout).topics.get(topic)
+    return sorted(md.partitions) if md is not None and md.error is None else []
 
 
 class EndOffsets:

@@ -211,24 +211,34 @@ def _aggregate_text(a: Aggregate) -> str:
 
 def state_changes(old: OperatorSpec, new: OperatorSpec) -> list[str]:
     """What ``new`` changes of ``old`` that its stored state cannot follow: the key, the
-    window, an aggregate's kind or type, an aggregate added or removed (docs/upgrading.md);
-    [] when the state carries over."""
+    window, an aggregate's kind or type, an aggregate removed, or added other than after
+    the existing ones (docs/upgrading.md); [] when the state carries over. Aggregates
+    declared after every existing one begin empty: a value stored before has the existing
+    ones' fields first and none of theirs (``qstate.partition.codec``), except where the
+    operator has an approx_count_distinct, whose sketch ends a stored value."""
     out = []
     if old.key != new.key:
         out.append(f"its key changed ({old.key} -> {new.key})")
     if old.window != new.window:
         out.append(f"its window changed ({_window_text(old.window)} -> "
                    f"{_window_text(new.window)})")
+    kept = list(new.states)[:len(old.states)] == list(old.states)
+    sketched = any(a.kind == "approx_count_distinct" for a in old.states.values())
     for name in sorted(old.states.keys() | new.states.keys()):
         before, after = old.states.get(name), new.states.get(name)
         if before is None:
-            out.append(f"aggregate {name!r} added")
+            if not kept:
+                out.append(f"aggregate {name!r} added, not after all of "
+                           f"{', '.join(old.states)} (declare added aggregates last)")
+            elif sketched:
+                out.append(f"aggregate {name!r} added to an operator with an "
+                           "approx_count_distinct (its stored sketches end each value)")
         elif after is None:
             out.append(f"aggregate {name!r} removed")
         elif before != after:
             out.append(f"aggregate {name!r} changed ({_aggregate_text(before)} -> "
                        f"{_aggregate_text(after)})")
-    if not out and list(old.states) != list(new.states):
+    if not out and list(old.states) != list(new.states)[:len(old.states)]:
         # a stored row holds its values in the declared order (state_index)
         out.append(f"its aggregates are declared in another order ({', '.join(old.states)} "
                    f"-> {', '.join(new.states)}): declare them in the stored order")

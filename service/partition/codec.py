@@ -79,6 +79,27 @@ class Codec:
         self.lg_k = {n: spec.states[n].lg_k for n in self.sketches}
 
     # ---- bytes <-> arrays -----------------------------------------------------------
+    # A value written before aggregates were added to its operator (docs/upgrading.md) is
+    # shorter: it has the fields of the aggregates it had, which come first, and none of the
+    # added ones', which read as zero (no value, a count of 0) and no sketch. One read with
+    # the spec from before they were added (a router not yet refreshed) reads the fields it
+    # knows, which come first.
+    def _fixed(self, v: bytes) -> bytes:
+        w = self.width
+        return v[:w] if len(v) >= w else v.ljust(w, b"\0")
+
+    def _blobs(self, v: bytes) -> list[bytes | None]:
+        out: list[bytes | None] = []
+        pos = self.width
+        for _ in self.sketches:
+            if pos + 4 > len(v):
+                out.append(None)  # added since the value was written
+                continue
+            (size,) = _U32.unpack_from(v, pos)
+            out.append(v[pos + 4:pos + 4 + size])
+            pos += 4 + size
+        return out
+
     def decode(self, values: Sequence[bytes | None]) -> tuple[np.ndarray, np.ndarray,
                                                               list[list[bytes | None]]]:
         """Records (zero where absent), which were present, and each sketch's blobs."""
@@ -87,6 +108,8 @@ class Codec:
         zero = bytes(self.width)
         if not self.sketches:
             buf = b"".join(v if v is not None else zero for v in values)
+            if len(buf) != n * self.width:  # values of another layout among them
+                buf = b"".join(self._fixed(v) if v is not None else zero for v in values)
             return np.frombuffer(buf, self.dtype, n).copy(), present, []
         blobs: list[list[bytes | None]] = [[] for _ in self.sketches]
         fixed = []
@@ -96,12 +119,9 @@ class Codec:
                 for b in blobs:
                     b.append(None)
                 continue
-            fixed.append(v[:self.width])
-            pos = self.width
-            for b in blobs:
-                (size,) = _U32.unpack_from(v, pos)
-                b.append(v[pos + 4:pos + 4 + size])
-                pos += 4 + size
+            fixed.append(self._fixed(v))
+            for b, blob in zip(blobs, self._blobs(v), strict=True):
+                b.append(blob)
         return np.frombuffer(b"".join(fixed), self.dtype, n).copy(), present, blobs
 
     def encode(self, records: np.ndarray, blobs: list[list[bytes | None]]) -> list[bytes]:
@@ -217,14 +237,10 @@ class Codec:
     def answers_of(self, value: bytes) -> tuple[int, list[int | float | None]]:
         """One stored value's ``end`` and answers: ``answers`` of ``decode([value])``, without
         building arrays (the point read's path)."""
-        fixed = iter(self._struct.unpack_from(value))
+        fixed = iter(self._struct.unpack_from(self._fixed(value) if len(value) < self.width
+                                              else value))
         end = next(fixed)
-        blobs: dict[str, bytes] = {}
-        pos = self.width
-        for s in self.sketches:
-            (size,) = _U32.unpack_from(value, pos)
-            blobs[s] = value[pos + 4:pos + 4 + size]
-            pos += 4 + size
+        blobs = dict(zip(self.sketches, self._blobs(value), strict=True))
         out: list[int | float | None] = []
         for name, a in self.spec.states.items():
             if a.kind == "count":

@@ -80,12 +80,14 @@ class Partitions:
                                  lambda job: self.epochs.get(job, 0), restore_retry_s)
 
     def close(self) -> None:
+        with self._lock:  # first: a bring-up that keeps failing stops retrying
+            held = list(self._held.values())
+            self._held.clear()
         self._pool.shutdown(wait=True)
         self._bg.shutdown(wait=True, cancel_futures=True)
-        with self._lock:
-            for h in self._held.values():
+        for h in held:
+            with h.store.lock:
                 h.store.close()
-            self._held.clear()
 
     def spec(self, job: str, operator: str, fresh: bool = False) -> OperatorSpec:
         """The operator's spec, read once (``fresh``: again, e.g. after a rescale)."""
@@ -114,6 +116,7 @@ class Partitions:
             mine = owned | a.followed_by(self.server_id)
             current = {pid for pid in self._held if pid.job == a.job}
             self.epochs[a.job] = a.epoch  # before acquiring: catch-up writes at this epoch
+            self._respec(a.job)
             for pid in current - mine:
                 self._drop(pid)
             for pid in current & mine:
@@ -123,6 +126,15 @@ class Partitions:
             log.warning("epoch %d of %s: %d partitions here, %d of them followed (+%d -%d)",
                         a.epoch, a.job, len(mine), len(mine - owned), len(mine - current),
                         len(current - mine))
+
+    def _respec(self, job: str) -> None:
+        """A new epoch is a job (re)started, maybe with changed code: its operators' specs are
+        read again, before any batch of that run is applied (docs/upgrading.md)."""
+        for op in {pid.operator for pid in self._held if pid.job == job}:
+            spec = self.spec(job, op, fresh=True)
+            for pid, held in self._held.items():
+                if (pid.job, pid.operator) == (job, op) and held.store.spec != spec:
+                    held.store.respec(spec)
 
     def _acquire(self, pid: PartitionId, owner: bool) -> None:
         spec = self.spec(pid.job, pid.operator)
@@ -140,9 +152,9 @@ class Partitions:
     # ---- commit -----------------------------------------------------------------
     def commit(self, job: str, operator: str, batch: int, watermark_ms: int, epoch: int,
                parts: list[PartitionCommit]) -> CommitResult:
-        spec = self.spec(job, operator)
         if epoch > self.epochs.get(job, 0):
-            self.sync(job)
+            self.sync(job)  # a new run: its specs too (_respec)
+        spec = self.spec(job, operator)
         known = self.epochs.get(job, 0)
         if epoch < known:
             raise StaleEpoch(f"stale epoch {epoch} < {known} for {job}: a newer coordinator "
@@ -210,6 +222,9 @@ class Partitions:
             if batches is None:
                 batches = newest[(pid.job, pid.operator)] = manifest_batches(
                     self.storage, pid.job, pid.operator)
+                # a run's epoch is written before its first batch: adopted now, the run's
+                # specs are read before its batches listed here are applied
+                self.sync(pid.job)
             if not batches or self._held.get(pid) is not held:
                 continue
             try:

@@ -111,6 +111,13 @@ class PartitionStore:
         self._index_ranks()
         self._mark()
 
+    def respec(self, spec: OperatorSpec) -> None:
+        """The operator's spec changed where its stored values carry over (aggregates added
+        after the existing ones, docs/upgrading.md): the next batch is read and written in
+        its layout."""
+        with self.lock:
+            self.spec, self.codec, self.panes = spec, Codec(spec), spec.panes
+
     def relabel(self, batch: int, watermark_ms: int) -> None:
         """This state as batch ``batch`` of another history: a fork's first, or a rolled-back
         job's (docs/architecture.md §4, forks and rollbacks). Epoch 0: the epochs that

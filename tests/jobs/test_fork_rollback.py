@@ -1,14 +1,15 @@
 """Fork and roll back a job from a savepoint (issue 28 items 3 and 4), on real components:
 Kafka, Spark, the session's shard servers and router.
 
-v1 (the tweets example) counts phase A; a savepoint is taken; v1 counts phase B. Then a v2
-with a changed filter and an added operator forks from the savepoint and runs beside v1
-(A/B): its answers equal "v1's logic up to the savepoint, v2's after it", and v1's stay
-v1's. Then v1 is stopped, phase C written, and v1 rolled back to the savepoint: it replays
-B and C from the savepoint's offsets, exactly once, over state that held B already.
-Ground truth is computed from the delivery reports of every event written (partition and
-offset) and the savepoint's recorded offsets.
-"""
+v1 (the tweets example) counts phase A; a savepoint is taken; the topic gets two more
+partitions; v1 counts phase B. Then a v2 with a changed filter, an added aggregate and an
+added operator forks from the savepoint and runs beside v1 (A/B) through phase C: its
+answers equal "v1's logic up to the savepoint, v2's after it" (the added ones: v2's only),
+and v1's stay v1's. v2 restarted with the same command goes on (phase D). Then v1 is
+stopped, phase E written, and v1 rolled back to the savepoint: it reads B to E again from
+the savepoint's offsets, counted once, over shards that held B to D already. Ground truth
+is computed from the delivery reports of every event written (partition and offset) and the
+savepoint's recorded offsets."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from pathlib import Path
 import orjson
 import pytest
 from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewPartitions
 from pyspark.sql import Column, SparkSession
 from pyspark.sql import functions as F
 
@@ -55,7 +57,7 @@ def v2_skips(key: str) -> bool:
 
 def build_v2(spark: SparkSession, ctx: JobContext) -> QueryableJob:
     """v1's operators with a changed filter (tweets ending in 7 are a bot's: not counted),
-    and an added operator (all clicks per tweet, no window)."""
+    an added aggregate and an added operator (all clicks per tweet, no window)."""
     topic = ctx.topic or tweets.TOPIC
     events = parse_events(
         read_kafka(spark, ctx.bootstrap, topic, starting_offsets=ctx.starting_offsets),
@@ -70,7 +72,8 @@ def build_v2(spark: SparkSession, ctx: JobContext) -> QueryableJob:
     human = ~F.col("tweet_id").endswith("7")
     job.operator("per_tweet_1h").where(human).groupBy(window("1 hour"), "tweet_id").agg(
         A.count(when=event("impression")).alias("impressions"),
-        A.count(when=event("url-click")).alias("clicks"))
+        A.count(when=event("url-click")).alias("clicks"),
+        A.count().alias("events"))  # added: begins empty at the savepoint
     job.operator("per_tweet_1m").where(event("impression") & human).groupBy(
         window("1 minute", "10 seconds"), "tweet_id").agg(A.count().alias("impressions"))
     job.operator("clicks_total").where(event("url-click")).groupBy("tweet_id").agg(
@@ -146,6 +149,10 @@ def test_fork_runs_beside_v1_and_rollback_replays_exactly(
             return e.offset < ends.get(e.partition, 0)
 
         assert sum(map(before, phase_a)) == len(phase_a)  # v1 had counted all of A
+        # the topic grows after the savepoint: a fork reads the new partitions whole
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        for fut in admin.create_partitions([NewPartitions(ctx.topic or "", 6)]).values():
+            fut.result(30)
         phase_b = produce(producer, ctx.topic or "", 300, hour + 2_000, 1)
         settle(v1)
         assert hourly(router, v1_name, "impressions") == counted(
@@ -168,6 +175,8 @@ def test_fork_runs_beside_v1_and_rollback_replays_exactly(
         assert hourly(router, v2_name, "clicks") == v2_truth("url-click", seen)
         assert totals(router, v2_name) == counted(  # added: begins empty at the savepoint
             seen, "url-click", lambda e: not before(e) and not v2_skips(e.key))
+        assert hourly(router, v2_name, "events") == dict(Counter(  # added: v2's only
+            e.key for e in seen if not before(e) and not v2_skips(e.key)))
         phase_c = produce(producer, ctx.topic or "", 200, hour + 3_000, 2)
         settle(v1, v2)
         seen += phase_c

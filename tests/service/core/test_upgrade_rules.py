@@ -34,6 +34,21 @@ def test_the_same_declaration_and_what_does_not_touch_state_carry_over(
     assert load_spec(storage, "ads", "per_ad") == spec(retention_ms=3_600_000, replicas=2)
 
 
+def test_aggregates_added_after_the_existing_ones_begin_empty_except_beside_a_sketch(
+        storage: Storage) -> None:
+    """Added last, they are kept (their stored values begin empty: tests of the codec and
+    the shard's store); an operator with a sketch refuses any, its sketch ending each
+    stored value."""
+    users = Aggregate("approx_count_distinct", "long", 12)
+    save_spec(storage, spec(states={**STATES, "users": users}))
+    kept = load_spec(storage, "ads", "per_ad")
+    assert kept is not None and list(kept.states) == ["views", "spend", "users"]
+    with pytest.raises(InvalidRequest, match="aggregate 'clicks' added to an operator with "
+                                             "an approx_count_distinct"):
+        save_spec(storage, spec(states={**STATES, "users": users,
+                                        "clicks": Aggregate("count", "long")}))
+
+
 @pytest.mark.parametrize(("changed", "says"), [
     (spec(key="campaign_id"), "its key changed (ad_id -> campaign_id)"),
     (spec(window=WindowSpec("tumbling", 60_000)),
@@ -42,8 +57,12 @@ def test_the_same_declaration_and_what_does_not_touch_state_carry_over(
      "its window changed (tumbling 3600000 ms -> sliding 3600000 ms every 600000 ms)"),
     (spec(states={**STATES, "views": Aggregate("sum", "long")}),
      "aggregate 'views' changed (count as long -> sum as long)"),
-    (spec(states={**STATES, "users": Aggregate("approx_count_distinct", "long", 12)}),
-     "aggregate 'users' added"),
+    (spec(states={"users": Aggregate("count", "long"), **STATES}),
+     "aggregate 'users' added, not after all of views, spend (declare added aggregates "
+     "last)"),
+    (spec(states={"spend": STATES["spend"], "views": STATES["views"],
+                  "users": Aggregate("count", "long")}),
+     "aggregate 'users' added, not after all of views, spend"),
     (spec(states={"views": STATES["views"]}), "aggregate 'spend' removed"),
     (spec(states={"spend": STATES["spend"], "views": STATES["views"]}),
      "its aggregates are declared in another order (views, spend -> spend, views)"),

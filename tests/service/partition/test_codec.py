@@ -318,3 +318,40 @@ def test_one_value_decodes_as_the_array_path_does(seed: int) -> None:
         arrays, _, bl = codec.decode([value])
         want = (int(arrays["end"][0]), codec.answers(arrays[0], [b[0] for b in bl]))
         assert codec.answers_of(value) == want
+
+
+@pytest.mark.parametrize("added", [
+    {"n2": Aggregate("count", "long"), "mx": Aggregate("max", "double")},
+    {"u": Aggregate("approx_count_distinct", "long", 12), "a": Aggregate("avg", "double")},
+], ids=["fixed fields", "a sketch"])
+def test_values_stored_before_aggregates_were_added_read_them_as_empty(
+        added: dict[str, Aggregate]) -> None:
+    """A value written under the operator's older spec has its aggregates' fields first:
+    read under the newer spec, each added aggregate is empty, beside values written under
+    the newer one (the whole-array path and a point read); a newer value read under the
+    older spec gives the older aggregates."""
+    old = OperatorSpec("j", "o", "k", {"c": Aggregate("count", "long"),
+                                       "s": Aggregate("sum", "long")},
+                       window=WindowSpec("tumbling", 10))
+    new = OperatorSpec("j", "o", "k", {**old.states, **added}, window=old.window)
+    before = Codec(old).encode(Codec(old).from_delta(table(
+        [{"key": "k", "start": 0, "end": 10, "tag": None, "c": 3, "s": 7}], old))[0], [])[0]
+    codec = Codec(new)
+    row = {"key": "k", "start": 0, "end": 10, "tag": None, "c": 1, "s": 2, "n2": 4, "mx": 0.5,
+           "u": sketch(range(9)), "a__sum": 3.0, "a__n": 2}
+    rec, blobs = codec.from_delta(table([row], new))
+    after = codec.encode(rec, blobs)[0]
+    empty = {"n2": 0, "mx": None, "u": 0, "a": None}
+    full = {"n2": 4, "mx": 0.5, "u": 9, "a": 1.5}
+    want_before = [3, 7] + [empty[n] for n in added]
+    want_after = [1, 2] + [full[n] for n in added]
+    records, present, got_blobs = codec.decode([before, None, after])
+    assert list(present) == [True, False, True]
+    for i, want in ((0, want_before), (2, want_after)):
+        assert codec.answers(records[i], [b[i] for b in got_blobs]) == want
+    assert codec.answers_of(before) == (10, want_before)
+    assert codec.answers_of(after) == (10, want_after)
+    stale = Codec(old)
+    records, _, _ = stale.decode([after, before])
+    assert [stale.answers(r, []) for r in records] == [[1, 2], [3, 7]]
+    assert stale.answers_of(after) == (10, [1, 2])

@@ -103,3 +103,52 @@ def test_a_commit_racing_the_hand_off_of_its_partition_is_retryable(tmp_path: Pa
         a._held.pop(PID)  # the rest of a hand-off: closed and forgotten
     finally:
         a.close()
+
+
+def test_a_run_with_an_added_aggregate_is_applied_in_its_layout_by_owner_and_follower(
+        tmp_path: Path) -> None:
+    """The job restarted with an aggregate added (docs/upgrading.md): its new epoch comes
+    before its first batch, and both the owner (at the commit) and a follower (following
+    from storage, before its periodic sync) read the new spec first, so the added
+    aggregate's values are kept; a server coming up later replays the older batches, whose
+    deltas lack the column, as no value."""
+    storage = Storage(str(tmp_path / "storage"))
+    save_spec(storage, SPEC)
+    save_assignment(storage, Assignment("f", 1, {"a": "h:1", "b": "h:2"}, {"counts": ["a"]},
+                                        followers={"counts": [["b"]]}))
+    a = Partitions(tmp_path / "a", storage, "a", snapshot_every=10**6)
+    b = Partitions(tmp_path / "b", storage, "b", snapshot_every=10**6)
+    c = Partitions(tmp_path / "c", storage, "c", snapshot_every=10**6)
+    try:
+        a.sync()
+        b.sync()
+        for batch in range(2):
+            record(storage, batch)
+            a.commit("f", "counts", batch, batch, 1, [PartitionCommit(0, (0,), len(KEYS))])
+        b.follow()
+        added = OperatorSpec("f", "counts", "k", {"n": "long", "m": "long"}, partitions=1,
+                             window=SPEC.window)
+        save_spec(storage, added)  # the restarted run's
+        save_assignment(storage, Assignment("f", 2, {"a": "h:1", "b": "h:2", "c": "h:3"},
+                                            {"counts": ["a"]},
+                                            followers={"counts": [["b"]]}))
+        t = pa.table({"key": KEYS, "start": [0] * len(KEYS), "end": [60_000] * len(KEYS),
+                      "tag": pa.nulls(len(KEYS), pa.int64()), "n": list(range(len(KEYS))),
+                      "m": [10 * i for i in range(len(KEYS))]}).cast(deltas.delta_schema(added))
+        deltas.write_delta(storage, PID, 2, t)
+        write_manifest(storage, "f", "counts", BatchManifest(2, 2, {0: {0: len(KEYS)}}))
+        assert b.follow() == 1  # no sync of b since epoch 2 was written
+        a.commit("f", "counts", 2, 2, 2, [PartitionCommit(0, (0,), len(KEYS))])
+        for p in (a, b):
+            held = p.lookup(PID)
+            assert held is not None
+            assert [w.values for w in held.store.read("key-7")[1]] == [[7, 70]]
+        save_assignment(storage, Assignment("f", 3, {"c": "h:3"}, {"counts": ["c"]}))
+        c.sync()  # comes up from batches 0-2: the first two without the column
+        held = c.lookup(PID)
+        assert held is not None and held.ready.wait(30)
+        assert [w.values for w in held.store.read("key-7")[1]] == [[7, 70]]
+    finally:
+        a.close()
+        b.close()
+        c.close()

@@ -14,6 +14,8 @@ from hypothesis import given
 from qstate.core.delta import delta_schema
 from qstate.core.errors import StaleEpoch
 from qstate.core.operator import Aggregate, OperatorSpec, WindowSpec
+from qstate.partition.codec import Codec
+from qstate.partition.reader import read_windows
 from qstate.shard.store import PartitionStore
 from tests.service.shard.sim import (
     FAR,
@@ -358,3 +360,33 @@ def test_merge_with_several_aggregates_of_one_kind(tmp_path: Path) -> None:
     assert got.values[1] == 7
     assert got.values[0] == pytest.approx(300, rel=0.03)
     assert got.values[2] == 7
+
+
+def test_aggregates_added_to_an_operator_begin_empty_beside_the_kept_ones(
+        tmp_path: Path) -> None:
+    """An operator restarted with aggregates added after its existing ones (docs/
+    upgrading.md): values stored before read the added ones as empty (no value, a count of
+    0, no sketch) and the kept ones as they were; a batch after adds to both. A reader
+    still on the old spec (a router not yet refreshed) reads the kept ones right."""
+    old = OperatorSpec("j", "op", "k", {"n": Aggregate("count", "long"),
+                                        "s": Aggregate("sum", "long")},
+                       window=WindowSpec("tumbling", 10))
+    store = PartitionStore(tmp_path / "p", old)
+    first = [{"key": k, "start": 0, "end": 10, "tag": None, "n": 2, "s": 5} for k in "ko"]
+    store.apply(0, 0, 1, pa.Table.from_pylist(first, schema=delta_schema(old)), None)
+    new = OperatorSpec("j", "op", "k", {**old.states, "m": Aggregate("max", "double"),
+                                        "c": Aggregate("count", "long"),
+                                        "u": Aggregate("approx_count_distinct", "long", 12)},
+                       window=old.window)
+    store.respec(new)
+    assert view(store.read("k")[1]) == [(0, 10, [2, 5, None, 0, 0])]
+    rows: list[dict[str, object]] = [
+        {"key": k, "start": 0, "end": 10, "tag": None, "n": 1, "s": 1, "m": 1.5, "c": 3,
+         "u": sketch(range(4))} for k in "kj"]
+    store.apply(1, 0, 1, pa.Table.from_pylist(rows, schema=delta_schema(new)), None)
+    assert view(store.read("k")[1]) == [(0, 10, [3, 6, 1.5, 3, 4])]
+    assert view(store.read("j")[1]) == [(0, 10, [1, 1, 1.5, 3, 4])]
+    assert view(store.read("o")[1]) == [(0, 10, [2, 5, None, 0, 0])]
+    stale = read_windows(store.db, Codec(old), "k", (-FAR, FAR))[1]
+    assert view(stale) == [(0, 10, [3, 6])]
+    check_index(store)
