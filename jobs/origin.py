@@ -31,8 +31,10 @@ from pathlib import Path
 
 import orjson
 
+from qstate.control.coordinator import driver_beat_age_s
 from qstate.core.address import PartitionId
 from qstate.core.catalog import manifest_batches, snapshot_batches
+from qstate.core.config import settings
 from qstate.core.errors import InvalidRequest
 from qstate.core.manifest import strict_int
 from qstate.core.operator import OperatorSpec, state_changes
@@ -195,6 +197,12 @@ def _check(storage: Storage, sp: Savepoint, job: str, specs: list[OperatorSpec],
                 f"fork begins a new job: give it another --name, or roll {job} back to a "
                 f"savepoint of its own (--from-savepoint {job}@NAME)")
         return
+    age, lease_s = driver_beat_age_s(storage, job), settings().lease_s
+    if age is not None and age < lease_s:
+        raise InvalidRequest(
+            f"job {job!r} is running: its driver beat {age:.0f}s ago. Stop it first: a "
+            "rollback rewrites its state and its batches. A driver that was killed holds "
+            f"its lease {lease_s:.0f}s after its last beat (QSTATE_LEASE_S)")
     later = [s.name for s in list_savepoints(storage, job) if s.batch > sp.batch]
     if later:
         raise InvalidRequest(

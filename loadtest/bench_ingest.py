@@ -566,6 +566,31 @@ def freshness(args: argparse.Namespace) -> dict[str, Any]:
     return res
 
 
+def plot_sweep(res: dict[str, Any], out: Path) -> None:
+    """Events/s (whole run) against keys, one line per sink, from ``bench``'s result."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = sorted(res["runs"], key=lambda r: r["keys"])
+    keys = [r["keys"] for r in runs]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for sink in sorted({s for r in runs for s in r["sinks"]}):
+        have = [(r["keys"], r["sinks"][sink]["events_per_s"]) for r in runs if sink in r["sinks"]]
+        ax.plot([k for k, _ in have], [v for _, v in have], marker="o", label=sink)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xticks(keys, [f"{k:,}" for k in keys])
+    ax.set_xlabel("distinct keys")
+    ax.set_ylabel("events/s (whole run)")
+    ax.set_title(f"{res['workload']}: {res['events']:,} events per run, local[2], 2 shard "
+                 "servers, one machine")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -586,10 +611,19 @@ def main() -> None:
                     help="events/s: measure freshness instead of throughput")
     ap.add_argument("--duration", type=float, default=120.0)
     ap.add_argument("--keys-fresh", type=int, default=100_000)
+    ap.add_argument("--plot", type=Path, default=None,
+                    help="a PNG of events/s against keys per sink (a sweep)")
+    ap.add_argument("--replot", type=Path, default=None,
+                    help="only draw --plot from an earlier run's --json")
     args = ap.parse_args()
+    if args.replot:
+        plot_sweep(orjson.loads(args.replot.read_bytes()), args.plot or Path("sweep.png"))
+        return
     res = freshness(args) if args.freshness else bench(args)
     if args.json:
         args.json.write_bytes(orjson.dumps(res, option=orjson.OPT_INDENT_2))
+    if args.plot and not args.freshness:
+        plot_sweep(res, args.plot)
     console.print_json(orjson.dumps(res).decode())
 
 

@@ -47,7 +47,7 @@ from qstate.core.operator import OperatorSpec, load_spec
 from qstate.core.shard_client import ShardClients, held_partitions
 from qstate.core.storage import Storage
 
-__all__ = ["Coordinator", "coordinator_for", "release"]
+__all__ = ["Coordinator", "coordinator_for", "driver_beat_age_s", "release"]
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,7 @@ class Coordinator:
     writer: str = field(default_factory=lambda: f"{DRIVER}{uuid.uuid4().hex[:12]}")
     _beats: int = 0
     _beat_at: float = float("-inf")
+    _thread: threading.Thread | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
     # leases are measured on this process's monotonic clock (tests move their own)
     clock: Callable[[], float] = field(default_factory=lambda: time.monotonic)
@@ -174,8 +175,9 @@ class Coordinator:
             if not self._started:
                 self.beat()
                 self._started = True
-                threading.Thread(target=self._monitor, name=f"coordinator-{self.job}",
-                                 daemon=True).start()
+                self._thread = threading.Thread(
+                    target=self._monitor, name=f"coordinator-{self.job}", daemon=True)
+                self._thread.start()
             return self.assignment
 
     @property
@@ -235,9 +237,27 @@ class Coordinator:
                 self.beat()
             except Exception as exc:  # storage hiccup: try again next beat
                 log.warning("%s: coordinator round failed: %s", self.job, exc)
+        if self._beats and not self.fenced:
+            self._end_lease()
 
-    def stop(self) -> None:
+    def _end_lease(self) -> None:
+        """A driver stopped cleanly: its lease goes, so a rollback need not wait for it to
+        age (``driver_beat_age_s``). Only its own: a newer driver's stays."""
+        path = paths.driver_lease(self.job)
+        try:
+            if orjson.loads(self.storage.read_bytes(path)).get("writer") == self.writer:
+                self.storage.delete(path)
+        except (OSError, ValueError, AttributeError) as exc:
+            log.warning("%s: its lease stays (%s); it ages out in %.0fs", self.job, exc,
+                        self.lease_s)
+
+    def stop(self, timeout_s: float = 2.0) -> None:
+        """Stop monitoring; wait (``timeout_s`` at most) for its last round and its lease's
+        end."""
         self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout_s)
 
     # ---- what commit delivery asks (qstate.jobs.commit) ---------------------------
     def owners_of(self, operator: str) -> tuple[int, dict[str, list[int]]]:
@@ -267,6 +287,17 @@ def coordinator_for(storage: Storage, job: str, shards: list[str] | None) -> Coo
                 storage, job, shards, lease_s=cfg.lease_s, heartbeat_s=cfg.heartbeat_s,
                 heartbeat_timeout_s=cfg.heartbeat_timeout_s)
         return c
+
+
+def driver_beat_age_s(storage: Storage, job: str) -> float | None:
+    """Seconds since the job's driver last beat its lease (by the wall clocks of both
+    hosts); None if no driver holds one (never started, or stopped cleanly)."""
+    try:
+        beat = orjson.loads(storage.read_bytes(paths.driver_lease(job)))
+        at_ms = beat["at_ms"] if isinstance(beat, dict) else None
+    except (OSError, ValueError):
+        return None
+    return max(0.0, now_ms() - at_ms) / 1000 if type(at_ms) is int else 0.0
 
 
 def release(storage_uri: str, job: str) -> None:

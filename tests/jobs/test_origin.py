@@ -5,9 +5,11 @@ with Spark and real shards is ``test_fork_rollback``)."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from pathlib import Path
 
+import orjson
 import pytest
 
 from qstate.core import paths
@@ -157,3 +159,17 @@ def test_a_checkpoint_that_did_not_write_the_state_is_refused(
         begin(storage, ckpt, JOB, specs(JOB), None, None, ["merged"])
     (commits / str(LAST - 1)).write_text("v1")  # LAST recorded, not committed by Spark yet
     assert begin(storage, ckpt, JOB, specs(JOB), None, None, ["merged"]) == Origin()
+
+
+def test_a_rollback_of_a_running_job_is_refused(storage: Storage, tmp_path: Path) -> None:
+    """Its driver's lease beat within QSTATE_LEASE_S: it would go on writing batches that
+    the rollback numbers past, or deletes."""
+    sp = create(storage, JOB, "good")
+    lease = paths.driver_lease(JOB)
+    storage.write_bytes(lease, orjson.dumps({"writer": "driver:x", "beat": 3,
+                                             "at_ms": int(time.time() * 1000) - 2_000}))
+    with pytest.raises(InvalidRequest, match="job 'shop' is running: its driver beat 2s ago"):
+        begin(storage, tmp_path / "shop", JOB, specs(JOB), sp, Recorder(), ["merged"])
+    storage.write_bytes(lease, orjson.dumps({"writer": "driver:x", "beat": 3,
+                                             "at_ms": int(time.time() * 1000) - 60_000}))
+    assert begin(storage, tmp_path / "shop", JOB, specs(JOB), sp, Recorder(), ["merged"])

@@ -11,7 +11,8 @@ from types import SimpleNamespace
 import grpc
 import pytest
 
-from qstate.control.coordinator import Coordinator
+from qstate.control.coordinator import Coordinator, driver_beat_age_s
+from qstate.core import paths
 from qstate.core.assignment import load_assignment
 from qstate.core.errors import Fenced
 from qstate.core.operator import OperatorSpec, WindowSpec
@@ -164,3 +165,22 @@ def test_a_coordinator_taking_over_gives_each_server_a_lease_before_moving(
     taker.round()
     moved = load_assignment(s, "j")
     assert moved.epoch == 2 and moved.servers == {"s0": "h:1"} and moved.by_standby()
+
+
+def test_a_driver_that_stops_ends_its_own_lease_and_not_a_newer_drivers(
+        tmp_path: Path) -> None:
+    """A rollback waits for no lease of a driver that stopped cleanly
+    (``driver_beat_age_s``): its monitor deletes the lease it wrote when it stops; a lease
+    another driver wrote since stays."""
+    s = Storage(str(tmp_path))
+    for newer in (False, True):
+        c = coordinator(s, {"s0": "h:1"})
+        c.heartbeat_s = 0.05
+        c.register(SPEC)  # beats and starts monitoring
+        age = driver_beat_age_s(s, "j")
+        assert age is not None and age < 5
+        if newer:
+            Coordinator(s, "j", shards=[]).beat()  # another driver beats since
+        c.stop()
+        assert (driver_beat_age_s(s, "j") is not None) == newer
+        s.delete(paths.driver_lease("j"))
