@@ -117,7 +117,7 @@ function selected() {
            key: $("key").value, savepoint: $("savepoint").value.trim() };
 }
 
-// The key's reads: as of the savepoint typed, else live (the leaderboard stays live).
+// Every read, the leaderboard's too: as of the savepoint typed, else live.
 function asOf(s, params) {
   return s.savepoint ? { ...(params || {}), savepoint: s.savepoint } : params;
 }
@@ -306,7 +306,8 @@ function sseParser(onEvent, onAny) {
 
 function boardTarget() {
   const s = selected();
-  return s.job && s.operator && s.state ? `${s.job}\n${s.operator}\n${s.state}` : "";
+  return s.job && s.operator && s.state
+    ? `${s.job}\n${s.operator}\n${s.state}\n${s.savepoint}` : "";
 }
 
 function stopWatch() {
@@ -330,13 +331,44 @@ function ensureWatch(force) {
     $("top-message").textContent = "";
     return;
   }
-  const [job, operator, state] = target.split("\n");
-  watch = { target, job, operator, state, abort: new AbortController(), timer: null,
-            silence: null, lastId: null, delay: RETRY_MIN_MS, stopped: false, shown: false };
+  const [job, operator, state, savepoint] = target.split("\n");
+  watch = { target, job, operator, state, savepoint, abort: new AbortController(),
+            timer: null, silence: null, lastId: null, delay: RETRY_MIN_MS, stopped: false,
+            shown: false };
   $("board").querySelector("tbody").replaceChildren();
   $("top-summary").textContent = `${job}/${operator}/${state}`;
   $("top-message").textContent = "";
-  runWatch(watch);
+  if (savepoint) savepointBoard(watch).catch((e) => {
+    if (!watch || watch.stopped) return;
+    $("top-message").textContent = e && e.message ? e.message : String(e);
+  });
+  else runWatch(watch);
+}
+
+// A savepoint's board does not change: asked once (GET /v1/top ...&savepoint=NAME), again
+// while its partitions open (503 with Retry-After).
+async function savepointBoard(w) {
+  const url = new URL(["top", w.job, w.operator, w.state].map(segment).join("/"), API);
+  url.searchParams.set("n", String(TOP_N));
+  url.searchParams.set("order", "desc");
+  url.searchParams.set("savepoint", w.savepoint);
+  for (;;) {
+    const r = await fetch(url, { cache: "no-store", headers: authHeaders("application/json"),
+                                 signal: w.abort.signal });
+    const body = parseBody(await r.text());
+    if (w.stopped || watch !== w) return;
+    if (r.ok) {
+      drawTop(body);
+      $("top-summary").textContent += ` · savepoint ${w.savepoint}`;
+      return;
+    }
+    if (r.status === 401) $("token-form").hidden = false;
+    $("top-message").textContent = body.message || `HTTP ${r.status}`;
+    if (r.status !== 503 && r.status !== 429) return;
+    const after = Number(r.headers.get("retry-after")) || 1;
+    await new Promise((done) => { w.timer = setTimeout(done, Math.min(after, 5) * 1000); });
+    if (w.stopped || watch !== w) return;
+  }
 }
 
 async function runWatch(w) {

@@ -291,8 +291,9 @@ def test_what_the_page_shows_is_text_never_markup(live: Shop, browser: Browser) 
 
 
 def test_a_key_as_of_a_savepoint_beside_the_live_state(live: Shop, browser: Browser) -> None:
-    """A savepoint typed in: the key as of its batch (503s while its partition opens, then
-    the value); emptied: live again. The fragment keeps it, so the view can be shared."""
+    """A savepoint typed in: the key and the leaderboard as of its batch (503s while its
+    partitions open, then the answers); emptied: live again. The fragment keeps it, so the
+    view can be shared."""
     from qstate.core.savepoint import create
 
     saved = create(live.storage, SPEC.job, "ui-before").batch
@@ -308,8 +309,16 @@ def test_a_key_as_of_a_savepoint_beside_the_live_state(live: Shop, browser: Brow
                                                       timeout=TIMEOUT_MS)
         assert "savepoint=ui-before" in w.page.url
         assert any("savepoint=ui-before" in p for p in w.paths("state/"))
+        # the leaderboard too: the savepoint's top of its current window, asked once
+        expect(w.page.locator("#top-summary")).to_contain_text(
+            f"batch {saved} · savepoint ui-before", timeout=TIMEOUT_MS)
+        expect(w.page.locator("#board tbody td:nth-child(2)")).to_have_text(
+            board_of(saved), timeout=TIMEOUT_MS)
+        assert any("savepoint=ui-before" in p for p in w.paths("top/"))
         w.page.fill("#savepoint", "")
         expect_key(w, key, saved + 1)
+        expect(w.page.locator("#board tbody td:nth-child(2)")).to_have_text(
+            board_of(saved + 1), timeout=TIMEOUT_MS)  # live again
         assert w.errors == [] or all("503" in e for e in w.errors), w.errors
     finally:
         w.close()
