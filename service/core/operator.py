@@ -191,7 +191,10 @@ def save_spec(storage: Storage, spec: OperatorSpec, rescale: bool = False) -> No
                 "stored values would not mean what the job declares now. Serve the change "
                 "under a new operator name beside this one (it fills from the job's current "
                 f"position), and keep this one's state readable with a savepoint (`qstate "
-                f"savepoint create {spec.job}`): docs/upgrading.md")
+                f"savepoint create {spec.job}`); or run the new code as a fork beside the "
+                f"job, from that savepoint (`qstate job ... --name {spec.job}_v2 "
+                f"--from-savepoint {spec.job}@NAME`, the changed operator under a new name): "
+                "docs/upgrading.md")
     storage.write_bytes(path, spec.to_json())
 
 

@@ -74,4 +74,5 @@ def test_a_change_state_cannot_follow_is_refused_naming_it(
     message = refused.value.message
     assert message.startswith("ads/per_ad cannot keep its state: ") and says in message
     assert "under a new operator name" in message and "qstate savepoint create ads" in message
+    assert "--name ads_v2 --from-savepoint ads@NAME" in message  # or a fork beside it
     assert load_spec(storage, "ads", "per_ad") == spec()  # the stored spec is unchanged
