@@ -214,7 +214,7 @@ class DeltaFiles:
         out = []
         for p, part in split_by_partition(rows):
             pid = PartitionId(plan.spec.job, plan.spec.operator, p)
-            deltas.write_delta(storage, pid, plan.batch, part, fragment)
+            deltas.write_delta(storage, pid, plan.batch, part, fragment, plan.spec.states)
             out.append((p, part.num_rows))
         return out
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import orjson
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
@@ -27,22 +28,32 @@ from qstate.core.errors import DeltaMismatch
 from qstate.core.operator import OperatorSpec
 from qstate.core.storage import Storage
 
-__all__ = ["delta_fields", "delta_schema", "read_delta", "read_deltas", "write_delta"]
+__all__ = ["STATES", "delta_fields", "delta_schema", "read_delta", "read_deltas", "write_delta"]
 
-def delta_fields(spec: OperatorSpec) -> list[pa.Field]:
-    """The per-aggregate columns of a delta file (after ``key, start, end, tag``)."""
-    out: list[pa.Field] = []
+# The schema metadata key naming the aggregates a delta was written for (a JSON list): a
+# column of an aggregate the operator declared since is read as no rows of it
+STATES = b"qstate.states"
+
+
+def _aggregate_fields(spec: OperatorSpec) -> list[tuple[str, list[pa.Field]]]:
+    out: list[tuple[str, list[pa.Field]]] = []
     for name, a in spec.states.items():
         num = pa.int64() if a.type == "long" else pa.float64()
         if a.kind == "count":
-            out.append(pa.field(name, pa.int64()))
+            fields = [pa.field(name, pa.int64())]
         elif a.kind == "avg":
-            out += [pa.field(f"{name}__sum", pa.float64()), pa.field(f"{name}__n", pa.int64())]
+            fields = [pa.field(f"{name}__sum", pa.float64()), pa.field(f"{name}__n", pa.int64())]
         elif a.kind == "approx_count_distinct":
-            out.append(pa.field(name, pa.binary()))
+            fields = [pa.field(name, pa.binary())]
         else:  # sum, min, max, value: null where no input row had a value
-            out.append(pa.field(name, num))
+            fields = [pa.field(name, num)]
+        out.append((name, fields))
     return out
+
+
+def delta_fields(spec: OperatorSpec) -> list[pa.Field]:
+    """The per-aggregate columns of a delta file (after ``key, start, end, tag``)."""
+    return [f for _, fields in _aggregate_fields(spec) for f in fields]
 
 
 def delta_schema(spec: OperatorSpec) -> pa.Schema:
@@ -52,7 +63,13 @@ def delta_schema(spec: OperatorSpec) -> pa.Schema:
 
 
 def write_delta(storage: Storage, pid: PartitionId, batch: int, table: pa.Table,
-                fragment: int = 0) -> None:
+                fragment: int = 0, states: Iterable[str] | None = None) -> None:
+    """``states``: the aggregates the operator declares as it is written (recorded in the
+    file): a reader whose operator has declared more since reads their columns as no rows
+    (docs/upgrading.md); a file without them is read strictly."""
+    if states is not None:
+        table = table.replace_schema_metadata({**(table.schema.metadata or {}),
+                                               STATES: orjson.dumps(list(states))})
     sink = pa.BufferOutputStream()
     with ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table)
@@ -87,11 +104,14 @@ def read_delta(storage: Storage, pid: PartitionId, batch: int, fragment: int = 0
         raise DeltaMismatch(f"delta file {path} of batch {batch} is unreadable: {exc}") from None
     if spec is not None:
         want = delta_schema(spec)
-        for f in delta_fields(spec):
+        written = _written_for(table)
+        for name, fields in _aggregate_fields(spec):
             # written before the aggregate was added to its operator (docs/upgrading.md): no
             # row had a value of it
-            if table.schema.get_field_index(f.name) < 0:
-                table = table.append_column(f, pa.nulls(table.num_rows, f.type))
+            if written is not None and name not in written:
+                for f in fields:
+                    if table.schema.get_field_index(f.name) < 0:
+                        table = table.append_column(f, pa.nulls(table.num_rows, f.type))
         wrong = [f"{f.name} ({f.type})" for f in want
                  if table.schema.get_field_index(f.name) < 0
                  or table.schema.field(f.name).type != f.type]
@@ -102,3 +122,14 @@ def read_delta(storage: Storage, pid: PartitionId, batch: int, fragment: int = 0
         if table.column("key").null_count:
             raise DeltaMismatch(f"delta file {path} of batch {batch} has rows without a key")
     return table
+
+
+def _written_for(table: pa.Table) -> set[str] | None:
+    """The aggregates a delta file says it was written for; None (every one the reader's
+    operator declares: read strictly) if it does not say."""
+    raw = (table.schema.metadata or {}).get(STATES)
+    try:
+        names = orjson.loads(raw) if raw is not None else None
+    except orjson.JSONDecodeError:
+        return None
+    return {n for n in names if isinstance(n, str)} if isinstance(names, list) else None

@@ -132,3 +132,23 @@ def test_a_delta_of_another_partition_or_batch_is_not_read(storage: Storage) -> 
         read_delta(storage, PartitionId("ads", "per_campaign", 6), 2)
     with pytest.raises(DeltaMismatch):
         read_delta(storage, PID, 3)
+
+
+def test_a_delta_written_before_an_aggregate_was_added_reads_it_as_no_rows(
+        storage: Storage) -> None:
+    """A file records the aggregates its writer declared: a column of one declared since
+    (docs/upgrading.md) reads as nulls; a column missing of one it was written for, or
+    from a file that says nothing, is refused as before."""
+    added = OperatorSpec(SPEC.job, SPEC.operator, SPEC.key,
+                         {**SPEC.states, "clicks": SPEC.states["impressions"]},
+                         window=SPEC.window)
+    write_delta(storage, PID, 1, sample_table(), states=SPEC.states)
+    got = read_delta(storage, PID, 1, 0, added)
+    assert got.column("clicks").null_count == got.num_rows == sample_table().num_rows
+    assert got.column("impressions").to_pylist() == sample_table().column(
+        "impressions").to_pylist()
+    write_delta(storage, PID, 2, sample_table(), states=added.states)  # said, not there
+    write_delta(storage, PID, 3, sample_table())  # says nothing
+    for batch in (2, 3):
+        with pytest.raises(DeltaMismatch, match="missing or mistyped columns clicks"):
+            read_delta(storage, PID, batch, 0, added)

@@ -30,7 +30,7 @@ def record(storage: Storage, batch: int) -> None:
     t = pa.table({"key": KEYS, "start": [0] * len(KEYS), "end": [60_000] * len(KEYS),
                   "tag": pa.nulls(len(KEYS), pa.int64()),
                   "n": [i + batch for i in range(len(KEYS))]}).cast(deltas.delta_schema(SPEC))
-    deltas.write_delta(storage, PID, batch, t)
+    deltas.write_delta(storage, PID, batch, t, states=SPEC.states)  # as the job writes it
     write_manifest(storage, "f", "counts", BatchManifest(batch, batch, {0: {0: len(KEYS)}}))
 
 
@@ -135,7 +135,7 @@ def test_a_run_with_an_added_aggregate_is_applied_in_its_layout_by_owner_and_fol
         t = pa.table({"key": KEYS, "start": [0] * len(KEYS), "end": [60_000] * len(KEYS),
                       "tag": pa.nulls(len(KEYS), pa.int64()), "n": list(range(len(KEYS))),
                       "m": [10 * i for i in range(len(KEYS))]}).cast(deltas.delta_schema(added))
-        deltas.write_delta(storage, PID, 2, t)
+        deltas.write_delta(storage, PID, 2, t, states=added.states)
         write_manifest(storage, "f", "counts", BatchManifest(2, 2, {0: {0: len(KEYS)}}))
         assert b.follow() == 1  # no sync of b since epoch 2 was written
         a.commit("f", "counts", 2, 2, 2, [PartitionCommit(0, (0,), len(KEYS))])
