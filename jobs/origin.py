@@ -26,7 +26,7 @@ import logging
 import os
 import shutil
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import orjson
@@ -131,8 +131,7 @@ def begin(storage: Storage, checkpoint: Path, job: str, specs: list[OperatorSpec
             b for s in specs for b in manifest_batches(storage, job, s.operator)[-1:]] + [
             b for s in specs for p in range(s.partitions)
             for b in snapshot_batches(storage, PartitionId(job, s.operator, p))[-1:]])
-    watermark = max((c.watermark_ms for c in sp.operators.values()), default=0)
-    origin = Origin(batch + 1, watermark, name, complete=False)
+    origin = Origin(batch + 1, sp.watermark_ms, name, complete=False)
     _write(checkpoint, origin)  # the batch is chosen once: a rerun writes the same state
     for q in queries:  # the old checkpoints' batches are not this history's
         if (checkpoint / q).exists():
@@ -141,7 +140,7 @@ def begin(storage: Storage, checkpoint: Path, job: str, specs: list[OperatorSpec
             (checkpoint / q).rename(aside)
             log.warning("%s: Spark checkpoint moved to %s", job, aside)
     seed(storage, sp, job, specs, batch, checkpoint / ".seed")
-    done = Origin(batch + 1, watermark, name)
+    done = replace(origin, complete=True)
     _write(checkpoint, done)
     log.warning("%s begins from savepoint %s: its state as of batch %d is batch %d here; "
                 "reading from %s", job, name, sp.batch, batch, sp.offsets)

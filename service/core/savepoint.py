@@ -70,6 +70,12 @@ class Savepoint:
     operators: dict[str, Cut]
     complete: bool = True  # False: its making was interrupted; it is not a savepoint
 
+    @property
+    def watermark_ms(self) -> int:
+        """The job's watermark at the savepoint's batch: its operators' newest (one
+        stream's, so the same for each)."""
+        return max((c.watermark_ms for c in self.operators.values()), default=0)
+
 
 def _name(name: str) -> str:
     check_name("savepoint name", name)

@@ -223,7 +223,8 @@ class Partitions:
                 batches = newest[(pid.job, pid.operator)] = manifest_batches(
                     self.storage, pid.job, pid.operator)
                 # a run's epoch is written before its first batch: adopted now, the run's
-                # specs are read before its batches listed here are applied
+                # specs are read before its batches listed here are applied (once per
+                # listing, not per job: one listed after this sync could hold a newer run's)
                 self.sync(pid.job)
             if not batches or self._held.get(pid) is not held:
                 continue

@@ -58,12 +58,12 @@ class Recovery:
         while still_mine():
             try:
                 batches = manifest_batches(self.storage, pid.job, pid.operator)
+                snaps = snapshot_batches(self.storage, pid)
                 # a snapshot after the newest batch recorded: a job begun from a savepoint
                 # (docs/architecture.md §4, forks and rollbacks), served before its first
-                upto = max(batches[-1:] + snapshot_batches(self.storage, pid)[-1:],
-                           default=None)
+                upto = max(batches[-1:] + snaps[-1:], default=None)
                 if upto is not None:
-                    self.catch_up(pid, held, upto, batches)
+                    self.catch_up(pid, held, upto, batches, snaps)
                 held.ready.set()
                 return
             except Exception:
@@ -71,22 +71,24 @@ class Recovery:
                 time.sleep(self.retry_s)
 
     def catch_up(self, pid: PartitionId, held: Held, upto: int,
-                 batches: list[int] | None = None) -> int:
+                 batches: list[int] | None = None, snaps: list[int] | None = None) -> int:
         """Apply batches ``last_batch+1 .. upto`` from storage, starting from the newest
-        snapshot when behind it. Returns how many batches were applied."""
+        snapshot when behind it (``batches``, ``snaps``: the manifests and snapshots in
+        storage, when the caller has just listed them). Returns how many batches were
+        applied."""
         if held.store.meta.last_batch >= upto:
             return 0
         with held.catching_up:  # a commit's catch-up and a follower's never interleave
-            return self._catch_up(pid, held, upto, batches)
+            return self._catch_up(pid, held, upto, batches, snaps)
 
     def _catch_up(self, pid: PartitionId, held: Held, upto: int,
-                  batches: list[int] | None) -> int:
+                  batches: list[int] | None, snaps: list[int] | None) -> int:
         store = held.store
         if store.meta.last_batch >= upto:
             return 0
         have = set(batches if batches is not None
                    else manifest_batches(self.storage, pid.job, pid.operator))
-        snaps = snapshot_batches(self.storage, pid)
+        snaps = snaps if snaps is not None else snapshot_batches(self.storage, pid)
         needed = range(store.meta.last_batch + 1, upto + 1)
         # A partition that serves (a follower a few batches behind, a follower that just
         # became the owner) replays what it lacks while those batches' deltas are kept (after

@@ -43,7 +43,6 @@ def seed(storage: Storage, sp: Savepoint, job: str, specs: list[OperatorSpec], b
     a rollback (``sp`` is ``job``'s), then delete the batches between them.
     ``scratch`` is a local folder for the build, emptied afterwards. Run again after an
     interruption, it does the same."""
-    watermark = max((c.watermark_ms for c in sp.operators.values()), default=0)
     shutil.rmtree(scratch, ignore_errors=True)
     with ThreadPoolExecutor(1) as unused:  # takes run here, not in a pool
         snaps = snapshot.Snapshotter(storage, scratch / ".upload", 1, 1, unused)
@@ -64,7 +63,7 @@ def seed(storage: Storage, sp: Savepoint, job: str, specs: list[OperatorSpec], b
                         replay(storage, src, cut.spec, store,
                                range(store.meta.last_batch + 1, sp.batch + 1),
                                store.meta.epoch)
-                    store.relabel(batch, watermark)
+                    store.relabel(batch, sp.watermark_ms)
                     snaps.take(store, PartitionId(job, spec.operator, p))
                 finally:
                     store.close()

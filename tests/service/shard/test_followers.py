@@ -34,6 +34,20 @@ def record(storage: Storage, batch: int) -> None:
     write_manifest(storage, "f", "counts", BatchManifest(batch, batch, {0: {0: len(KEYS)}}))
 
 
+def server(tmp_path: Path, storage: Storage, sid: str) -> Partitions:
+    return Partitions(tmp_path / sid, storage, sid, snapshot_every=10**6)
+
+
+def owner_and_follower(tmp_path: Path) -> tuple[Storage, Partitions, Partitions]:
+    """Storage with the operator's spec and epoch 1: server a owns the partition, b
+    follows it."""
+    storage = Storage(str(tmp_path / "storage"))
+    save_spec(storage, SPEC)
+    save_assignment(storage, Assignment("f", 1, {"a": "h:1", "b": "h:2"}, {"counts": ["a"]},
+                                        followers={"counts": [["b"]]}))
+    return storage, server(tmp_path, storage, "a"), server(tmp_path, storage, "b")
+
+
 def total(p: Partitions, key: str) -> int:
     held = p.lookup(PID)
     assert held is not None and held.ready.wait(30)
@@ -45,12 +59,7 @@ def total(p: Partitions, key: str) -> int:
 
 def test_a_follower_catches_up_takes_no_commit_and_is_promoted_without_restore(
         tmp_path: Path) -> None:
-    storage = Storage(str(tmp_path / "storage"))
-    save_spec(storage, SPEC)
-    save_assignment(storage, Assignment("f", 1, {"a": "h:1", "b": "h:2"}, {"counts": ["a"]},
-                                        followers={"counts": [["b"]]}))
-    a = Partitions(tmp_path / "a", storage, "a", snapshot_every=10**6)
-    b = Partitions(tmp_path / "b", storage, "b", snapshot_every=10**6)
+    storage, a, b = owner_and_follower(tmp_path)
     try:
         a.sync()
         b.sync()
@@ -89,7 +98,7 @@ def test_a_commit_racing_the_hand_off_of_its_partition_is_retryable(tmp_path: Pa
     storage = Storage(str(tmp_path / "storage"))
     save_spec(storage, SPEC)
     save_assignment(storage, Assignment("f", 1, {"a": "h:1"}, {"counts": ["a"]}))
-    a = Partitions(tmp_path / "a", storage, "a", snapshot_every=10**6)
+    a = server(tmp_path, storage, "a")
     try:
         a.sync()
         record(storage, 0)
@@ -112,13 +121,8 @@ def test_a_run_with_an_added_aggregate_is_applied_in_its_layout_by_owner_and_fol
     from storage, before its periodic sync) read the new spec first, so the added
     aggregate's values are kept; a server coming up later replays the older batches, whose
     deltas lack the column, as no value."""
-    storage = Storage(str(tmp_path / "storage"))
-    save_spec(storage, SPEC)
-    save_assignment(storage, Assignment("f", 1, {"a": "h:1", "b": "h:2"}, {"counts": ["a"]},
-                                        followers={"counts": [["b"]]}))
-    a = Partitions(tmp_path / "a", storage, "a", snapshot_every=10**6)
-    b = Partitions(tmp_path / "b", storage, "b", snapshot_every=10**6)
-    c = Partitions(tmp_path / "c", storage, "c", snapshot_every=10**6)
+    storage, a, b = owner_and_follower(tmp_path)
+    c = server(tmp_path, storage, "c")
     try:
         a.sync()
         b.sync()
