@@ -34,7 +34,7 @@ from qstate.core.storage import Storage
 from qstate.proto import shard_pb2 as pb
 from qstate.proto import shard_pb2_grpc as pb_grpc
 from qstate.shard import metrics
-from qstate.shard.memory import MemoryBudget
+from qstate.shard.memory import MemoryBudget, limit_malloc_arenas
 from qstate.shard.partitions import Partitions
 from qstate.shard.savepoints import SavepointReads
 from qstate.shard.server import ShardService
@@ -173,4 +173,5 @@ async def serve(o: ShardOptions) -> None:
 def run(o: ShardOptions) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     sys.setswitchinterval(SWITCH_INTERVAL_S)
+    limit_malloc_arenas()  # before any thread of ours starts (qstate.shard.memory)
     asyncio.run(serve(o))

@@ -8,10 +8,20 @@ write-buffer manager whose memtables are charged to that cache: blocks and memta
 stay near ``budget`` bytes, whatever the partitions. Past the memtables' share, a partition
 written switches its memtable and flushes it; past the budget, the least recently used
 blocks are evicted.
+
+Beside the budget, the C allocator: glibc gives each thread that allocates at once an arena of
+its own, up to 8 per core, and each keeps what it once held. A shard server's threads (commits
+on a pool, RocksDB's flushes and compactions, gRPC) all allocate, so it held ~50 MiB more than
+with two arenas, at the same CPU per row (docs/architecture.md §4, memory):
+``limit_malloc_arenas`` caps them unless ``MALLOC_ARENA_MAX`` says otherwise.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import logging
+import os
 import threading
 from dataclasses import dataclass
 
@@ -19,7 +29,9 @@ from rocksdict import BlockBasedOptions, Cache, Options, WriteBufferManager
 
 from qstate.core.config import DEFAULTS
 
-__all__ = ["MemoryBudget", "process_budget"]
+__all__ = ["MALLOC_ARENAS", "MemoryBudget", "limit_malloc_arenas", "process_budget"]
+
+log = logging.getLogger(__name__)
 
 MB = 1 << 20
 # Memtables take at most this share of the budget; the rest is for blocks read.
@@ -28,6 +40,9 @@ MEMTABLE_SHARE = 0.5
 # server holding hundreds of partitions, each written every batch, would hold one such block
 # per partition before any is full. Small blocks keep an idle partition's memtable small.
 ARENA_BLOCK = 64 << 10
+# glibc's malloc arenas a shard server keeps (``limit_malloc_arenas``)
+MALLOC_ARENAS = 2
+_M_ARENA_MAX = -8  # glibc's mallopt parameter (malloc.h)
 
 
 @dataclass(frozen=True, eq=False)
@@ -74,3 +89,22 @@ def process_budget() -> MemoryBudget:
         if _process is None:
             _process = MemoryBudget.of(DEFAULTS.shard_memory_mb)
         return _process
+
+
+def limit_malloc_arenas(arenas: int = MALLOC_ARENAS) -> bool:
+    """Cap glibc's malloc arenas for the threads started from now on (call it before the
+    process starts its threads); False where it does not apply: another C library, or
+    ``MALLOC_ARENA_MAX`` set in the environment (glibc read it already: the operator's
+    choice stands)."""
+    if "MALLOC_ARENA_MAX" in os.environ:
+        return False
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError, TypeError):  # not glibc (musl has no mallopt)
+        return False
+    if not mallopt(_M_ARENA_MAX, arenas):
+        log.warning("malloc arenas not limited to %d: mallopt refused", arenas)
+        return False
+    return True

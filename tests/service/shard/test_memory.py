@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 from rocksdict import WriteBatch
 
 from qstate.core.operator import WindowSpec
-from qstate.shard.memory import MB, MemoryBudget
+from qstate.shard.memory import MALLOC_ARENAS, MB, MemoryBudget
 from qstate.shard.store import PartitionStore
 from tests.service.shard.sim import make_spec
 
@@ -45,3 +47,42 @@ def test_partitions_share_one_budget(tmp_path: Path) -> None:
     finally:
         for store in stores:
             store.close()
+
+
+_ARENAS = """
+import ctypes, sys, threading
+from qstate.shard.memory import limit_malloc_arenas
+limited = limit_malloc_arenas() if sys.argv[1] == "limit" else None
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+start = threading.Barrier(8)
+def allocate():
+    start.wait()
+    for _ in range(100):
+        libc.malloc(1000)  # kept: each thread's arena stays in use
+threads = [threading.Thread(target=allocate) for _ in range(8)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+print(limited)
+libc.malloc_stats()  # to stderr: one "Arena N:" per arena
+"""
+
+
+def _arenas(mode: str, **env: str) -> tuple[str, int]:
+    environ = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
+    out = subprocess.run([sys.executable, "-c", _ARENAS, mode], capture_output=True,
+                         text=True, check=True, env={**environ, **env})
+    return out.stdout.strip(), sum(line.startswith("Arena ") for line in
+                                   out.stderr.splitlines())
+
+
+def test_malloc_arenas_are_limited() -> None:
+    """Eight threads allocating at once get arenas of their own, unless a shard server
+    limited them (``limit_malloc_arenas``, called before its threads start)."""
+    said, arenas = _arenas("limit")
+    assert said == "True" and arenas <= MALLOC_ARENAS, (said, arenas)
+    _, unlimited = _arenas("none")
+    assert unlimited > MALLOC_ARENAS  # what the limit prevents, on this machine
+    # an operator's MALLOC_ARENA_MAX stands
+    said, arenas = _arenas("limit", MALLOC_ARENA_MAX="4")
+    assert said == "False" and MALLOC_ARENAS < arenas <= 4, (said, arenas)
