@@ -7,7 +7,8 @@
 
 Starts an Apache Kafka broker (``qstate.embedded.kafka``), produces ``--events`` events of
 the workload over ``--keys`` keys into one topic, then runs the job over that same topic
-once per sink, from the earliest offset, with batches capped at ``--max-rows``:
+once per sink (``--rounds N``: N times, the order reversed each round, since the later a sink
+runs the faster it goes), from the earliest offset, with batches capped at ``--max-rows``:
 
 * ``read``: Spark's Kafka source alone, into Spark's noop sink;
 * ``parse``: source + qstate's parsing (and dead-letter checks), into the noop sink;
@@ -260,6 +261,28 @@ def start_redis(tmp: Path) -> tuple[subprocess.Popen, int]:
     return proc, port
 
 
+def ordered(sinks: list[str], rounds: int) -> Iterator[tuple[int, str]]:
+    """(round, sink) in the order they run: the sinks as given, then reversed, and so on,
+    so that no sink is always the first (the slowest) or the last."""
+    for n in range(rounds):
+        for sink in (sinks if n % 2 == 0 else sinks[::-1]):
+            yield n, sink
+
+
+def combine(runs: list[Run]) -> Run:
+    """One sink's rounds as one: its events over its time, the steady rate and the details
+    averaged (the first failure, if any round failed)."""
+    failed = [r for r in runs if "failed" in r.detail]
+    if failed or len(runs) == 1:
+        return (failed or runs)[0]
+    numbers = {k for r in runs for k, v in r.detail.items() if isinstance(v, int | float)}
+    detail = {k: sum(r.detail[k] for r in runs) / len(runs) for k in numbers
+              if all(k in r.detail for r in runs)}
+    return Run(runs[0].sink, sum(r.events for r in runs), sum(r.seconds for r in runs),
+               sum(r.steady_events_per_s for r in runs) / len(runs),
+               sum(r.batches for r in runs) // len(runs), detail)
+
+
 def table(runs: list[Run], header: str) -> str:
     by = {r.sink: r for r in runs}
     ref = {k: by[k].events_per_s for k in ("redis", "noop") if k in by}
@@ -326,9 +349,9 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
                     progress=True, partitions=4)
             console.print(f"produced {args.events:,} events over {keys:,} keys in "
                           f"{time.perf_counter() - t:.1f}s")
-            runs = []
-            for sink in sinks:
-                console.print(f"[bold]{sink}[/bold] ({keys:,} keys)")
+            rounds: dict[str, list[Run]] = {sink: [] for sink in sinks}
+            for n, sink in ordered(sinks, args.rounds):
+                console.print(f"[bold]{sink}[/bold] ({keys:,} keys, round {n + 1})")
                 try:
                     if sink in SHARD_SINKS:
                         run = run_with_shards(sink, spark, args, broker, topic, tmp, options)
@@ -339,12 +362,13 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
                 except Exception as exc:  # the other sinks of the run still count
                     log.exception("sink %s failed", sink)
                     console.print(f"  [red]failed: {exc}[/red]")
-                    runs.append(Run(sink, args.events, 0.0, 0.0, 0,
-                                    {"failed": f"{type(exc).__name__}: {exc}"[:200]}))
+                    rounds[sink].append(Run(sink, args.events, 0.0, 0.0, 0, {
+                        "failed": f"{type(exc).__name__}: {exc}"[:200]}))
                     continue
                 console.print(f"  {run.events_per_s:,.0f} events/s, steady "
                               f"{run.steady_events_per_s:,.0f}")
-                runs.append(run)
+                rounds[sink].append(run)
+            runs = [combine(rounds[sink]) for sink in sinks]
             header = (f"### {args.workload}, {keys:,} keys, {args.events:,} events, batches of "
                       f"{args.max_rows:,} ({time.strftime('%Y-%m-%d %H:%M')}, local[2], "
                       f"2 shard servers, Apache Kafka 4.1 single node)\n\n"
@@ -354,11 +378,20 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
                       "first batch excluded; commit wait is how long a batch waited for its "
                       "commits (qstate: the previous batch's, delivered while Spark computed "
                       "this one). Shard merge rows/s: delta rows applied per second of a "
-                      "shard's Commit calls.")
-            results.append(args.out, table(runs, header))
+                      "shard's Commit calls." + (
+                          f" {args.rounds} rounds, the sinks' order reversed each round (the "
+                          "later a sink runs, the faster: JIT, caches): events/s are all "
+                          "the rounds' events over their time, the other columns means; "
+                          "each round's events/s below the table." if args.rounds > 1
+                          else ""))
+            each = [f"- {sink}, each round: " + " / ".join(
+                f"{r.events_per_s:,.0f}" for r in rounds[sink]) for sink in sinks]
+            results.append(args.out, table(runs, header) + (
+                "\n\n" + "\n".join(each) if args.rounds > 1 else ""))
             out["runs"].append({"keys": keys, "sinks": {r.sink: {
                 "events_per_s": round(r.events_per_s), "steady_events_per_s":
-                    round(r.steady_events_per_s), "batches": r.batches, **r.detail}
+                    round(r.steady_events_per_s), "batches": r.batches, **r.detail,
+                "rounds": [round(x.events_per_s) for x in rounds[r.sink]]}
                 for r in runs}})
     finally:
         spark.stop()
@@ -599,6 +632,8 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=2_000_000)
     ap.add_argument("--sinks", default="qstate,spark-state,redis,noop")
     ap.add_argument("--max-rows", type=int, default=250_000, help="maxOffsetsPerTrigger")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run the sinks this many times, their order reversed each round")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=Path("loadtest/results/ingest.md"))
     ap.add_argument("--read-rate", type=int, default=5000,
