@@ -19,7 +19,6 @@ with two arenas, at the same CPU per row (docs/architecture.md §4, memory):
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import os
 import threading
@@ -98,11 +97,9 @@ def limit_malloc_arenas(arenas: int = MALLOC_ARENAS) -> bool:
     choice stands)."""
     if "MALLOC_ARENA_MAX" in os.environ:
         return False
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError, TypeError):  # not glibc (musl has no mallopt)
+    try:  # the C library this process already runs on: no search, no ldconfig child
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
         return False
     if not mallopt(_M_ARENA_MAX, arenas):
         log.warning("malloc arenas not limited to %d: mallopt refused", arenas)
