@@ -110,9 +110,16 @@ class RunningJob:
         return self.job.name
 
     def stop(self) -> None:
+        """Stop every query, then deliver the commits under way and stop the coordinator,
+        even when stopping a query failed (Spark's JVM gone first): the first such error
+        is raised after."""
+        failed: Exception | None = None
         for q in self.queries.values():
-            if q.isActive:
-                q.stop()
+            try:
+                if q.isActive:
+                    q.stop()
+            except Exception as exc:
+                failed = failed or exc
         try:
             for sink in self.sinks:
                 sink.flush()  # the last batch's commits, under way when the query stopped
@@ -120,6 +127,8 @@ class RunningJob:
             if isinstance(self.end_offsets, EndOffsets):
                 self.end_offsets.close()
             release(self.context.storage, self.name)
+        if failed is not None:
+            raise failed
 
     def process_all_available(self) -> None:
         """Until every query has processed what is there and every commit is delivered."""

@@ -8,6 +8,9 @@ import time
 from contextlib import nullcontext
 from dataclasses import replace
 
+from py4j.protocol import Py4JError, Py4JJavaError
+from pyspark.errors import PySparkException
+from pyspark.sql import SparkSession
 from rich.console import Console
 from rich.live import Live
 from rich.text import Text
@@ -50,8 +53,10 @@ def _lag(job: RunningJob) -> dict[str, int]:
     """Events behind per topic; a status line never stops a job."""
     try:
         return job.behind()
-    except Exception:
-        log.warning("%s: lag unknown", job.name, exc_info=True)
+    except Exception as exc:
+        # Spark's JVM gone is said by the job's check, with what it means
+        log.warning("%s: lag unknown: %s", job.name, _said(exc).splitlines()[0],
+                    exc_info=not isinstance(exc, Py4JError | ConnectionError))
         return {}
 
 
@@ -101,12 +106,32 @@ def run_jobs(builders: list[str], ctx: JobContext, metrics_port: int = 0,
             failed = watch(running, stop, view)
     finally:
         t0 = time.monotonic()
-        for job in running:
-            job.stop()
-        spark.stop()
+        _stop_all(running, spark)
         console.print(f"stopped in {time.monotonic() - t0:.1f}s")
     if failed:  # every job failed (a Ctrl-C with some failed ends here too): exit code 1
         raise SystemExit(1)
+
+
+def _stop_all(running: list[RunningJob], spark: SparkSession) -> None:
+    """Stop every job (its queries, then its commits under way and its coordinator) and
+    Spark, each whatever the others did. Spark failing to stop is said, not raised: the
+    process ends either way (its exit code says whether jobs failed), and a SIGTERM to the
+    whole group (systemd's way) reaches Spark's JVM too, which may be gone first. What Spark
+    had not recorded, the next start runs again (docs/architecture.md §3). Our own part
+    failing (a commit not delivered) is raised, after the rest was stopped."""
+    errors: list[Exception] = []
+    for name, end in [*((job.name, job.stop) for job in running), ("spark", spark.stop)]:
+        try:
+            end()
+        except Exception as exc:
+            if not isinstance(exc, Py4JError | ConnectionError | PySparkException):
+                errors.append(exc)
+                continue
+            log.warning("%s: Spark did not stop cleanly (its JVM gone or going: a signal to "
+                        "the whole process group reaches it too): %s", name,
+                        _said(exc).splitlines()[0])
+    if errors:
+        raise errors[0]
 
 
 def watch(running: list[RunningJob], stop: threading.Event, view: Live | None = None,
@@ -118,30 +143,72 @@ def watch(running: list[RunningJob], stop: threading.Event, view: Live | None = 
     failed: list[RunningJob] = []
     while not stop.is_set() and running:
         for job in list(running):
-            if not _alive(job):
+            if not _alive(job, stop):
                 running.remove(job)
                 failed.append(job)
+            elif stop.is_set():
+                return failed
             elif view is None:
                 _lag(job)  # the metric (the status line sets it too)
         if view is not None:
-            view.update(_status(running))
+            try:
+                view.update(_status(running))
+            except Exception as exc:
+                if not (jvm_gone(exc) and _told_to_stop(stop)):
+                    raise
         stop.wait(every_s)
     return failed
 
 
-def _alive(job: RunningJob) -> bool:
+def _said(exc: BaseException) -> str:
+    """What an error says, or its type if saying it fails: a Py4JJavaError asks the JVM for
+    its text, which a JVM that is gone cannot give."""
+    try:
+        text = str(exc).strip()
+    except Exception:
+        text = ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def jvm_gone(exc: BaseException) -> bool:
+    """Spark's JVM did not answer a call: its process is gone or going. Py4J says so with
+    its network error, or in PySpark's pinned-thread mode with the socket's own; a Java
+    exception (Py4JJavaError) is an answer."""
+    return isinstance(exc, Py4JError | ConnectionError) and not isinstance(exc, Py4JJavaError)
+
+
+STOP_GRACE_S = 2.0  # how long a JVM gone waits for this process's own stop signal
+
+
+def _told_to_stop(stop: threading.Event) -> bool:
+    """Spark's JVM did not answer: is this process stopping? A SIGTERM to the whole process
+    group reaches the JVM and this process at once, and its handler may run only after the
+    JVM is gone, so wait for it a moment; a JVM gone without a signal is a failure."""
+    return stop.wait(STOP_GRACE_S)
+
+
+def _alive(job: RunningJob, stop: threading.Event) -> bool:
     """False once a query of ``job`` has failed: said once, loudly; the process's other jobs
-    keep running (a failed job does not take its neighbours down)."""
+    keep running (a failed job does not take its neighbours down). Spark's JVM not
+    answering while the process is told to stop is not a failure (``_told_to_stop``)."""
     try:
         job.check()
         return True
     except Exception as exc:
-        log.error("job %s failed: %s", job.name, exc)
-        console.print(f"[red]job {job.name} failed[/red]: {exc}\n"
-                      f"the other jobs keep running; restart this one from its checkpoint")
-        JOB_UP.labels(job.name).set(0)
-        try:  # all of it: its other queries, its coordinator (no writer left behind), sinks
-            job.stop()
-        except Exception:
-            log.exception("stopping the failed job %s", job.name)
-        return False
+        if not jvm_gone(exc):
+            return _failed(job, _said(exc))
+        if _told_to_stop(stop):
+            return True
+        return _failed(job, f"Spark's JVM does not answer ({type(exc).__name__})")
+
+
+def _failed(job: RunningJob, why: str) -> bool:
+    log.error("job %s failed: %s", job.name, why)
+    console.print(f"[red]job {job.name} failed[/red]: {why}\n"
+                  f"the other jobs keep running; restart this one from its checkpoint")
+    JOB_UP.labels(job.name).set(0)
+    try:  # all of it: its other queries, its coordinator (no writer left behind), sinks
+        job.stop()
+    except Exception:
+        log.exception("stopping the failed job %s", job.name)
+    return False

@@ -162,3 +162,28 @@ def test_a_failed_job_is_dropped_the_other_keeps_committing_and_a_stall_shows_as
     # back: A catches up
     wait_until(lambda: value(lag[0], **lag[1]) < 600, 240, "A caught up after the stall")
     assert value("qstate_job_batches_total", job="sup_a") > stalled + 2
+
+
+def test_sigterm_to_the_whole_group_stops_it_cleanly(running) -> None:
+    """systemd stops a service with SIGTERM to every process of its control group, so
+    Spark's JVM gets it when the driver does and may be gone before the driver stops its
+    queries. The driver still stops, says so and exits 0, as its --help says for SIGTERM
+    (Py4J's and PySpark's own threads may log what they were doing when the JVM went)."""
+    job, _, _, url = running
+
+    def batches(name: str) -> float:
+        assert job.alive(), job.log_path.read_text()[-3000:]
+        try:
+            return scrape(url).value("qstate_job_batches_total", job=name)
+        except Exception:  # not serving /metrics yet (Spark starting)
+            return -1.0
+
+    wait_until(lambda: batches("sup_a") >= 2 and batches("sup_b") >= 2, 240,
+               "both jobs committing")
+    seen = len(job.log_path.read_bytes())
+    assert job.proc is not None
+    os.killpg(job.pid, signal.SIGTERM)
+    rc = job.proc.wait(90)
+    said = job.log_path.read_bytes()[seen:].decode(errors="replace")
+    assert rc == 0, said[-3000:]  # an error left uncaught ends it with 1
+    assert "stopped in" in said, said[-3000:]
