@@ -34,7 +34,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated
+from stat import S_ISREG
+from typing import Annotated, Any
 
 import httpx
 import typer
@@ -43,6 +44,7 @@ from rich.console import Console
 
 from loadtest import results
 from qstate.core.config import DEFAULTS
+from qstate.core.windows import floor_to
 from qstate.embedded.ports import free_port, free_ports
 
 __all__ = ["MARKER_EVENTS", "DemoRun", "Sample", "Soak", "Summary", "write_results"]
@@ -110,6 +112,7 @@ class DemoRun:
 
     home: Path
     args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)  # QSTATE_ settings beside the defaults
     http: int = field(default_factory=free_port)
     grpc: int = field(default_factory=free_port)
     kafka: int = field(default_factory=free_port)
@@ -136,7 +139,8 @@ class DemoRun:
                "QSTATE_KAFKA_BOOTSTRAP": self.bootstrap, "QSTATE_HTTP_PORT": str(self.http),
                "QSTATE_GRPC_PORT": str(self.grpc), "QSTATE_SHARD_PORT": str(self.shard),
                "QSTATE_JOB_METRICS_PORT": str(self.job_metrics),
-               "QSTATE_SHARD_METRICS_PORT": "0"}  # any free ones: beside another qstate run
+               "QSTATE_SHARD_METRICS_PORT": "0",  # any free ones: beside another qstate run
+               **self.env}
         with open(self.log_path, "wb") as out:
             self.proc = subprocess.Popen([sys.executable, "-m", "qstate", "run", *self.args],
                                          cwd=ROOT, env=env, stdout=out,
@@ -174,6 +178,28 @@ class DemoRun:
                     out[role] = sum(mb for _, mb in sizes)
             else:
                 out.update({f"{role}-{i}": mb for i, (pid, mb) in enumerate(sizes)})
+        return out
+
+    def disk(self) -> dict[str, float]:
+        """MiB on disk of each shard server's partitions (their RocksDB files), by the role
+        names ``memory`` gives: what a shard's memory is compared with. Its dot-folders
+        (``.scratch``: a snapshot being taken, of hard links to the same files;
+        ``.savepoints``) are not the live state."""
+        shards = self.home / "home" / "shards"
+        out: dict[str, float] = {}
+        for folder in sorted(shards.glob("shard-*")) if shards.is_dir() else []:
+            files: dict[tuple[int, int], int] = {}  # (device, inode) -> size: links once
+            for job in folder.iterdir():
+                if job.name.startswith(".") or not job.is_dir():
+                    continue
+                for f in job.rglob("*"):
+                    try:
+                        st = f.lstat()
+                    except OSError:
+                        continue  # a file compacted away while summing
+                    if S_ISREG(st.st_mode):
+                        files[(st.st_dev, st.st_ino)] = st.st_size
+            out[folder.name] = sum(files.values()) / (1 << 20)
         return out
 
     def ctrl_c(self, bound_s: float = 10.0) -> tuple[int | None, float, dict[int, str]]:
@@ -223,9 +249,11 @@ class Sample:
     read_p99_ms: float
     bad_answers: int  # reads answered neither 200 nor 404
     marker_visible_s: float | None  # None: not exact within the marker deadline
-    markers_exact: int
+    markers_exact: int  # read back exact, or gone once past retention (``marker_ok``)
     markers_total: int
+    markers_expired: int = 0  # of markers_exact, those gone past retention
     rss_mb: dict[str, float] = field(default_factory=dict)  # role -> resident MiB
+    disk_mb: dict[str, float] = field(default_factory=dict)  # shard-i -> MiB of its folder
 
 
 @dataclass
@@ -239,9 +267,31 @@ class Summary:
     freshness_p50_s: float
     freshness_p99_s: float
     rss_slope_mb_per_min: dict[str, float] = field(default_factory=dict)  # after warm-up
+    disk_slope_mb_per_min: dict[str, float] = field(default_factory=dict)  # same, on disk
     warmup_min: float = 0.0
     stop_s: float | None = None
     left_running: dict[int, str] = field(default_factory=dict)
+
+
+def newest_end(event_ms: int, window: dict[str, Any]) -> int:
+    """End of the newest window of an operator (``window`` as ``/v1/jobs`` describes it)
+    that holds an event at ``event_ms``: the last of its windows retention drops. A session
+    or unwindowed state has none (never dropped by time here)."""
+    if window.get("kind") not in ("tumbling", "sliding"):
+        return 1 << 62
+    size = window["size_ms"]
+    return floor_to(event_ms, window.get("slide_ms") or size) + size
+
+
+def marker_ok(value: int, end_ms: int, cutoff_ms: int | None) -> bool:
+    """A marker's count read back is right if exact, or absent once retention may have
+    dropped every window holding it: a shard drops a window that ended at or before its
+    watermark minus the retention (``cutoff_ms``, the operator's as ``/v1/jobs`` answered
+    just after the read; None: no watermark yet), and ``end_ms`` is the newest such
+    window's end (``newest_end``). Any other count is lost or counted twice."""
+    if value == MARKER_EVENTS:
+        return True
+    return value == 0 and cutoff_ms is not None and end_ms <= cutoff_ms
 
 
 def _slope(xs: list[float], ys: list[float]) -> float:
@@ -260,6 +310,8 @@ class Soak:
         self.http = httpx.Client(base_url=demo.url, timeout=10)
         self.marker_deadline_s = marker_deadline_s
         self.markers: list[str] = []
+        self.expired = 0  # of the right markers at the last sample, those past retention
+        self.produced: dict[str, int] = {}  # marker -> its events' time (ms)
         self.started = time.monotonic()
         self.rng = random.Random(7)
 
@@ -337,6 +389,7 @@ class Soak:
         subprocess.run(["kcat", "-P", "-b", self.demo.bootstrap, "-t", "tweet-events",
                         "-K", "|"], input=lines.encode(), check=True, timeout=30)
         self.markers.append(key)
+        self.produced[key] = now_ms
         return key
 
     def marker(self) -> tuple[float | None, int]:
@@ -354,8 +407,18 @@ class Soak:
                 break
             time.sleep(0.1)
         values = self.marker_values(self.markers)
-        exact = sum(all(values[op][k] == MARKER_EVENTS for op in values) for k in self.markers)
-        return visible, exact
+        ops = self.operators()  # after the read: a watermark at least the read's
+        cutoffs = {op: o["watermark"] - o["retention_ms"] if o["watermark"] > 0 else None
+                   for op, o in ops.items()}
+
+        def ok(op: str, k: str) -> bool:  # unknown operator or watermark: only exact
+            o = ops.get(f"tweets/{op}")
+            end = newest_end(self.produced[k], o["window"]) if o else 0
+            return marker_ok(values[op][k], end, cutoffs.get(f"tweets/{op}"))
+
+        right = [k for k in self.markers if all(ok(op, k) for op in values)]
+        self.expired = sum(any(values[op][k] == 0 for op in values) for k in right)
+        return visible, len(right)
 
     def sample(self) -> Sample:
         self.demo.see()
@@ -374,7 +437,9 @@ class Soak:
             read_p50_ms=results.quantile(latencies, 0.5),
             read_p99_ms=results.quantile(latencies, 0.99),
             bad_answers=bad, marker_visible_s=visible, markers_exact=exact,
-            markers_total=len(self.markers), rss_mb=self.demo.memory())
+            markers_total=len(self.markers), markers_expired=self.expired,
+            rss_mb=self.demo.memory(),
+            disk_mb=self.demo.disk())
 
     def run(self, minutes: float, interval_s: float = 60, warmup_min: float = 5,
             hog_at: float | None = None, hog_minutes: float = 1.0,
@@ -421,10 +486,19 @@ def summarize(samples: list[Sample], warmup_min: float) -> Summary:
         markers_wrong=(last.markers_total - last.markers_exact) if last else 0,
         freshness_p50_s=results.quantile(fresh, 0.5),
         freshness_p99_s=results.quantile(fresh, 0.99), warmup_min=warmup_min,
-        rss_slope_mb_per_min={
-            role: _slope([s.minute for s in steady if role in s.rss_mb],
-                         [s.rss_mb[role] for s in steady if role in s.rss_mb])
-            for role in sorted({r for s in steady for r in s.rss_mb})})
+        rss_slope_mb_per_min=_slopes(steady, "rss_mb"),
+        disk_slope_mb_per_min=_slopes(steady, "disk_mb"))
+
+
+def _slopes(samples: list[Sample], what: str) -> dict[str, float]:
+    """Least-squares MiB/min of each process's ``rss_mb`` or shard's ``disk_mb``."""
+    series: dict[str, tuple[list[float], list[float]]] = {}
+    for s in samples:
+        for name, mb in getattr(s, what).items():
+            xs, ys = series.setdefault(name, ([], []))
+            xs.append(s.minute)
+            ys.append(mb)
+    return {name: _slope(xs, ys) for name, (xs, ys) in sorted(series.items())}
 
 
 def cpu_hog(n: int | None = None) -> list[subprocess.Popen[bytes]]:
@@ -439,7 +513,8 @@ def stop(procs: list[subprocess.Popen[bytes]]) -> None:
         p.wait()
 
 
-def write_results(summary: Summary, out: Path, command: str) -> None:
+def write_results(summary: Summary, out: Path, command: str,
+                  settings: dict[str, str] | None = None) -> None:
     """The table (markdown) and a plot of lag and watermark age over time (PNG)."""
     import matplotlib
 
@@ -463,7 +538,11 @@ def write_results(summary: Summary, out: Path, command: str) -> None:
     for role in roles:
         ax3.plot([x.minute for x in s], [x.rss_mb.get(role, float("nan")) for x in s],
                  marker=".", label=role)
-    ax3.set_ylabel("resident MiB")
+    shards = sorted({r for x in s for r in x.disk_mb})
+    for shard in shards:
+        ax3.plot([x.minute for x in s], [x.disk_mb.get(shard, float("nan")) for x in s],
+                 linestyle="--", label=f"{shard} on disk")
+    ax3.set_ylabel("resident MiB (on disk: dashed)")
     ax3.set_xlabel("minutes since start")
     ax3.legend(fontsize=7, ncol=3)
     fig.tight_layout()
@@ -472,8 +551,9 @@ def write_results(summary: Summary, out: Path, command: str) -> None:
     rows = [
         "| min | " + " | ".join(f"{op} wm age s" for op in ops) +
         " | behind | reassign. | read p50 / p99 ms | bad answers | marker visible s "
-        "| markers exact | " + " | ".join(f"{r} MiB" for r in roles) + " |",
-        "|---" * (len(ops) + 7 + len(roles)) + "|",
+        "| markers exact | " + " | ".join(f"{r} MiB" for r in roles) +
+        "".join(f" | {d} disk MiB" for d in shards) + " |",
+        "|---" * (len(ops) + 7 + len(roles) + len(shards)) + "|",
     ]
     for x in s:
         vis = f"{x.marker_visible_s:.2f}" if x.marker_visible_s is not None else "not in time"
@@ -481,8 +561,10 @@ def write_results(summary: Summary, out: Path, command: str) -> None:
                     " | ".join(f"{x.watermark_age_s.get(op, float('nan')):.1f}" for op in ops) +
                     f" | {x.behind:,.0f} | {x.reassignments:.0f} | {x.read_p50_ms:.1f} / "
                     f"{x.read_p99_ms:.1f} | {x.bad_answers} | {vis} | "
-                    f"{x.markers_exact}/{x.markers_total} | " +
-                    " | ".join(f"{x.rss_mb.get(r, float('nan')):.0f}" for r in roles) + " |")
+                    f"{x.markers_exact}/{x.markers_total}"
+                    f"{f' ({x.markers_expired} expired)' if x.markers_expired else ''} | " +
+                    " | ".join(f"{x.rss_mb.get(r, float('nan')):.0f}" for r in roles) +
+                    "".join(f" | {x.disk_mb.get(d, float('nan')):.0f}" for d in shards) + " |")
     stop_line = (f"{summary.stop_s:.1f} s, left running: {summary.left_running or 'none'}"
                  if summary.stop_s is not None else "not measured")
     out.write_text("\n".join([
@@ -493,24 +575,32 @@ def write_results(summary: Summary, out: Path, command: str) -> None:
         f"Recorded {time.strftime('%Y-%m-%d %H:%M')} on this machine "
         f"({os.cpu_count()} cores). Plot: [{png.name}]({png.name}).",
         "",
+        *(["Settings beside `qstate run`'s defaults: " + ", ".join(
+            f"`{k}={v}`" for k, v in sorted(settings.items())), ""] if settings else []),
         f"- lag trend after warm-up: {summary.lag_slope_per_min:+,.0f} events/min; "
         f"watermark age trend {summary.age_slope_per_min:+.2f} s/min",
         f"- reassignments: {summary.reassignments:.0f}; bad answers: {summary.bad_answers}; "
-        f"markers not exact: {summary.markers_wrong}",
+        f"markers not exact: {summary.markers_wrong}" + (
+            " (a marker reading 0 once retention dropped every window holding it is right: "
+            "expired)" if any(x.markers_expired for x in s) else ""),
         f"- freshness (marker produced -> exact through HTTP): p50 "
         f"{summary.freshness_p50_s:.2f} s, p99 {summary.freshness_p99_s:.2f} s",
         f"- Ctrl-C to the process group: every process gone after {stop_line}",
         "- resident memory after warm-up (first → last sample, trend): " + "; ".join(
-            f"{r} {_first_last(s, r, summary.warmup_min)} MiB, "
+            f"{r} {_first_last(s, 'rss_mb', r, summary.warmup_min)} MiB, "
             f"{summary.rss_slope_mb_per_min.get(r, 0):+.1f} MiB/min" for r in roles),
+        "- each shard's folder on disk after warm-up (first → last sample, trend): " + "; ".join(
+            f"{d} {_first_last(s, 'disk_mb', d, summary.warmup_min)} MiB, "
+            f"{summary.disk_slope_mb_per_min.get(d, 0):+.1f} MiB/min" for d in shards),
         "",
         *rows,
         "",
     ]))
 
 
-def _first_last(samples: list[Sample], role: str, warmup_min: float) -> str:
-    have = [x.rss_mb[role] for x in samples if role in x.rss_mb and x.minute >= warmup_min]
+def _first_last(samples: list[Sample], what: str, name: str, warmup_min: float) -> str:
+    have = [getattr(x, what)[name] for x in samples
+            if name in getattr(x, what) and x.minute >= warmup_min]
     return f"{have[0]:.0f} → {have[-1]:.0f}" if have else "n/a"
 
 
@@ -521,6 +611,10 @@ def main(
     hog_at: Annotated[float | None, typer.Option(
         help="Minute (after start-up) at which to saturate every core.")] = None,
     hog_minutes: Annotated[float, typer.Option(help="How long the CPU hog runs.")] = 1.0,
+    retention_minutes: Annotated[float | None, typer.Option(
+        min=0.1, help="How long closed windows are kept (QSTATE_RETENTION_MS for the demo); unset: "
+        "qstate's default, 24 h, which an hour's soak never reaches, so the state on disk "
+        "grows all along.")] = None,
     out: Annotated[Path, typer.Option(help="Results file.")] = RESULTS,
 ) -> None:
     """Run ``qstate run`` for MINUTES and record lag, freshness and exactness."""
@@ -528,7 +622,9 @@ def main(
     logging.getLogger("httpx").setLevel(logging.WARNING)
     command = "python -m loadtest.soak " + " ".join(sys.argv[1:])
     with tempfile.TemporaryDirectory(prefix="qstate-soak-") as tmp:
-        demo = DemoRun(Path(tmp)).start()
+        settings = ({"QSTATE_RETENTION_MS": str(int(retention_minutes * 60_000))}
+                    if retention_minutes is not None else {})
+        demo = DemoRun(Path(tmp), env=settings).start()
         soak = Soak(demo)
 
         def show(s: Sample, hogging: bool) -> None:
@@ -536,15 +632,17 @@ def main(
             console.print(f"[{s.minute:5.1f} min]{' (cpu hog)' if hogging else ''} "
                           f"behind {s.behind:,.0f}; watermark age {ages}; reassignments "
                           f"{s.reassignments:.0f}; read p99 {s.read_p99_ms:.1f} ms; marker "
-                          f"{s.marker_visible_s}; exact {s.markers_exact}/{s.markers_total}; "
-                          "MiB " + ", ".join(f"{k} {v:.0f}" for k, v in s.rss_mb.items()))
+                          f"{s.marker_visible_s}; exact {s.markers_exact}/{s.markers_total} "
+                          f"({s.markers_expired} expired); "
+                          "MiB " + ", ".join(f"{k} {v:.0f}" for k, v in s.rss_mb.items()) +
+                          "; on disk " + ", ".join(f"{k} {v:.0f}" for k, v in s.disk_mb.items()))
         try:
             summary = soak.run(minutes, interval, warmup, hog_at, hog_minutes, show)
         finally:
             soak.close()
             rc, took, left = demo.ctrl_c()
         summary.stop_s, summary.left_running = took, left
-        write_results(summary, out, command)
+        write_results(summary, out, command, settings)
         console.print(f"wrote {out} (exit code of qstate run: {rc})")
         ok = (summary.reassignments == 0 and summary.bad_answers == 0
               and summary.markers_wrong == 0 and not left)
