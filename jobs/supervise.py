@@ -13,6 +13,7 @@ from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 from rich.text import Text
 
 from qstate.core.errors import InvalidRequest
@@ -153,9 +154,9 @@ def watch(running: list[RunningJob], stop: threading.Event, view: Live | None = 
         if view is not None:
             try:
                 view.update(_status(running))
-            except Exception as exc:
-                if not (jvm_gone(exc) and _told_to_stop(stop)):
-                    raise
+            except Exception as exc:  # a status line never stops a job: ``_alive`` tells
+                log.warning("status line: %s %s", type(exc).__name__,
+                            _said(exc).splitlines()[0])
         stop.wait(every_s)
     return failed
 
@@ -195,16 +196,18 @@ def _alive(job: RunningJob, stop: threading.Event) -> bool:
         job.check()
         return True
     except Exception as exc:
+        if stop.is_set() or (jvm_gone(exc) and _told_to_stop(stop)):
+            # stopping: Spark's JVM got the signal too and its shutdown may end a query
+            log.warning("job %s: %s while stopping", job.name, type(exc).__name__)
+            return True
         if not jvm_gone(exc):
             return _failed(job, _said(exc))
-        if _told_to_stop(stop):
-            return True
         return _failed(job, f"Spark's JVM does not answer ({type(exc).__name__})")
 
 
 def _failed(job: RunningJob, why: str) -> bool:
     log.error("job %s failed: %s", job.name, why)
-    console.print(f"[red]job {job.name} failed[/red]: {why}\n"
+    console.print(f"[red]job {job.name} failed[/red]: {escape(why)}\n"
                   f"the other jobs keep running; restart this one from its checkpoint")
     JOB_UP.labels(job.name).set(0)
     try:  # all of it: its other queries, its coordinator (no writer left behind), sinks

@@ -192,13 +192,15 @@ class DemoRun:
             for job in folder.iterdir():
                 if job.name.startswith(".") or not job.is_dir():
                     continue
-                for f in job.rglob("*"):
-                    try:
-                        st = f.lstat()
-                    except OSError:
-                        continue  # a file compacted away while summing
-                    if S_ISREG(st.st_mode):
-                        files[(st.st_dev, st.st_ino)] = st.st_size
+                # os.walk passes over a folder removed while it walks (a partition moved)
+                for root, _, names in os.walk(job):
+                    for name in names:
+                        try:
+                            st = os.lstat(os.path.join(root, name))
+                        except OSError:
+                            continue  # a file compacted away while summing
+                        if S_ISREG(st.st_mode):
+                            files[(st.st_dev, st.st_ino)] = st.st_size
             out[folder.name] = sum(files.values()) / (1 << 20)
         return out
 
@@ -312,6 +314,7 @@ class Soak:
         self.markers: list[str] = []
         self.expired = 0  # of the right markers at the last sample, those past retention
         self.produced: dict[str, int] = {}  # marker -> its events' time (ms)
+        self.wrong: set[str] = set()  # markers ever read wrong: wrong for the rest of the run
         self.started = time.monotonic()
         self.rng = random.Random(7)
 
@@ -416,7 +419,9 @@ class Soak:
             end = newest_end(self.produced[k], o["window"]) if o else 0
             return marker_ok(values[op][k], end, cutoffs.get(f"tweets/{op}"))
 
-        right = [k for k in self.markers if all(ok(op, k) for op in values)]
+        # a marker lost before retention could drop it stays lost when, later, it could have
+        self.wrong.update(k for k in self.markers if not all(ok(op, k) for op in values))
+        right = [k for k in self.markers if k not in self.wrong]
         self.expired = sum(any(values[op][k] == 0 for op in values) for k in right)
         return visible, len(right)
 

@@ -120,3 +120,17 @@ def test_stopping_goes_through_every_job_and_spark_and_raises_only_our_own_failu
     with pytest.raises(RuntimeError, match="commit 41"):
         supervise._stop_all(cast(list[RunningJob], [lost, other]), cast(Any, spark))
     assert other.stopped and spark.stopped
+
+
+def test_a_query_ended_by_the_stop_signal_is_a_stop() -> None:
+    # Spark's JVM got the SIGTERM too: its shutdown ends a query while it still answers
+    stop = threading.Event()
+
+    class EndedByShutdown(StandIn):
+        def check(self) -> None:
+            stop.set()  # the handler has run
+            raise RuntimeError("query per_tweet_1h failed: SparkContext was shut down")
+
+    job = EndedByShutdown("a")
+    jobs = cast(list[RunningJob], [job])
+    assert watch(jobs, stop, every_s=0.01) == [] and jobs == [job] and not job.stopped

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
-from loadtest.soak import MARKER_EVENTS, DemoRun, Sample, marker_ok, newest_end, summarize
+import pytest
+
+from loadtest.soak import MARKER_EVENTS, DemoRun, Sample, Soak, marker_ok, newest_end, summarize
 
 
 def _sample(minute: float, rss: float, disk: float) -> Sample:
@@ -56,3 +59,31 @@ def test_a_marker_is_right_exact_or_gone_only_once_retention_dropped_its_windows
     # a count neither exact nor absent is lost in part or counted twice, expired or not
     for wrong in (1, MARKER_EVENTS - 1, MARKER_EVENTS + 1, 2 * MARKER_EVENTS):
         assert not marker_ok(wrong, end, None) and not marker_ok(wrong, end, end + 1)
+
+
+def test_a_marker_read_wrong_stays_wrong_when_retention_could_later_excuse_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    soak = Soak(DemoRun(tmp_path), marker_deadline_s=0)
+    hour = {"kind": "tumbling", "size_ms": 3_600_000, "slide_ms": 0, "gap_ms": 0}
+    produced = 7_200_000 + 5_000  # in the hour that ends at 10,800,000
+    state: dict[str, Any] = {"watermark": 7_300_000, "read": {"m0": MARKER_EVENTS, "m1": 0}}
+
+    def produce() -> str:
+        key = f"m{len(soak.markers)}"
+        soak.markers.append(key)
+        soak.produced[key] = produced
+        return key
+
+    monkeypatch.setattr(soak, "produce_marker", produce)
+    monkeypatch.setattr(soak, "marker_values", lambda keys: {
+        "per_tweet_1h": {k: state["read"].get(k, MARKER_EVENTS) for k in keys}})
+    monkeypatch.setattr(soak, "operators", lambda: {"tweets/per_tweet_1h": {
+        "window": hour, "retention_ms": 600_000, "watermark": state["watermark"]}})
+    try:
+        produce()
+        assert soak.marker() == (None, 1)  # m1 reads 0 while its hour is open: lost
+        state["watermark"] = 10_800_000 + 600_000  # now retention may drop its hour
+        state["read"]["m0"] = 0
+        assert soak.marker() == (None, 2) and soak.expired == 1  # m0 expired; m1 still lost
+    finally:
+        soak.close()
