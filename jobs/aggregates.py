@@ -8,7 +8,7 @@
 
 Spark evaluates each one's input per row (``input``: a column expression, null where ``when``
 does not hold); the batch's partial aggregates are computed on the executors
-(``qstate.jobs.partials``) and combined with the stored value on the shard
+(``qstate.jobs.runtime.partials``) and combined with the stored value on the shard
 (``qstate.partition.codec``): count and sum add, min and max keep the extreme, avg adds its sum
 and count, approx_count_distinct unions Apache DataSketches HLL sketches. ``when`` counts or
 aggregates only the rows where the condition holds, in the same pass.
@@ -24,7 +24,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from qstate.core.errors import InvalidRequest
-from qstate.core.operator import Aggregate, StateType
+from qstate.core.records.operator import Aggregate, StateType
 
 __all__ = ["Agg", "approx_count_distinct", "avg", "count", "max", "min", "state_type", "sum"]
 

@@ -21,7 +21,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from qstate.core.kafka import client_config
+from qstate.core.transport.kafka import client_config
 
 __all__ = ["DLQ_FLUSH_TIMEOUT_S", "DLQ_MAX_MESSAGE_BYTES", "DeadLetterWriter",
            "close_dlq_producers", "ensure_dlq"]
@@ -113,7 +113,7 @@ class DeadLetterWriter:
     def __init__(self, bootstrap: str, topic: str,
                  properties: Mapping[str, str] | None = None) -> None:
         """``properties``: the deployment's Kafka client properties; on an executor, those
-        the driver read (``qstate.core.kafka.kafka_properties``), carried in the task."""
+        the driver read (``qstate.core.transport.kafka.kafka_properties``), carried in the task."""
         self.topic = topic
         self.producer = _producer(bootstrap, {} if properties is None else properties)
         self._failed: list[tuple[KafkaError, bytes | None, bytes | None, list]] = []

@@ -29,5 +29,5 @@ class JobContext:
     job: str | None = None  # serve under another name than the module's own
     topic: str | None = None  # read another topic than the module's own
     options: dict[str, str] = field(default_factory=dict)  # job-specific (--option K=V)
-    # begin from this savepoint (JOB@NAME, or NAME of this job): qstate.jobs.origin
+    # begin from this savepoint (JOB@NAME, or NAME of this job): qstate.jobs.runtime.origin
     from_savepoint: str | None = None

@@ -51,7 +51,7 @@ from pyspark.sql.types import (
 from qstate.core.address import MAX_KEY_BYTES
 from qstate.core.config import settings
 from qstate.core.errors import BadRecord, InvalidRequest
-from qstate.core.kafka import kafka_properties
+from qstate.core.transport.kafka import kafka_properties
 from qstate.jobs.dlq import DeadLetterWriter, ensure_dlq
 
 __all__ = ["ARROW_TYPES", "ERROR_COLUMN", "ERROR_KIND", "KINDS", "MAX_EVENT_MS", "PASSTHROUGH",

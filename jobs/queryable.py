@@ -11,8 +11,8 @@
 
 Each micro-batch is one Spark job: the topic is read and parsed once, and every operator's
 per-batch partial aggregates are computed from the same rows on the executors
-(``qstate.jobs.pipeline``, ``qstate.jobs.partials``), stateless: no Spark state store, the
-shard is the state. The watermark is Spark's own (``withWatermark`` on the
+(``qstate.jobs.runtime.pipeline``, ``qstate.jobs.runtime.partials``), stateless: no Spark
+state store, the shard is the state. The watermark is Spark's own (``withWatermark`` on the
 stream): batch N drops, per window, rows whose window ended at or before batch N-1's
 watermark, exactly as Spark's stateful aggregation does.
 """
@@ -26,15 +26,22 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from qstate.core.errors import InvalidRequest
-from qstate.core.operator import MERGEABLE, Aggregate, OperatorSpec, WindowSpec
+from qstate.core.records.operator import MERGEABLE, Aggregate, OperatorSpec, WindowSpec
 from qstate.jobs.aggregates import Agg
-from qstate.jobs.partials import columns
 from qstate.jobs.windows import Window, duration_ms
 
-__all__ = ["EVENT_TS", "MergeOperator", "QueryableJob", "SparkStateOperator", "dlq_topic"]
+__all__ = ["EVENT_TS", "MergeOperator", "QueryableJob", "SparkStateOperator", "columns",
+           "dlq_topic"]
 
 # The event-time column qstate adds to the stream for Spark's watermark.
 EVENT_TS = "_qs_event_ts"
+
+
+def columns(j: int, n_inputs: int) -> tuple[str, str, list[str]]:
+    """The names operator ``j``'s key, partition and inputs have in the batch's projection,
+    which holds every operator's side by side; the executors' runtime
+    (``qstate.jobs.runtime.partials``) reads them by these names."""
+    return f"_qs_k{j}", f"_qs_p{j}", [f"_qs_a{j}_{i}" for i in range(n_inputs)]
 
 
 def dlq_topic(topic: str) -> str:
@@ -44,7 +51,7 @@ def dlq_topic(topic: str) -> str:
 
 @dataclass(frozen=True)
 class SparkStateOperator:
-    """An aggregation Spark keeps the state of (``qstate.jobs.spark_state.serve``): its own
+    """An aggregation Spark keeps the state of (``qstate.jobs.runtime.spark_state.serve``): its own
     query."""
 
     name: str
@@ -69,10 +76,10 @@ class MergeOperator:
                             self.window, retention_ms, self.replicas)
 
     def columns(self, j: int, partitions: int) -> list[Column]:
-        """This operator's columns in the batch's projection (named by
-        ``qstate.jobs.partials.columns``): its key as a string (null where the row is not the
-        operator's), the key's shard partition and each aggregate's input, evaluated by
-        Spark; the executors aggregate them (``qstate.jobs.partials.run_operators``)."""
+        """This operator's columns in the batch's projection (named by ``columns``): its key
+        as a string (null where the row is not the operator's), the key's shard partition and
+        each aggregate's input, evaluated by Spark; the executors aggregate them
+        (``qstate.jobs.runtime.partials.run_operators``)."""
         key_name, part_name, input_names = columns(j, len(self.aggs))
         key = F.col(self.key).cast("string")
         mine = key if self.where is None else F.when(self.where, key)
@@ -94,8 +101,8 @@ class _Grouped:
                 raise InvalidRequest(
                     f"operator {self._name!r}: {a!r} is not an aggregate qstate can merge "
                     f"({', '.join(sorted(MERGEABLE))}, from qstate.jobs.aggregates); aggregate it "
-                    "with Spark's own groupBy and serve it with qstate.jobs.spark_state.serve "
-                    "(spark-state mode)")
+                    "with Spark's own groupBy and serve it with "
+                    "qstate.jobs.runtime.spark_state.serve (spark-state mode)")
         op = MergeOperator(self._name, self._key, self._window, list(aggs), self._where,
                            replicas=self._replicas)
         self._job.add(op)

@@ -1,5 +1,5 @@
 """Reading a Kafka topic as a stream: Spark's own Kafka connector (spark-sql-kafka-0-10),
-whose jars `make setup` fetches and ``qstate.jobs.spark`` puts on ``spark.jars``.
+whose jars `make setup` fetches and ``qstate.jobs.runtime.spark`` puts on ``spark.jars``.
 
 Offsets live in Spark's checkpoint (the offset log fixes each batch's records, so a replayed
 batch reads exactly the same records), batches are bounded by ``maxOffsetsPerTrigger`` (a
@@ -19,7 +19,7 @@ from collections.abc import Mapping
 
 from pyspark.sql import DataFrame, SparkSession
 
-from qstate.core.kafka import java_options, kafka_properties
+from qstate.core.transport.kafka import java_options, kafka_properties
 
 __all__ = ["read_kafka"]
 

@@ -18,7 +18,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from qstate.core.errors import InvalidRequest
-from qstate.core.operator import WindowSpec
+from qstate.core.records.operator import WindowSpec
 from qstate.core.windows import ALL_WINDOWS, first_open_start
 
 __all__ = ["END", "KEY", "START", "TAG", "TIME", "Window", "assign", "duration_ms",

@@ -70,17 +70,17 @@ from qstate.embedded.generate import produce
 from qstate.embedded.kafka import KafkaBroker
 from qstate.embedded.ports import free_port, wait_for_port
 from qstate.embedded.procs import RouterProcess, ShardProcess
-from qstate.jobs import pipeline
 from qstate.jobs.examples import ads, tweets
 from qstate.jobs.examples.workloads import Ads, Tweets, Workload, events_over_span, write_mapping
 from qstate.jobs.job import JobContext
-from qstate.jobs.launch import start_job
 from qstate.jobs.parse import parse_events
 from qstate.jobs.queryable import QueryableJob
-from qstate.jobs.reports import Reports
-from qstate.jobs.sinks import NoopSink, PartialsSink, QStateSink
+from qstate.jobs.runtime import pipeline
+from qstate.jobs.runtime.launch import start_job
+from qstate.jobs.runtime.reports import Reports
+from qstate.jobs.runtime.sinks import NoopSink, PartialsSink, QStateSink
+from qstate.jobs.runtime.spark import spark_session
 from qstate.jobs.source import read_kafka
-from qstate.jobs.spark import spark_session
 
 console = Console(stderr=True)
 SINKS = ("read", "parse", "noop", "qstate", "qstate+reads", "qstate+top", "qstate-norank",
@@ -182,8 +182,8 @@ def shard_merge(shards: list[ShardProcess], storage: str, n: int) -> dict[str, f
     """From the shards' own counters: rows merged per second of a shard's Commit calls
     (wall time of the call, every partition of the batch in it; the mean over shards), and
     state writes per event."""
-    from qstate.core.assignment import list_servers
-    from qstate.core.storage import Storage
+    from qstate.core.records.assignment import list_servers
+    from qstate.core.records.storage import Storage
 
     urls = {i.address: f"http://{i.metrics}" for i in list_servers(Storage(storage))}
     writes = 0.0

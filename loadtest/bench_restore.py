@@ -18,14 +18,14 @@ from pathlib import Path
 import pyarrow as pa
 
 from loadtest import results
-from qstate.core import delta as deltas
-from qstate.core import paths
 from qstate.core.address import PartitionId
-from qstate.core.assignment import Assignment, save_assignment
-from qstate.core.catalog import snapshot_batches
-from qstate.core.manifest import BatchManifest, write_manifest
-from qstate.core.operator import OperatorSpec, WindowSpec, save_spec
-from qstate.core.storage import Storage
+from qstate.core.records import delta as deltas
+from qstate.core.records import paths
+from qstate.core.records.assignment import Assignment, save_assignment
+from qstate.core.records.catalog import snapshot_batches
+from qstate.core.records.manifest import BatchManifest, write_manifest
+from qstate.core.records.operator import OperatorSpec, WindowSpec, save_spec
+from qstate.core.records.storage import Storage
 from qstate.shard.partitions import PartitionCommit, Partitions
 
 

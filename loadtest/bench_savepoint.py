@@ -5,7 +5,7 @@
     python -m loadtest.bench_savepoint --storage /tmp/qstate-ingest-XXXX/storage-qstate-NNN
 
 Works on a copy of ``--storage`` (its job stays as it was): makes a savepoint of the job
-(``qstate.core.savepoint.create``), then writes a fork's state from it under a new job name
+(``qstate.core.records.savepoint.create``), then writes a fork's state from it under a new job name
 and a rollback's under the job's own (``qstate.shard.seed.seed``, what ``qstate job
 --from-savepoint`` runs before Spark starts), timing each and sizing what each wrote.
 Appends a section to ``--out``.
@@ -21,11 +21,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from loadtest import results
-from qstate.core import paths
-from qstate.core.catalog import manifest_batches
-from qstate.core.operator import OperatorSpec, load_spec
-from qstate.core.savepoint import create
-from qstate.core.storage import Storage
+from qstate.core.records import paths
+from qstate.core.records.catalog import manifest_batches
+from qstate.core.records.operator import OperatorSpec, load_spec
+from qstate.core.records.savepoint import create
+from qstate.core.records.storage import Storage
 from qstate.shard.seed import seed
 
 

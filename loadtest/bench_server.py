@@ -21,7 +21,7 @@ from pathlib import Path
 
 from loadtest import results
 from loadtest.bench_router import load, start_raw, wrk
-from qstate.core.storage import Storage
+from qstate.core.records.storage import Storage
 from qstate.embedded.ports import free_port, wait_for_port
 from qstate.embedded.procs import Child, RouterProcess, ShardProcess
 

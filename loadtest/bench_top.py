@@ -36,16 +36,16 @@ import httpx
 from loadtest import results
 from loadtest.bench_ingest import P, live_cluster, wait_all
 from loadtest.openloop_tool import openloop_binary, run_openloop
-from qstate.core.assignment import list_servers
 from qstate.core.config import DEFAULTS
-from qstate.core.storage import Storage
+from qstate.core.records.assignment import list_servers
+from qstate.core.records.storage import Storage
 from qstate.embedded.demo import BATCH_NICE
 from qstate.embedded.generate import produce
 from qstate.jobs.examples import tweets
 from qstate.jobs.examples.workloads import Tweets, events_over_span
 from qstate.jobs.job import JobContext
-from qstate.jobs.launch import start_job
-from qstate.jobs.spark import spark_session
+from qstate.jobs.runtime.launch import start_job
+from qstate.jobs.runtime.spark import spark_session
 
 __all__ = ["main"]
 

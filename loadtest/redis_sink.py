@@ -16,11 +16,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from qstate.core.manifest import Fragments
-from qstate.core.operator import OperatorSpec
+from qstate.core.records.manifest import Fragments
+from qstate.core.records.operator import OperatorSpec
 from qstate.core.windows import ALL_WINDOWS
-from qstate.jobs.partials import Plan, Target
-from qstate.jobs.reports import OperatorReport
+from qstate.jobs.runtime.partials import Plan, Target
+from qstate.jobs.runtime.reports import OperatorReport
 
 __all__ = ["RedisSink"]
 

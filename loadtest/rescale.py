@@ -45,13 +45,13 @@ from rich.console import Console
 
 from loadtest import results
 from qstate.control.coordinator import Coordinator
-from qstate.core import delta as deltas
 from qstate.core.address import PartitionId, partition_of
-from qstate.core.assignment import Assignment, load_assignment
-from qstate.core.operator import OperatorSpec, WindowSpec, load_spec, save_spec
-from qstate.core.storage import Storage
+from qstate.core.records import delta as deltas
+from qstate.core.records.assignment import Assignment, load_assignment
+from qstate.core.records.operator import OperatorSpec, WindowSpec, load_spec, save_spec
+from qstate.core.records.storage import Storage
 from qstate.embedded.procs import RouterProcess, ShardProcess, qstate_command
-from qstate.jobs.commit import Committer
+from qstate.jobs.runtime.commit import Committer
 
 __all__ = ["Outcome", "Tally", "World", "double_partitions", "join_drain", "replica_loss",
            "views"]

@@ -64,7 +64,7 @@ from qstate.core.errors import (
     UnknownOperator,
     from_http,
 )
-from qstate.core.security import clean_token, is_loopback
+from qstate.core.transport.security import clean_token, is_loopback
 
 __all__ = ["AsyncClient", "Client", "Forbidden", "InvalidAddress", "InvalidRequest",
            "NotFound", "Overloaded", "QStateError", "StateAnswer", "TimeArg", "TooLarge",

@@ -11,13 +11,17 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from qstate.core.address import PartitionId
-from qstate.core.assignment import load_assignment
-from qstate.core.catalog import delta_batches, manifest_batches, snapshot_batches
-from qstate.core.operator import list_specs
-from qstate.core.shard_client import ShardClients, held_partitions, partition_state
-from qstate.core.storage import Storage
-from qstate.proto import shard_pb2 as pb
+from qstate.core.records.assignment import load_assignment
+from qstate.core.records.catalog import delta_batches, manifest_batches, snapshot_batches
+from qstate.core.records.operator import list_specs
+from qstate.core.records.storage import Storage
+from qstate.core.transport.shard_client import (
+    Held,
+    Holder,
+    ShardClients,
+    held_partitions,
+    placements,
+)
 
 __all__ = ["PartitionRow", "inspect"]
 
@@ -37,49 +41,50 @@ class PartitionRow:
     followers: list[str] = field(default_factory=list)
 
 
-def inspect(storage: Storage, job: str | None = None) -> tuple[list[PartitionRow], dict]:
-    clients = ShardClients()
-    rows: list[PartitionRow] = []
-    summary: dict[str, dict] = {}
-    described: dict[str, dict] = {}
+def _describe(clients: ShardClients, addresses: set[str]) -> tuple[dict[str, Held | None],
+                                                                  set[str]]:
+    """Each server's Describe (None: no answer), and those that refused this tool (alive, but
+    it lacks the cluster token: not "down")."""
+    described: dict[str, Held | None] = {}
     refused: set[str] = set()
+    for addr in sorted(addresses):
+        try:
+            described[addr] = held_partitions(clients.describe(addr, timeout=1.0))
+        except grpc.RpcError as exc:
+            described[addr] = None
+            if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+                refused.add(addr)
+    return described, refused
 
-    def held(addr: str, pid: PartitionId) -> tuple[str, pb.PartitionInfo | None]:
-        """How ``addr`` says it holds ``pid`` (one Describe per server): state, info."""
-        if addr not in described:
-            try:
-                d = clients.describe(addr, timeout=1.0)
-                described[addr] = held_partitions(d)
-            except grpc.RpcError as exc:
-                described[addr] = {}
-                if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
-                    refused.add(addr)
-        info = described[addr].get(pid)
-        # alive, but this tool lacks the cluster token: not "down"
-        return ("refused" if addr in refused else partition_state(addr, info)), info
 
+def inspect(storage: Storage, job: str | None = None) -> tuple[list[PartitionRow], dict]:
+    specs = [s for s in list_specs(storage) if not job or s.job == job]
+    assignments = {j: load_assignment(storage, j) for j in {s.job for s in specs}}
+    clients = ShardClients()
     try:
-        for spec in list_specs(storage):
-            if job and spec.job != job:
-                continue
-            a = load_assignment(storage, spec.job)
-            batches = manifest_batches(storage, spec.job, spec.operator)
-            summary[f"{spec.job}/{spec.operator}"] = {
-                "epoch": a.epoch, "partitions": spec.partitions,
-                "manifests": len(batches), "newest_batch": batches[-1] if batches else None}
-            for p in range(spec.partitions):
-                pid = PartitionId(spec.job, spec.operator, p)
-                sid = a.owner_id(spec.operator, p)
-                addr = a.servers.get(sid) if sid else None
-                state, info = held(addr, pid) if addr is not None else ("unassigned", None)
-                followers = [f"{f}:{held(a.servers[f], pid)[0]}"
-                             for f in a.followers_of(spec.operator, p) if f in a.servers]
-                snaps = snapshot_batches(storage, pid)
-                rows.append(PartitionRow(
-                    spec.job, spec.operator, p, sid or "-", state,
-                    info.last_batch if info else None, info.watermark_ms if info else None,
-                    snaps[-1] if snaps else None,
-                    len(delta_batches(storage, pid)), followers))
+        described, refused = _describe(clients, {a for x in assignments.values()
+                                                 for a in x.servers.values()})
     finally:
         clients.close()
+
+    def state(h: Holder) -> str:
+        return "refused" if h.address in refused else h.state()
+
+    summary: dict[str, dict] = {}
+    for spec in specs:
+        batches = manifest_batches(storage, spec.job, spec.operator)
+        summary[f"{spec.job}/{spec.operator}"] = {
+            "epoch": assignments[spec.job].epoch, "partitions": spec.partitions,
+            "manifests": len(batches), "newest_batch": batches[-1] if batches else None}
+    rows: list[PartitionRow] = []
+    for placed in placements(specs, assignments, described):
+        pid, owner = placed.pid, placed.owner
+        info = owner.info if owner is not None else None
+        snaps = snapshot_batches(storage, pid)
+        rows.append(PartitionRow(
+            pid.job, pid.operator, pid.partition, owner.id if owner else "-",
+            state(owner) if owner else "unassigned",
+            info.last_batch if info else None, info.watermark_ms if info else None,
+            snaps[-1] if snaps else None, len(delta_batches(storage, pid)),
+            [f"{f.id}:{state(f)}" for f in placed.followers]))
     return rows, summary

@@ -45,7 +45,7 @@ def _table(*modules: ModuleType) -> str:
 def metrics_tables() -> str:
     """One table per process: job, shard server, router."""
     from qstate.control import metrics as control
-    from qstate.jobs import metrics as job
+    from qstate.jobs.runtime import metrics as job
     from qstate.router import metrics as router
     from qstate.shard import metrics as shard
 

@@ -8,28 +8,39 @@ marked ``kafka``, whatever its file says, so ``make test-fast`` (neither) needs 
 from __future__ import annotations
 
 import os
-import random
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from qstate.embedded.kafka import KafkaBroker
+
+# Hypothesis runs randomized with its example database in use (.hypothesis/examples): a
+# failing example is saved and tried first by the next run, and printed with a
+# @reproduce_failure blob that replays it anywhere (docs/architecture.md §9). No seed is forced:
+# under --hypothesis-seed Hypothesis neither saves nor replays examples.
+settings.register_profile("qstate", print_blob=True)
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
-    """Hypothesis runs randomized: a fresh seed per session unless ``--hypothesis-seed=N``
-    replays one (set before Hypothesis' own plugin reads it); failures also stay in the
-    example database under .hypothesis/ and are tried first next time."""
-    if config.getoption("hypothesis_seed", None) is None:
-        config.option.hypothesis_seed = str(random.SystemRandom().randrange(1 << 32))
+    """The ``qstate`` profile, unless ``--hypothesis-profile`` names another; loaded before
+    the test modules build their ``settings`` (which inherit from it)."""
+    if not config.getoption("hypothesis_profile", None):
+        settings.load_profile("qstate")
 
 
 def pytest_report_header(config: pytest.Config) -> str:
-    seed = config.getoption("hypothesis_seed")
-    return f"hypothesis seed {seed} (replay this run's examples: --hypothesis-seed={seed})"
+    seed = config.getoption("hypothesis_seed", None)
+    if seed is not None:
+        return (f"hypothesis seed {seed}: --hypothesis-seed={seed} repeats this run's examples "
+                "(no example database under a seed: failures are neither saved nor replayed)")
+    db = settings().database  # the loaded profile's
+    return (f"hypothesis example database {getattr(db, 'path', db)}: a failure is saved and "
+            "tried first next run; its @reproduce_failure(...) blob, added to the test, "
+            "replays it exactly")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -72,7 +83,7 @@ def topic() -> str:
 
 @pytest.fixture(scope="session")
 def spark(session_dir: Path):
-    from qstate.jobs.spark import spark_session
+    from qstate.jobs.runtime.spark import spark_session
 
     s = spark_session("qstate-tests", "local[2]")
     yield s

@@ -16,10 +16,10 @@ import pytest
 from prometheus_client.samples import Sample
 
 from qstate.core.address import partition_of
-from qstate.core.assignment import ServerInfo, list_servers, load_assignment
 from qstate.core.config import Settings
-from qstate.core.shard_client import ShardClients
-from qstate.core.storage import Storage
+from qstate.core.records.assignment import ServerInfo, list_servers, load_assignment
+from qstate.core.records.storage import Storage
+from qstate.core.transport.shard_client import ShardClients
 from qstate.embedded.procs import ShardProcess
 from qstate.partition.files import read_marker
 from qstate.proto import shard_pb2 as pb

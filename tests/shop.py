@@ -9,22 +9,24 @@ one-minute window of each batch.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pyarrow as pa
 
 from qstate.control.coordinator import Coordinator
-from qstate.core import delta as deltas
 from qstate.core.address import PartitionId, partition_of
-from qstate.core.operator import OperatorSpec, WindowSpec, save_spec
-from qstate.core.shard_client import ShardClients
-from qstate.core.storage import Storage
+from qstate.core.records import delta as deltas
+from qstate.core.records.operator import OperatorSpec, WindowSpec, save_spec
+from qstate.core.records.storage import Storage
+from qstate.core.transport.shard_client import ShardClients
 from qstate.embedded.procs import RouterProcess, ShardProcess
-from qstate.jobs.commit import Committer
+from qstate.jobs.runtime.commit import Committer
 from tests.helpers import metric, shard_metrics_url, wait_until
 
 P = 8
@@ -196,6 +198,37 @@ def own_shop(tmp: Path, min_batch_wait_s: float = 0.05,
 def shard_reads(url: str) -> dict[str, float]:
     """A router's key lookups so far, by read path."""
     return {path: metric(url, READS, path=path) for path in READ_PATH.values()}
+
+
+def held_until_commit(shop: Shop, batch: int,
+                      asks: Sequence[tuple[str, int, Callable[[], Any]]]) -> list[Any]:
+    """Each ask (a route; the reads one try of it makes: its keys, or a top-N's partitions;
+    a request with ``min_batch=batch``) is sent at once, one a router, and shown to wait by
+    an event, not by racing a thread's start: its router reads those again while it has no
+    answer (a partition read below its min_batch is read again every 50 ms:
+    docs/architecture.md §5, counted in qstate_router_shard_reads_total). Only then is
+    ``batch`` committed. The answers, in order: the callers check each is as of ``batch`` or
+    later, as only a read that waited for the commit can be."""
+    routes = [route for route, _, _ in asks]
+    assert len(set(routes)) == len(routes), "one ask a router: the reads counted are its own"
+
+    def reads(route: str) -> float:
+        return sum(shard_reads(shop.routers[route].url).values())
+
+    before = {route: reads(route) for route in routes}
+    with ThreadPoolExecutor(len(asks)) as pool:
+        futures = [pool.submit(ask) for _, _, ask in asks]
+
+        def all_read_again() -> bool:
+            for f in futures:
+                if f.done():
+                    raise AssertionError(f"answered before batch {batch} was committed: "
+                                         f"{f.result()!r}"[:500])
+            return all(reads(route) >= before[route] + 2 * n for route, n, _ in asks)
+
+        wait_until(all_read_again, 30, f"each router reading its keys again for batch {batch}")
+        shop.commit(batch)
+        return [f.result(60) for f in futures]
 
 
 def _ready(address: str) -> set[int]:

@@ -19,7 +19,7 @@ def test_the_metrics_tables_are_in_the_doc() -> None:
 
 
 def test_every_series_of_every_process_is_documented() -> None:
-    for main in ("qstate.jobs.supervise", "qstate.shard.main", "qstate.router.main"):
+    for main in ("qstate.jobs.runtime.supervise", "qstate.shard.main", "qstate.router.main"):
         importlib.import_module(main)  # every module a process imports registers its series
     names = {f.name for f in REGISTRY.collect() if f.name.startswith("qstate_")}
     assert names

@@ -79,6 +79,8 @@ def dead_letters(bootstrap: str, n: int, timeout_s: float = 60) -> dict[str, str
     return found
 
 
+# a minute of make run: `make soak` (CI), keeping make test under 10 min (docs/architecture.md §9)
+@pytest.mark.long
 def test_make_run_answers_a_marker_exactly_then_ctrl_c_stops_everything(tmp_path: Path) -> None:
     if shutil.which("kcat") is None:
         pytest.fail("kcat is missing: .ci/run installs it (Debian package kcat)")

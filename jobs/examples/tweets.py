@@ -13,13 +13,11 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from qstate.core.operator import WindowSpec
+from qstate.core.records.operator import WindowSpec
+from qstate.jobs import JobContext, QueryableJob, dlq_topic, parse_events, read_kafka, window
 from qstate.jobs import aggregates as A
-from qstate.jobs.job import JobContext
-from qstate.jobs.parse import parse_events, parse_json
-from qstate.jobs.queryable import QueryableJob, SparkStateOperator, dlq_topic
-from qstate.jobs.source import read_kafka
-from qstate.jobs.windows import window
+from qstate.jobs.parse import parse_json  # mode=spark-state, the comparison: not the face
+from qstate.jobs.queryable import SparkStateOperator
 
 __all__ = ["FIELDS", "JOB", "KEYS", "TOPIC", "WATERMARK", "build", "spark_state_operators"]
 

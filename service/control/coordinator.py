@@ -13,7 +13,7 @@ that finds a newer epoch stands down (``fenced``), except a driver's that finds 
 (``qstate.control.standby`` moves partitions while the driver is down): it goes on from that
 one. The driver's coordinator beats a lease in storage (``beat``) that keeps the standby waiting.
 
-Delivering a batch's commit to the owners it names is the job's (``qstate.jobs.commit``): it
+Delivering a batch's commit to the owners it names is the job's (``qstate.jobs.runtime.commit``): it
 asks ``owners_of`` for the current epoch and owners, and ``follow`` when a shard knows a newer
 epoch.
 """
@@ -32,8 +32,10 @@ import orjson
 
 from qstate.control.metrics import ASSIGNMENT_EPOCH, REASSIGNMENTS
 from qstate.control.placement import Cluster, Progress, place
-from qstate.core import paths
-from qstate.core.assignment import (
+from qstate.core.config import DEFAULTS, settings
+from qstate.core.errors import Fenced
+from qstate.core.records import paths
+from qstate.core.records.assignment import (
     DRIVER,
     Assignment,
     list_servers,
@@ -41,11 +43,9 @@ from qstate.core.assignment import (
     now_ms,
     save_assignment,
 )
-from qstate.core.config import DEFAULTS, settings
-from qstate.core.errors import Fenced
-from qstate.core.operator import OperatorSpec, load_spec
-from qstate.core.shard_client import ShardClients, held_partitions
-from qstate.core.storage import Storage
+from qstate.core.records.operator import OperatorSpec, load_spec
+from qstate.core.records.storage import Storage
+from qstate.core.transport.shard_client import ShardClients, held_partitions
 
 __all__ = ["Coordinator", "coordinator_for", "driver_beat_age_s", "release"]
 
@@ -259,7 +259,7 @@ class Coordinator:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout_s)
 
-    # ---- what commit delivery asks (qstate.jobs.commit) ---------------------------
+    # ---- what commit delivery asks (qstate.jobs.runtime.commit) ---------------------------
     def owners_of(self, operator: str) -> tuple[int, dict[str, list[int]]]:
         """The current epoch and, under it, each owner's partitions of ``operator``."""
         with self._lock:

@@ -22,8 +22,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from qstate.core.assignment import Assignment
 from qstate.core.errors import Unavailable
+from qstate.core.records.assignment import Assignment
 
 __all__ = ["Cluster", "Progress", "balance", "place", "servers_named"]
 

@@ -40,14 +40,19 @@ import grpc
 from rocksdict import WriteBatch
 
 from qstate.control.placement import balance, servers_named
-from qstate.core import paths
 from qstate.core.address import PartitionId, partition_of
-from qstate.core.assignment import Assignment, list_servers, load_assignment, save_assignment
-from qstate.core.catalog import manifest_batches
 from qstate.core.errors import Fenced, InvalidRequest, Unavailable
-from qstate.core.operator import OperatorSpec, list_specs, save_spec
-from qstate.core.shard_client import ShardClients
-from qstate.core.storage import Storage
+from qstate.core.records import paths
+from qstate.core.records.assignment import (
+    Assignment,
+    list_servers,
+    load_assignment,
+    save_assignment,
+)
+from qstate.core.records.catalog import manifest_batches
+from qstate.core.records.operator import OperatorSpec, list_specs, save_spec
+from qstate.core.records.storage import Storage
+from qstate.core.transport.shard_client import ShardClients
 from qstate.partition.files import partition_dir
 from qstate.partition.layout import (
     DATA,

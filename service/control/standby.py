@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 
 from qstate.control.coordinator import Coordinator
 from qstate.control.metrics import STANDBY_ACTIVE
-from qstate.core import paths
-from qstate.core.assignment import STANDBY
 from qstate.core.config import Settings
-from qstate.core.process import start_process
-from qstate.core.storage import Storage
+from qstate.core.process.start import start_process
+from qstate.core.records import paths
+from qstate.core.records.assignment import STANDBY
+from qstate.core.records.storage import Storage
 
 __all__ = ["Standby", "run_standby", "stand_by"]
 

@@ -14,30 +14,8 @@ from typing import Any, ClassVar
 
 import grpc
 
-__all__ = [
-    "BadRecord",
-    "BrokerError",
-    "CommitFailed",
-    "CorruptState",
-    "DeltaMismatch",
-    "Fenced",
-    "Forbidden",
-    "InvalidAddress",
-    "InvalidRequest",
-    "NotFound",
-    "NotOwner",
-    "Overloaded",
-    "QStateError",
-    "StaleEpoch",
-    "StartFailed",
-    "TooLarge",
-    "Unauthenticated",
-    "Unavailable",
-    "UnknownOperator",
-    "from_grpc",
-    "from_http",
-    "grpc_trailers",
-]
+# No __all__: the classes are this module's public names, found by error_classes() and exported
+# by qstate.errors (a star import, which type checkers follow) without a list to keep
 
 
 class QStateError(Exception):
@@ -214,7 +192,7 @@ def from_grpc(exc: grpc.RpcError) -> QStateError | None:
     """The qstate error a remote process answered with, or None for transport failures."""
     code = exc.code()  # type: ignore[attr-defined]  # every RpcError a call raises has it
     trailers = dict(exc.trailing_metadata() or ())  # type: ignore[attr-defined]
-    cls = _BY_NAME.get(str(trailers.get(_TRAILER_CLASS)))
+    cls = _by_name(str(trailers.get(_TRAILER_CLASS)))
     if cls is None or cls.grpc_code != code:
         cls = _BY_CODE.get(code)
         if cls is None:
@@ -231,7 +209,7 @@ def from_http(status: int, body: dict[str, Any]) -> QStateError:
     """The error an HTTP answer carries (its ``error`` names the class), for clients."""
     detail = {k: v for k, v in body.items() if k not in ("error", "message")}
     message = str(body.get("message") or body.get("detail") or f"HTTP {status}")
-    cls = _BY_NAME.get(str(body.get("error")))
+    cls = _by_name(str(body.get("error")))
     if cls is None:
         cls = next((c for c in (InvalidRequest, Unauthenticated, Forbidden, NotFound,
                                 TooLarge, Overloaded, Unavailable, StaleEpoch)
@@ -242,8 +220,20 @@ def from_http(status: int, body: dict[str, Any]) -> QStateError:
         return cls(message)
 
 
-_BY_NAME: dict[str, type[QStateError]] = {
-    c.__name__: c for c in (QStateError, InvalidRequest, InvalidAddress, NotFound,
-                            UnknownOperator, Unavailable, StaleEpoch, NotOwner, DeltaMismatch,
-                            CommitFailed, Fenced, StartFailed, BrokerError, BadRecord,
-                            TooLarge, Unauthenticated, Forbidden, Overloaded, CorruptState)}
+def error_classes() -> list[type[QStateError]]:
+    """``QStateError`` and every class under it, wherever it is defined, root first: the
+    names ``from_grpc`` and ``from_http`` know and ``__all__`` exports, found, never listed."""
+    found: list[type[QStateError]] = []
+    todo = [QStateError]
+    while todo:
+        cls = todo.pop(0)
+        if cls not in found:
+            found.append(cls)
+            todo.extend(cls.__subclasses__())
+    return found
+
+
+def _by_name(name: str) -> type[QStateError] | None:
+    """The class a remote answer names; walked at each call, so a class defined after this
+    module (a plugin's, a test's) is found too. Nearest the root first if two share a name."""
+    return next((c for c in error_classes() if c.__name__ == name), None)

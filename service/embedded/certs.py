@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from qstate.core.files import write_file
+from qstate.core.transport.files import write_file
 
 __all__ = ["CertFiles", "make_certs"]
 

@@ -20,11 +20,11 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
-from qstate.core.assignment import list_servers
-from qstate.core.files import write_file
-from qstate.core.kafka import client_config
-from qstate.core.security import host_token, host_token_path
-from qstate.core.storage import Storage
+from qstate.core.records.assignment import list_servers
+from qstate.core.records.storage import Storage
+from qstate.core.transport.files import write_file
+from qstate.core.transport.kafka import client_config
+from qstate.core.transport.security import host_token, host_token_path
 from qstate.embedded import guide
 from qstate.embedded.kafka import KafkaBroker
 from qstate.embedded.lifeline import holders

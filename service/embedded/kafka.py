@@ -24,8 +24,8 @@ from confluent_kafka.admin import AdminClient
 
 from qstate.core.config import DEFAULTS
 from qstate.core.errors import BrokerError
-from qstate.core.jvm import java
-from qstate.core.kafka import client_config
+from qstate.core.process.jvm import java
+from qstate.core.transport.kafka import client_config
 from qstate.embedded.lifeline import die_with_parent
 from qstate.embedded.ports import free_port
 
@@ -207,7 +207,7 @@ class KafkaBroker:
             # restarted one may register: keep that short on one node
             "broker.heartbeat.interval.ms": "500",
             "broker.session.timeout.ms": "3000",
-            # topics are made on purpose (qstate.core.kafka.ensure_topic), never by a typo
+            # topics are made on purpose (qstate.core.transport.kafka.ensure_topic), never by a typo
             "auto.create.topics.enable": "false",
             # two cores: fewer threads than Kafka's defaults
             "num.network.threads": "2",

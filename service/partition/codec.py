@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 import pyarrow as pa
 
-from qstate.core.operator import Aggregate, OperatorSpec
+from qstate.core.records.operator import Aggregate, OperatorSpec
 
 __all__ = ["INT64_MAX", "INT64_MIN", "OVERFLOWED", "Codec", "add_saturating", "stored_as_long"]
 

@@ -144,7 +144,7 @@ def rank_prefix(state: int, start: int) -> bytes:
 
 def rank_keys(state: int, starts: np.ndarray, ranks: np.ndarray, keys: pa.Array) -> pa.Array:
     """Rank entries of many rows at once: ``ranks`` are order-preserving u64
-    (``qstate.partition.rank.ranks_of``), so one state's window sorts by value, then key."""
+    (``qstate.partition.ranking.ranks_of``), so one state's window sorts by value, then key."""
     n = len(keys)
     return pc.binary_join_element_wise(
         pa.array([RANK + bytes((state,))] * n, pa.binary()), _times(starts),

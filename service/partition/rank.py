@@ -16,105 +16,34 @@ windows differ per key, so "one window across keys" does not exist: refused (``c
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 from rocksdict import Rdict, WriteBatch
 
 from qstate.core.errors import InvalidRequest, TooLarge
-from qstate.core.operator import Aggregate, OperatorSpec
-from qstate.core.windows import first_open_start
+from qstate.core.records.operator import OperatorSpec
 from qstate.partition import layout
-from qstate.partition.codec import Codec, stored_as_long
+from qstate.partition.codec import Codec
 from qstate.partition.layout import DATA, INDEX, NO_WINDOW, RANK
 from qstate.partition.meta import Meta, decode_meta
+from qstate.partition.ranking import (
+    Ranked,
+    current_start,
+    rank_of,
+    ranked_states,
+    ranks_of,
+    value_of_rank,
+)
 from qstate.partition.reader import read_many
 
-__all__ = ["RANKED_KINDS", "VERSION", "Owned", "Ranked", "check_top", "current_start",
-           "drop_windows", "rank_of", "ranked_states", "ranks_of", "read_top", "rebuild",
-           "scan_top", "top", "update", "value_of_rank"]
+__all__ = ["VERSION", "Owned", "drop_windows", "read_top", "rebuild", "scan_top", "top",
+           "update"]
 
 VERSION = 1  # of the rank index a writer keeps (``Meta.ranks``)
-RANKED_KINDS = ("count", "sum", "min", "max", "avg", "value")
-_SHIFT = np.uint64(1 << 63)
-_MASK = (1 << 64) - 1
 _REBUILD_CHUNK = 10_000
-
-
-class Ranked(NamedTuple):
-    key: str
-    value: int | float
-
-
-def ranked_states(spec: OperatorSpec) -> list[int]:
-    """Indexes of the states the rank index keeps (none for panes or sessions)."""
-    if spec.panes or spec.window.kind == "session":
-        return []
-    return [i for i, a in enumerate(spec.states.values()) if a.kind in RANKED_KINDS]
-
-
-def check_top(spec: OperatorSpec, state: str) -> int:
-    """The state's index, or the InvalidRequest (400) saying why it has no top-N."""
-    a = spec.states[state]
-    if spec.window.kind == "session":
-        raise InvalidRequest(
-            f"{spec.job}/{spec.operator} has session windows: each key's sessions start and "
-            "end on their own, so there is no one window to rank keys in; read keys "
-            "(GET /v1/state) or rank a tumbling or sliding operator")
-    if a.kind not in RANKED_KINDS:
-        raise InvalidRequest(f"state {state!r} is {a.kind}: top-N ranks "
-                             f"{', '.join(RANKED_KINDS)} states")
-    return spec.state_index[state]
-
-
-def current_start(spec: OperatorSpec, watermark_ms: int) -> int:
-    """The window ``window=current`` means: the oldest one still open (its end is after the
-    watermark), the most complete window still counting (``NO_WINDOW``: unwindowed)."""
-    if not spec.windowed:
-        return NO_WINDOW
-    w = spec.window
-    return first_open_start(watermark_ms, w.size_ms, w.slide)
-
-
-def ranks_of(spec: OperatorSpec, records: np.ndarray, state: int
-             ) -> tuple[np.ndarray, np.ndarray]:
-    """Each record's value of ``state`` as an order-preserving u64, and which have one.
-    Longs flip the sign bit; doubles flip it too, or every bit when negative, so -inf <
-    ... < -0 = 0 < ... < inf < NaN (Spark orders NaN above every number)."""
-    name, a = list(spec.states.items())[state]
-    if a.kind == "count":
-        vals, has = records[name], np.ones(len(records), bool)
-    elif a.kind == "avg":
-        n = records[f"{name}__n"]
-        has = n > 0
-        with np.errstate(invalid="ignore", divide="ignore"):
-            vals = np.where(has, records[f"{name}__sum"] / np.where(has, n, 1), 0.0)
-    else:
-        vals, has = records[name], records[f"{name}__has"] >= 1
-    if stored_as_long(a):
-        return vals.astype(np.int64).view(np.uint64) ^ _SHIFT, has
-    bits = (vals.astype(np.float64) + 0.0).view(np.uint64)  # + 0.0: -0.0 ranks as 0.0
-    return np.where(bits >> np.uint64(63), ~bits, bits | _SHIFT), has
-
-
-def value_of_rank(a: Aggregate, rank: int) -> int | float:
-    """The answer a rank stands for, typed as the state's answers are."""
-    if stored_as_long(a):
-        return a.typed(rank - (1 << 63))  # type: ignore[return-value]
-    bits = rank ^ (1 << 63) if rank >> 63 else ~rank & _MASK
-    return a.typed(struct.unpack(">d", bits.to_bytes(8, "big"))[0])  # type: ignore[return-value]
-
-
-def rank_of(a: Aggregate, value: int | float) -> int:
-    """``ranks_of`` of one answer: how answers of one state sort (NaN above every number),
-    for the few a top-N merges, not the hot path."""
-    if stored_as_long(a):
-        return int(value) + (1 << 63)
-    (bits,) = struct.unpack(">Q", struct.pack(">d", float(value) + 0.0))
-    return int(bits) ^ _MASK if bits >> 63 else int(bits) | (1 << 63)
 
 
 def update(wb: WriteBatch, spec: OperatorSpec, keys: pa.Array, starts: np.ndarray,

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from qstate.core import security
 from qstate.core.address import PartitionId
 from qstate.core.config import DEFAULTS, Settings
 from qstate.core.errors import Overloaded
-from qstate.core.shard_client import CHANNEL_OPTIONS
+from qstate.core.transport import security
+from qstate.core.transport.shard_client import CHANNEL_OPTIONS
 from qstate.proto import shard_pb2 as pb
 from qstate.proto import shard_pb2_grpc as pb_grpc
 

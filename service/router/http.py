@@ -412,7 +412,7 @@ def create_app(query: QueryService, ready: Callable[[], bool] = lambda: True,
                      "watermark, freshness")
     async def describe_cluster() -> Any:
         await query.routing.refresh()
-        return json_response(await cluster(query.routing, query.reads.caller))
+        return json_response(await cluster(query.routing, query.describer))
 
     def openapi() -> dict[str, Any]:
         """FastAPI's document, minus the 422 answers it adds by default: a request that does

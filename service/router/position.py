@@ -16,10 +16,10 @@ import re
 from dataclasses import dataclass
 
 from qstate.core.address import check_name
-from qstate.core.catalog import manifest_batches
 from qstate.core.errors import InvalidRequest, NotFound, Unavailable, UnknownOperator
-from qstate.core.manifest import Offsets, read_manifest
-from qstate.core.storage import Storage
+from qstate.core.records.catalog import manifest_batches
+from qstate.core.records.manifest import Offsets, read_manifest
+from qstate.core.records.storage import Storage
 
 __all__ = ["TOPIC_PATTERN", "Position", "batch_of_offset", "check_topic"]
 

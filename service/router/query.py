@@ -9,15 +9,13 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-import grpc
-
 from qstate.core.address import PartitionId, check_name, partition_of
 from qstate.core.answer import StateAnswer, Window
 from qstate.core.config import DEFAULTS
 from qstate.core.errors import NotFound, UnknownOperator
-from qstate.core.operator import OperatorSpec
-from qstate.core.shard_client import held_partitions
+from qstate.core.records.operator import OperatorSpec
 from qstate.proto import shard_pb2 as pb
+from qstate.router.describer import Describer
 from qstate.router.position import Position, batch_of_offset
 from qstate.router.reads import MIN_BATCH_POLL_S, Hit, PartitionReads
 from qstate.router.request import StateQuery, TopQuery
@@ -61,6 +59,8 @@ class QueryService:
         self.min_batch_wait_s = min_batch_wait_s
         self.max_top_n = max_top_n
         self.top_reads = TopReads(reads, min_batch_wait_s)
+        # the router's one Describe poller: reads, the watch hub and the cluster page share it
+        self.describer = Describer(reads.caller)
 
     def point(self, job: str, operator: str, state: str, key: str,
               rng: tuple[int, int] | None = None, limit: int | None = None,
@@ -184,27 +184,22 @@ class QueryService:
                 hits[i] = h
         return spec, [(k, h) for k, h in zip(keys, hits, strict=True) if h is not None]
 
-    async def serving(self, ops: Iterable[tuple[str, str]]
+    async def serving(self, ops: Iterable[tuple[str, str]], max_age_s: float = 0.0
                       ) -> dict[tuple[str, str], dict[int, pb.PartitionInfo]]:
         """Each operator's partitions that their owners (as routed) serve now, as their
-        Describe says: one call per shard server for all of them; an owner that does not
-        answer, and a partition it restores, are left out."""
+        Describe says (at most ``max_age_s`` old: the router's one poller, ``describer``); an
+        owner that does not answer, and a partition it restores, are left out."""
         asks: dict[str, list[tuple[str, str, list[int]]]] = {}
         out: dict[tuple[str, str], dict[int, pb.PartitionInfo]] = {}
         for job, op in ops:
             out[(job, op)] = {}
             for address, parts in self.routing.partitions_of(job, op).items():
                 asks.setdefault(address, []).append((job, op, parts))
-        caller = self.reads.caller
-        replies = await asyncio.gather(
-            *(caller.stub(a).Describe(pb.DescribeRequest(), timeout=caller.timeout_s)
-              for a in asks), return_exceptions=True)
-        for wanted, rep in zip(asks.values(), replies, strict=True):
-            if isinstance(rep, grpc.aio.AioRpcError):
+        replies = await self.describer.describe(asks, max_age_s)
+        for address, wanted in asks.items():
+            held = replies.get(address)
+            if held is None:
                 continue
-            if isinstance(rep, BaseException):
-                raise rep
-            held = held_partitions(rep)
             for job, op, parts in wanted:
                 for p in parts:
                     info = held.get(PartitionId(job, op, p))

@@ -21,10 +21,10 @@ import grpc
 
 from qstate.core.address import PartitionId
 from qstate.core.errors import InvalidRequest, NotFound, from_grpc
-from qstate.core.operator import OperatorSpec
-from qstate.core.values import value_of
+from qstate.core.records.operator import OperatorSpec
+from qstate.core.transport.values import value_of
 from qstate.core.windows import floor_to
-from qstate.partition.rank import Ranked, check_top, rank_of
+from qstate.partition.ranking import Ranked, check_top, rank_of
 from qstate.proto import shard_pb2 as pb
 from qstate.router.metrics import REMOTE_READS
 from qstate.router.reads import MIN_BATCH_POLL_S, PartitionReads

@@ -13,10 +13,13 @@ kept, re-read once per batch, for ``BOARD_KEPT_S`` after the last ask.
 A watcher holds at most one pending change per key (a board: one), so a consumer slower than
 the changes gets the latest values, flagged ``coalesced``, and costs no more memory than what
 it watches; the hub never waits for a watcher. Every event carries a ``batch``: every change
-up to it was sent, so a client resumes with ``from_batch`` set to it. The hub knows, for each
-key it tracks, since which batch it has watched it and the batch of its last change: a resume
-from a batch it watched through sends only the keys changed after it, else every value
-(``snapshot``).
+up to it was sent, so a client resumes with ``from_batch`` set to it. A value of a later batch
+may come in an event that says an earlier one (partitions commit one after another); once every
+partition of the watcher's keys is read at that batch, an event says so, without changes if
+none came since (``Watcher.complete``), as a board read mid-commit is pushed again whole. The
+hub knows, for each key it tracks, since which batch it has watched it and the batch of its
+last change: a resume from a batch it watched through sends only the keys changed after it,
+else every value (``snapshot``).
 """
 
 from __future__ import annotations
@@ -30,8 +33,8 @@ from dataclasses import dataclass, field, replace
 from qstate.core.address import partition_of
 from qstate.core.config import Settings
 from qstate.core.errors import Overloaded, QStateError
-from qstate.core.operator import OperatorSpec
-from qstate.partition.rank import check_top
+from qstate.core.records.operator import OperatorSpec
+from qstate.partition.ranking import check_top
 from qstate.router.metrics import (
     BOARD_ANSWERS,
     WATCH_COALESCED,
@@ -180,6 +183,10 @@ class Watcher:
         self._ready = asyncio.Event()
         self._closed = False
         self.counted = False  # in the watchers gauge (open succeeded)
+        # keys form: the batch its last event said, and the latest batch of a value that event
+        # carried; greater: an event saying it is owed once every key is read there (complete)
+        self.sent = -1
+        self.owed = -1
 
     def offer(self, key: str | None, committed_ms: int) -> None:
         """A change of ``key`` (None: the board) applied at ``committed_ms``: the value is
@@ -188,6 +195,18 @@ class Watcher:
             self._coalesced = True
         self._pending[key] = committed_ms
         self._ready.set()
+
+    def complete(self) -> None:
+        """Keys form, some of its keys read again: when its last event carried a value of a
+        batch later than the one it said, and every key is read at that batch now, an event
+        says so (no change, unless one comes first): the watcher learns the batch its values
+        are complete at, and resumes after it (docs/architecture.md §5, watch)."""
+        feed = self.feed
+        if self.owed <= self.sent or self._pending or not isinstance(feed, _KeyFeed):
+            return  # nothing owed, or an event is coming anyway
+        hits = [feed.tracked[k].hit for k in self.q.keys]
+        if min((-1 if h is None else h.batch for h in hits), default=-1) >= self.owed:
+            self.offer(None, 0)
 
     def _first(self, keys: list[str | None], snapshot: bool = True) -> None:
         """The first event: ``keys`` (None: the board), every one watched (``snapshot``) or
@@ -224,6 +243,8 @@ class Watcher:
                       min((h.watermark_ms for h in hits), default=0), committed, coalesced,
                       snapshot, [(k, h) for k in pending if k is not None
                                  and (h := feed.tracked[k].hit) is not None])
+            self.sent = ev.batch
+            self.owed = max((h.batch for _, h in ev.changes), default=-1)
         WATCH_EVENTS.labels(self.form).inc()
         if coalesced:
             WATCH_COALESCED.labels(self.form).inc()
@@ -391,7 +412,7 @@ class WatchHub:
                        ) -> dict[tuple[str, str], dict[int, tuple[int, int]]]:
         """Each watched operator's partitions: (batch, applied ms) as their owners say."""
         return {op: {p: (i.last_batch, i.applied_ms) for p, i in infos.items()}
-                for op, infos in (await self.query.serving(ops)).items()}
+                for op, infos in (await self.query.serving(ops, self.poll_s)).items()}
 
     async def _tick(self) -> None:
         now_s = time.monotonic()
@@ -449,6 +470,8 @@ class WatchHub:
                 feed.update(k, h, now.get(tr.partition, (0, 0))[1])
                 read[tr.partition] = min(read.get(tr.partition, h.batch), h.batch)
             feed.read_at.update(read)
+            for w in {w for k, _ in hits if (tr := feed.tracked.get(k)) for w in tr.watchers}:
+                w.complete()
 
     async def _read_top(self, top: _TopFeed, now: dict[int, tuple[int, int]]) -> None:
         moved = [a for p, (b, a) in now.items() if b > top.seen.get(p, -1) and a]

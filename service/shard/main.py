@@ -18,19 +18,19 @@ from pathlib import Path
 
 import grpc
 
-from qstate.core import security
-from qstate.core.assignment import (
+from qstate.core.config import Settings
+from qstate.core.process.probe import bound_port, probe_app, serve_probe
+from qstate.core.records.assignment import (
     ServerInfo,
     default_server_id,
     now_ms,
     register_server,
     unregister_server,
 )
-from qstate.core.config import Settings
-from qstate.core.grpc_health import Health
-from qstate.core.probe import bound_port, probe_app, serve_probe
-from qstate.core.shard_client import CHANNEL_OPTIONS
-from qstate.core.storage import Storage
+from qstate.core.records.storage import Storage
+from qstate.core.transport import security
+from qstate.core.transport.grpc_health import Health
+from qstate.core.transport.shard_client import CHANNEL_OPTIONS
 from qstate.proto import shard_pb2 as pb
 from qstate.proto import shard_pb2_grpc as pb_grpc
 from qstate.shard import metrics

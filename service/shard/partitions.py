@@ -17,15 +17,15 @@ from pathlib import Path
 
 from rocksdict import DbClosedError
 
-from qstate.core import delta as deltas
-from qstate.core import paths
 from qstate.core.address import PartitionId
-from qstate.core.assignment import Assignment, load_assignment
-from qstate.core.catalog import manifest_batches
 from qstate.core.config import DEFAULTS
 from qstate.core.errors import DeltaMismatch, NotOwner, StaleEpoch, Unavailable, UnknownOperator
-from qstate.core.operator import OperatorSpec, load_spec
-from qstate.core.storage import Storage
+from qstate.core.records import delta as deltas
+from qstate.core.records import paths
+from qstate.core.records.assignment import Assignment, load_assignment
+from qstate.core.records.catalog import manifest_batches
+from qstate.core.records.operator import OperatorSpec, load_spec
+from qstate.core.records.storage import Storage
 from qstate.partition.files import partition_dir
 from qstate.shard import metrics
 from qstate.shard.held import Held

@@ -14,13 +14,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from qstate.core import delta as deltas
 from qstate.core.address import PartitionId
-from qstate.core.catalog import manifest_batches, snapshot_batches
 from qstate.core.errors import DeltaMismatch
-from qstate.core.manifest import read_manifest
-from qstate.core.operator import OperatorSpec
-from qstate.core.storage import Storage
+from qstate.core.records import delta as deltas
+from qstate.core.records.catalog import manifest_batches, snapshot_batches
+from qstate.core.records.manifest import read_manifest
+from qstate.core.records.operator import OperatorSpec
+from qstate.core.records.storage import Storage
 from qstate.partition.files import partition_dir
 from qstate.shard import metrics, snapshot
 from qstate.shard.held import Held

@@ -21,9 +21,9 @@ from pathlib import Path
 
 from qstate.core.address import PartitionId
 from qstate.core.errors import InvalidRequest, NotFound
-from qstate.core.operator import OperatorSpec
-from qstate.core.savepoint import NO_SNAPSHOT, Savepoint, read_savepoint
-from qstate.core.storage import Storage
+from qstate.core.records.operator import OperatorSpec
+from qstate.core.records.savepoint import NO_SNAPSHOT, Savepoint, read_savepoint
+from qstate.core.records.storage import Storage
 from qstate.shard import snapshot
 from qstate.shard.memory import MemoryBudget
 from qstate.shard.recovery import replay

@@ -20,12 +20,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from qstate.core import paths
 from qstate.core.address import PartitionId
-from qstate.core.catalog import delta_files, manifest_batches, snapshot_batches
-from qstate.core.operator import OperatorSpec
-from qstate.core.savepoint import NO_SNAPSHOT, Savepoint
-from qstate.core.storage import Storage
+from qstate.core.records import paths
+from qstate.core.records.catalog import delta_files, manifest_batches, snapshot_batches
+from qstate.core.records.operator import OperatorSpec
+from qstate.core.records.savepoint import NO_SNAPSHOT, Savepoint
+from qstate.core.records.storage import Storage
 from qstate.shard import snapshot
 from qstate.shard.memory import process_budget
 from qstate.shard.recovery import replay

@@ -15,13 +15,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
-from qstate.core import faults
 from qstate.core.address import PartitionId, check_key, check_name, partition_of
 from qstate.core.config import DEFAULTS
 from qstate.core.errors import InvalidRequest, QStateError, UnknownOperator, grpc_trailers
-from qstate.core.operator import OperatorSpec
-from qstate.core.values import set_value
+from qstate.core.process import faults
+from qstate.core.records.operator import OperatorSpec
+from qstate.core.transport.values import set_value
 from qstate.partition import rank
+from qstate.partition.ranking import check_top
 from qstate.partition.reader import WindowValue, page
 from qstate.proto import shard_pb2 as pb
 from qstate.proto import shard_pb2_grpc as pb_grpc
@@ -253,7 +254,7 @@ class ShardService(pb_grpc.ShardServicer):
         try:
             spec = self._state_spec(request.job, request.operator, request.state,
                                     request.partitions)
-            state = rank.check_top(spec, request.state)
+            state = check_top(spec, request.state)
             if not 1 <= request.n <= MAX_TOP_N:
                 raise InvalidRequest(f"n is {request.n}: ask 1 to {MAX_TOP_N}")
             for p in request.partitions:

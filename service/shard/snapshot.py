@@ -1,6 +1,6 @@
 """Partition snapshots on checkpoint storage: a RocksDB checkpoint, uploaded incrementally.
 
-Where the files go is ``qstate.core.paths`` (snapshots_dir): SST files are
+Where the files go is ``qstate.core.records.paths`` (snapshots_dir): SST files are
 content-addressed, immutable, shared by snapshots and uploaded once; the small mutable
 files go under the snapshot's batch; the snapshot's JSON is written last, so a snapshot is
 whole or absent. Restore = the latest snapshot + the batch manifests after it
@@ -20,12 +20,12 @@ from pathlib import Path
 import orjson
 from rocksdict import Checkpoint
 
-from qstate.core import paths
 from qstate.core.address import PartitionId
-from qstate.core.catalog import delta_files, snapshot_batches
 from qstate.core.errors import CorruptState
-from qstate.core.savepoint import pins
-from qstate.core.storage import Storage
+from qstate.core.records import paths
+from qstate.core.records.catalog import delta_files, snapshot_batches
+from qstate.core.records.savepoint import pins
+from qstate.core.records.storage import Storage
 from qstate.shard.held import Held
 from qstate.shard.store import PartitionStore
 

@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 from rocksdict import BlockBasedOptions, Options, Rdict, WriteBatch, WriteOptions
 
 from qstate.core.errors import StaleEpoch
-from qstate.core.operator import OperatorSpec
+from qstate.core.records.operator import OperatorSpec
 from qstate.partition import files, layout, rank
 from qstate.partition.codec import Codec
 from qstate.partition.layout import INDEX, META, NO_WINDOW

@@ -2,7 +2,7 @@
 separate process (so its driver can be killed), and a generator that keeps sending.
 
 A shard or the job can be (re)started with a fault point armed (``QSTATE_FAULT``,
-``qstate.core.faults``): it kills itself at a named step of a batch N chosen a few batches
+``qstate.core.process.faults``): it kills itself at a named step of a batch N chosen a few batches
 ahead of what the job has done, and the state it leaves is read from the shards (their
 Describe, their commit markers on disk, their metrics) and Spark's checkpoint.
 """
@@ -29,15 +29,15 @@ from confluent_kafka import Consumer, TopicPartition
 
 from loadtest.truth import window_counts
 from qstate.core.address import partition_of
-from qstate.core.assignment import Assignment, load_assignment
-from qstate.core.catalog import manifest_batches
 from qstate.core.config import DEFAULTS
-from qstate.core.shard_client import ShardClients
-from qstate.core.storage import Storage
+from qstate.core.records.assignment import Assignment, load_assignment
+from qstate.core.records.catalog import manifest_batches
+from qstate.core.records.storage import Storage
+from qstate.core.transport.shard_client import ShardClients
 from qstate.embedded.generate import produce
 from qstate.embedded.kafka import KafkaBroker
 from qstate.embedded.procs import Child, RouterProcess, ShardProcess, qstate_command
-from qstate.jobs.launch import MERGED
+from qstate.jobs.runtime.launch import MERGED
 from tests.helpers import FAR, http_windows, metric, shard_metrics_url, wait_until
 
 HOUR = 3_600_000

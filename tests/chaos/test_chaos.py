@@ -9,7 +9,7 @@ window of the whole run. The time until every partition
 answers again is printed (loadtest/chaos.py repeats the scenarios for the numbers).
 
 A shard or the driver dies deterministically: it is restarted with a fault point armed
-(``qstate.core.faults``) and kills itself with SIGKILL at a named step of a batch N a few
+(``qstate.core.process.faults``) and kills itself with SIGKILL at a named step of a batch N a few
 batches ahead. Each scenario asserts the process died by that signal, what batch N was at
 that moment (the shards' commit markers and Describe, Spark's logs), and what recovery did
 with N (the shards' commit counters: applied once, or skipped as already there). The same

@@ -3,6 +3,8 @@
 Its answers must equal both the Python stub's answers for the same requests and the values
 written into the delta files, through a router reading shards in-process and one reading
 them over gRPC (local reads on and off; the router's metric says which path served).
+Its watch resumes after a cut connection while batches commit, each event checked against
+the contract as the Python clients' are (tests/watching.py).
 Needs node and npm; node_modules come from the project's own package-lock.json (`npm ci`)
 when missing or out of date.
 """
@@ -14,6 +16,7 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +24,15 @@ import grpc
 import pytest
 from google.protobuf.json_format import MessageToDict
 
-from qstate.core import savepoint
+from qstate.core.answer import WatchEvent
+from qstate.core.records import savepoint
 from qstate.embedded.ports import free_port
 from qstate.exit_codes import Exit
 from qstate.proto import qstate_pb2 as qpb
 from qstate.proto import qstate_pb2_grpc as qpb_grpc
 from tests.helpers import wait_until
-from tests.shop import BATCHES, BIG, KEYS, MANY, ROUTES, WINDOW, Shop, avg_ms, views
+from tests.shop import BATCHES, BIG, KEYS, MANY, ROUTES, WINDOW, Shop, avg_ms, own_shop, views
+from tests.watching import OP, STATE, WATCHED, Event, OwnJob, Proxy, Watch, resume_after_a_cut
 
 NODE_DIR = Path(__file__).resolve().parents[2] / "clients" / "node"
 SCRIPT = NODE_DIR / "query.mjs"
@@ -362,3 +367,55 @@ def test_watch_bad_usage_exits_as_a_bad_request(node) -> None:
                         "not a count of reconnections")]:
         r = run_watch(node, "http://127.0.0.1:1", *args)
         assert r.returncode == Exit.BAD_REQUEST and says in r.stderr, (args, r.stderr)
+
+
+class NodeWatch(Watch):
+    """`node query.mjs watch` of ``keys``: its stdout lines, one event each, read on a thread;
+    its stderr (what it says as it reconnects) in ``log``."""
+
+    resumes = True
+
+    def __init__(self, node: str, url: str, job: str, keys: Sequence[str], log: Path) -> None:
+        super().__init__()
+        self.log = log
+        env = {k: v for k, v in os.environ.items() if k != "QSTATE_ROUTER_URL"}
+        with open(log, "w") as err:
+            self.proc = subprocess.Popen([node, str(SCRIPT), "watch", "--url", url, job, OP,
+                                          STATE, *keys], stdout=subprocess.PIPE, stderr=err,
+                                         text=True, cwd="/", env=env)
+        self._start(self._lines)
+
+    def _lines(self) -> Iterator[Event]:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            yield Event.of(WatchEvent.model_validate_json(line))
+
+    def _close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def watch_shop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shop]:
+    """A shop of this module's own, where a test commits batches (the session's stays at
+    BATCHES)."""
+    with own_shop(tmp_path_factory.mktemp("node-watch")) as s:
+        yield s
+
+
+def test_watch_resumes_after_its_connection_is_cut_while_batches_commit(
+        node, watch_shop: Shop, tmp_path: Path) -> None:
+    """Through a proxy the test cuts (tests/watching.py): nothing missed, nothing twice, the
+    values it printed last are the truth as of the batch it last printed."""
+    job, router = OwnJob(watch_shop), watch_shop.routers["local"]
+    proxy = Proxy(router.url.removeprefix("http://"))
+    log = tmp_path / "node-watch.err"
+    try:
+        c = resume_after_a_cut(job, router.url, proxy, lambda _: NodeWatch(
+            node, proxy.url, job.name, WATCHED, log))
+    finally:
+        proxy.close()
+    said = log.read_text()
+    # it said so, and resumed after the batch it had printed last (from_batch)
+    assert "watch: connection lost" in said and \
+        f"resuming after batch {c.resumed_from}" in said, said

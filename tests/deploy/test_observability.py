@@ -29,10 +29,10 @@ import pytest
 from confluent_kafka import Producer
 from httpx_sse import connect_sse
 
-from qstate.core import security
-from qstate.core.assignment import list_servers
 from qstate.core.config import Settings
-from qstate.core.storage import Storage
+from qstate.core.records.assignment import list_servers
+from qstate.core.records.storage import Storage
+from qstate.core.transport import security
 from qstate.embedded.ports import free_port
 from qstate.embedded.procs import RouterProcess, ShardProcess
 from qstate.embedded.prometheus import Target, write_targets
@@ -281,6 +281,8 @@ def refused_commit(shop: Shop, shard: ShardProcess, batch: int) -> None:
     assert err.value.code() == grpc.StatusCode.ABORTED
 
 
+# a real Prometheus scraping a shop: `make soak` (CI; docs/architecture.md §9)
+@pytest.mark.long
 def test_every_shard_and_router_query_answers_on_a_real_prometheus(kit: Kit,
                                                                    tmp_path: Path) -> None:
     shop = kit.shop
@@ -351,8 +353,8 @@ def test_every_query_answers_with_a_job_running(spark, broker, topic: str, tmp_p
     from qstate.embedded.generate import produce
     from qstate.jobs.examples.workloads import Tweets, events_over_span
     from qstate.jobs.job import JobContext
-    from qstate.jobs.launch import start_job
-    from qstate.jobs.supervise import watch
+    from qstate.jobs.runtime.launch import start_job
+    from qstate.jobs.runtime.supervise import watch
 
     job = f"kit{topic[-6:]}"
     cfg = JobContext(broker.bootstrap, storage_uri, tmp_path / "ckpt", 4, "0 seconds",

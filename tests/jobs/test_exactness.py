@@ -19,8 +19,8 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from loadtest.truth import ads_campaign_views, load_events, window_counts
-from qstate.core.kafka import client_config
-from qstate.core.process import serve_metrics
+from qstate.core.process.start import serve_metrics
+from qstate.core.transport.kafka import client_config
 from qstate.embedded.generate import produce
 from qstate.jobs.examples.workloads import (
     Ads,
@@ -30,8 +30,8 @@ from qstate.jobs.examples.workloads import (
     write_mapping,
 )
 from qstate.jobs.job import JobContext
-from qstate.jobs.launch import start_job
 from qstate.jobs.parse import KINDS
+from qstate.jobs.runtime.launch import start_job
 from qstate.proto import qstate_pb2 as qpb
 from qstate.proto import qstate_pb2_grpc as qpb_grpc
 from tests.helpers import (
@@ -62,11 +62,19 @@ def assert_router_answers(router, job: str, operator: str, state: str, keys: lis
     assert grpc_windows(router.grpc_address, job, operator, state, keys, latest=True) == latest
 
 
+def oldest_open(watermark: int, size: int, slide: int) -> int:
+    """The start of the oldest window still open at ``watermark`` (its end after it), by
+    brute force over the window starts (multiples of ``slide``) near it."""
+    starts = range((watermark - size) // slide * slide - slide, watermark + slide, slide)
+    return min(s for s in starts if s + size > watermark)
+
+
 def assert_top_answers(router, job: str, operator: str, state: str, want: Windows,
-                       n: int = 25, every: int = 1) -> None:
+                       size: int, slide: int, n: int = 25, every: int = 1) -> None:
     """The top ``n`` of every ``every``-th window and of the last one through the router
     (HTTP and gRPC): the keys with the most, ties by key, as ground truth ranks them; and
-    ``current`` is the oldest open window."""
+    ``current`` is the oldest window still open at the watermark (docs/architecture.md §5),
+    of the operator's ``size`` and ``slide``."""
     url = f"{router.url}/v1/top/{job}/{operator}/{state}"
     every_start = sorted({s for _, s in want})
     starts = sorted({*every_start[::every], every_start[-1]})
@@ -81,7 +89,8 @@ def assert_top_answers(router, job: str, operator: str, state: str, want: Window
             assert r.status_code == 200, r.text
             assert [(e["key"], e["value"]) for e in r.json()["entries"]] == truth(start), start
         now = c.get(url, params={"n": n}).json()
-    assert now["window"]["start"] <= now["watermark"] < now["window"]["end"]
+    current = oldest_open(now["watermark"], size, slide)
+    assert now["window"] == {"start": current, "end": current + size}, now["watermark"]
     assert [(e["key"], e["value"]) for e in now["entries"]] == truth(now["window"]["start"])
     with grpc.insecure_channel(router.grpc_address) as ch:
         rpc = qpb_grpc.QueryableStateStub(ch).Top(qpb.TopRequest(
@@ -270,8 +279,9 @@ def test_tweets_exact_with_out_of_order_late_and_bad_events(
     # top-N of a tumbling window (rank index) and of a sliding one (folded from panes),
     # after late events and across partitions, ties by key
     assert_top_answers(router, job_name, "per_tweet_1h", "impressions",
-                       as_map(impressions, "tweet_id"))
-    assert_top_answers(router, job_name, "per_tweet_1m", "impressions", minute, every=4)
+                       as_map(impressions, "tweet_id"), HOUR, HOUR)
+    assert_top_answers(router, job_name, "per_tweet_1m", "impressions", minute, 60_000, 10_000,
+                       every=4)
     # what the job's /metrics says it did: every record produced read once (the good, the
     # late and the bad ones), the dead letters by the reasons the reports give
     assert_job_metrics(job_metrics, router, job_name, topic,

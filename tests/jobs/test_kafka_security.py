@@ -17,10 +17,10 @@ from confluent_kafka.admin import AdminClient
 from qstate.client import Client
 from qstate.core import config
 from qstate.core.errors import StartFailed
-from qstate.core.kafka import client_config, java_options, read_properties
+from qstate.core.transport.kafka import client_config, java_options, read_properties
 from qstate.embedded.kafka import KafkaBroker
 from qstate.jobs.job import JobContext
-from qstate.jobs.launch import start_job
+from qstate.jobs.runtime.launch import start_job
 from tests.helpers import wait_until
 from tests.jobs.test_exactness import dead_letters
 

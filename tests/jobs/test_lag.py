@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import orjson
 from prometheus_client import REGISTRY
 
-from qstate.jobs.launch import RunningJob
+from qstate.jobs.runtime.launch import RunningJob
 
 
 def _query(latest: dict | None, end: dict | None) -> SimpleNamespace:

@@ -1,10 +1,12 @@
-"""Where a job begun from a savepoint numbers its batches (``qstate.jobs.origin``), and what a
-rollback deletes (``qstate.shard.seed.abandon``): on checkpoint storage as the savepoint
+"""Where a job begun from a savepoint numbers its batches (``qstate.jobs.runtime.origin``), and
+what a rollback deletes (``qstate.shard.seed.abandon``): on checkpoint storage as the savepoint
 tests lay it out, the state's build itself stood in for by a recorder (the end-to-end test
 with Spark and real shards is ``test_fork_rollback``)."""
 
 from __future__ import annotations
 
+import math
+import re
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -12,15 +14,15 @@ from pathlib import Path
 import orjson
 import pytest
 
-from qstate.core import paths
 from qstate.core.address import PartitionId
-from qstate.core.catalog import delta_batches, manifest_batches, snapshot_batches
 from qstate.core.errors import InvalidRequest
-from qstate.core.manifest import BatchManifest, write_manifest
-from qstate.core.operator import OperatorSpec, save_spec
-from qstate.core.savepoint import Savepoint, create
-from qstate.core.storage import Storage
-from qstate.jobs.origin import Origin, begin, read_origin
+from qstate.core.records import paths
+from qstate.core.records.catalog import delta_batches, manifest_batches, snapshot_batches
+from qstate.core.records.manifest import BatchManifest, write_manifest
+from qstate.core.records.operator import OperatorSpec, save_spec
+from qstate.core.records.savepoint import Savepoint, create
+from qstate.core.records.storage import Storage
+from qstate.jobs.runtime.origin import Origin, begin, read_origin
 from qstate.shard.seed import abandon
 from tests.service.test_savepoints import JOB, LAST, OPS, SNAPSHOTS, snapshot, spec, write_batch
 from tests.service.test_savepoints import storage as storage
@@ -166,10 +168,17 @@ def test_a_rollback_of_a_running_job_is_refused(storage: Storage, tmp_path: Path
     the rollback numbers past, or deletes."""
     sp = create(storage, JOB, "good")
     lease = paths.driver_lease(JOB)
+    written = time.time()
     storage.write_bytes(lease, orjson.dumps({"writer": "driver:x", "beat": 3,
-                                             "at_ms": int(time.time() * 1000) - 2_000}))
-    with pytest.raises(InvalidRequest, match="job 'shop' is running: its driver beat 2s ago"):
+                                             "at_ms": int(written * 1000) - 2_000}))
+    with pytest.raises(InvalidRequest, match=r"job 'shop' is running: its driver beat (\d+)s "
+                                             r"ago\. Stop it first") as refused:
         begin(storage, tmp_path / "shop", JOB, specs(JOB), sp, Recorder(), ["merged"])
+    # the age said is the beat's (2 s old when written), bounded by this test's own clock: a
+    # stall before begin() reads the lease makes the age larger, and the bound with it
+    said = re.search(r"beat (\d+)s ago", str(refused.value))
+    assert said is not None
+    assert 2 <= int(said.group(1)) <= math.ceil(2 + time.time() - written)
     storage.write_bytes(lease, orjson.dumps({"writer": "driver:x", "beat": 3,
                                              "at_ms": int(time.time() * 1000) - 60_000}))
     assert begin(storage, tmp_path / "shop", JOB, specs(JOB), sp, Recorder(), ["merged"])

@@ -14,9 +14,9 @@ from pyspark.sql import DataFrame, SparkSession
 
 from qstate.jobs import aggregates as A
 from qstate.jobs.job import JobContext
-from qstate.jobs.launch import start_job
 from qstate.jobs.parse import parse_events
 from qstate.jobs.queryable import QueryableJob
+from qstate.jobs.runtime.launch import start_job
 from qstate.jobs.source import read_kafka
 from qstate.jobs.windows import window
 from tests.helpers import http_windows

@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import orjson
@@ -18,7 +19,7 @@ from confluent_kafka import Producer
 
 from qstate.client import Client
 from qstate.jobs.job import JobContext
-from qstate.jobs.launch import start_job
+from qstate.jobs.runtime.launch import start_job
 from tests.helpers import json_documents
 from tests.jobs.test_exactness import dead_letters
 
@@ -39,6 +40,29 @@ def test_the_plain_spark_job_builds(spark, broker) -> None:
     exec(BLOCKS[0][1], scope)
     df = scope["ad_views"](spark, broker.bootstrap)
     assert df.isStreaming and df.columns == ["window", "ad_id", "views", "users"]
+
+
+# After the first events, those of the window the page's board ranks ("current": the oldest
+# window still open at the watermark, docs/architecture.md §5), with one 10 s past them that
+# sets the watermark (10 s behind the newest event) to that window's start, so that the window
+# of the first ones is final; then LAST, whose batch carries that watermark (a batch's is the
+# one the batches before it set, Spark's rule: docs/architecture.md §3).
+LATER = [("ad-3", "u4", "view", 51_000), ("ad-3", "u5", "view", 52_000),
+         ("ad-3", "u6", "view", 53_000), ("ad-4", "u4", "view", 54_000),
+         ("ad-4", "u5", "view", 55_000), ("ad-6", "u6", "view", 56_000),
+         ("ad-5", "u7", "view", 57_000), ("ad-5", "u7", "click", 58_000),
+         ("ad-9", "u9", "view", 60_000)]
+LAST = [("ad-9", "u9", "view", 61_000)]
+
+
+def current_board(t0: int) -> tuple[int, list[tuple[str, int]]]:
+    """The current 10 s window's start, and its three ads with the most views (ties by ad)
+    from LATER: a window is open while its end is past the watermark."""
+    watermark = t0 + max(ms for *_, ms in LATER) - 10_000
+    start = watermark // 10_000 * 10_000
+    views = Counter(ad for ad, _, kind, ms in LATER
+                    if kind == "view" and start <= t0 + ms < start + 10_000)
+    return start, sorted(views.items(), key=lambda kv: (-kv[1], kv[0]))[:3]
 
 
 def test_the_queryable_job_counts_what_it_says(spark, broker, topic: str, tmp_path: Path,
@@ -65,12 +89,15 @@ def test_the_queryable_job_counts_what_it_says(spark, broker, topic: str, tmp_pa
                 "event_type": kind, "event_time": t0 + ms, "ip_address": "10.0.0.1"}),
                 ad.encode())
         producer.produce(topic, b'{"ad_id": "ad-1"}', b"ad-1")  # no user_id: dead-lettered
-        # past the watermark (10 s): the window of the events above is final
-        producer.produce(topic, orjson.dumps({
-            "user_id": "u9", "ad_id": "ad-9", "event_type": "view",
-            "event_time": t0 + 60_000}), b"ad-9")
         assert producer.flush(10) == 0
-        running.process_all_available()
+        running.process_all_available()  # counted before a later event moves the watermark
+        for later in (LATER, LAST):  # LAST: in a batch of its own, after LATER's
+            for ad, user, kind, ms in later:
+                producer.produce(topic, orjson.dumps({
+                    "user_id": user, "ad_id": ad, "event_type": kind,
+                    "event_time": t0 + ms}), ad.encode())
+            assert producer.flush(10) == 0
+            running.process_all_available()
         with Client(router.url, timeout=30, retries=40, backoff_s=0.25) as c:
             views = {ad: c.get(job, "ad_views_10s", "views", ad).latest for ad in ("ad-1", "ad-2")}
             users = c.get(job, "ad_views_10s", "users", "ad-1").latest
@@ -90,8 +117,13 @@ def test_the_queryable_job_counts_what_it_says(spark, broker, topic: str, tmp_pa
                            env=dict(os.environ), capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stderr
         described, board = json_documents(r.stdout)
-        assert sorted(o["name"] for o in described["operators"]) == ["ad_views_10s",
-                                                                     "user_sessions"]
-        assert board["job"] == job and "entries" in board
+        assert sorted((o["name"], o["window"]["kind"], o["window"]["size_ms"],
+                       o["window"]["gap_ms"], o["partitions"])
+                      for o in described["operators"]) == [
+            ("ad_views_10s", "tumbling", 10_000, 0, 4), ("user_sessions", "session", 0,
+                                                         30_000, 4)]
+        start, top3 = current_board(t0)
+        assert (board["job"], board["window"]) == (job, {"start": start, "end": start + 10_000})
+        assert [(e["key"], e["value"]) for e in board["entries"]] == top3
     finally:
         running.stop()

@@ -1,13 +1,13 @@
-"""``qstate.jobs.partials.aggregate`` on the executors (no JVM): a long sum that leaves int64
-within one task's rows is saturated at the bound it crossed, as the shard would keep it
+"""``qstate.jobs.runtime.partials.aggregate`` on the executors (no JVM): a long sum that leaves
+int64 within one task's rows is saturated at the bound it crossed, as the shard would keep it
 (``qstate.partition.codec``), never Arrow's wrapped value (issue 25)."""
 
 from __future__ import annotations
 
 import pyarrow as pa
 
-from qstate.core.operator import Aggregate, OperatorSpec, WindowSpec
-from qstate.jobs.partials import INPUT, KEY, PART, TIME, Plan, aggregate
+from qstate.core.records.operator import Aggregate, OperatorSpec, WindowSpec
+from qstate.jobs.runtime.partials import INPUT, KEY, PART, TIME, Plan, aggregate
 
 SPEC = OperatorSpec("j", "o", "k", {"s": Aggregate("sum", "long"),
                                     "d": Aggregate("sum", "double")},

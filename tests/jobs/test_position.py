@@ -15,10 +15,10 @@ from confluent_kafka import Message, Producer
 
 from qstate.client import Client
 from qstate.core.errors import Unavailable
-from qstate.core.manifest import read_manifest
-from qstate.core.storage import Storage
+from qstate.core.records.manifest import read_manifest
+from qstate.core.records.storage import Storage
 from qstate.jobs.job import JobContext
-from qstate.jobs.launch import start_job
+from qstate.jobs.runtime.launch import start_job
 from tests.helpers import wait_until
 
 P = 8

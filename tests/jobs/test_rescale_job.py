@@ -7,11 +7,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from loadtest.truth import load_events, window_counts
 from qstate.control.rescale import rescale
-from qstate.core.assignment import load_assignment
-from qstate.core.operator import load_spec
-from qstate.core.storage import Storage
+from qstate.core.records.assignment import load_assignment
+from qstate.core.records.operator import load_spec
+from qstate.core.records.storage import Storage
 from qstate.embedded.generate import produce
 from qstate.jobs.examples.workloads import Tweets, events_over_span
 from qstate.jobs.job import JobContext
@@ -21,6 +23,8 @@ from tests.jobs.test_exactness import BOUNDARY, HOUR, as_map, drain
 P, NEW_P = 4, 8
 
 
+# a second job on Spark: `make soak` (CI; docs/architecture.md §9)
+@pytest.mark.long
 def test_the_tweets_job_goes_on_exact_after_its_partition_count_doubles(
         spark, broker, topic, tmp_path: Path, storage_uri, shards, router) -> None:
     log = tmp_path / "events.jsonl"

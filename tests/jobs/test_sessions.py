@@ -14,9 +14,9 @@ from loadtest.truth import load_events, sessions
 from qstate.embedded.generate import produce
 from qstate.jobs import aggregates as A
 from qstate.jobs.job import JobContext
-from qstate.jobs.launch import start_job
 from qstate.jobs.parse import parse_events
 from qstate.jobs.queryable import QueryableJob, dlq_topic
+from qstate.jobs.runtime.launch import start_job
 from qstate.jobs.source import read_kafka
 from qstate.jobs.windows import session_window
 from tests.helpers import read_all_windows

@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 
 from qstate.control.coordinator import release
-from qstate.core.catalog import manifest_batches
-from qstate.core.operator import save_spec
-from qstate.core.shard_client import ShardClients
-from qstate.core.storage import Storage
+from qstate.core.records.catalog import manifest_batches
+from qstate.core.records.operator import save_spec
+from qstate.core.records.storage import Storage
+from qstate.core.transport.shard_client import ShardClients
 from qstate.embedded.procs import ShardProcess
-from qstate.jobs.partials import Plan
-from qstate.jobs.sinks import QStateSink
+from qstate.jobs.runtime.partials import Plan
+from qstate.jobs.runtime.sinks import QStateSink
 from tests.helpers import metric, read_all_windows, shard_metrics_url
 from tests.service.shard.test_recovery import KEYS, SPEC, P, write_batch
 
@@ -32,11 +32,11 @@ N = 3
 # The driver: batches 0..N, each finished as foreachBatch finishes it (commits pipelined).
 DRIVER = """
 import sys
-from qstate.jobs.partials import Plan
-from qstate.jobs.sinks import QStateSink
-from qstate.core import faults
+from qstate.jobs.runtime.partials import Plan
+from qstate.jobs.runtime.sinks import QStateSink
+from qstate.core.process import faults
 from qstate.core.config import settings
-from qstate.core.storage import Storage
+from qstate.core.records.storage import Storage
 from tests.service.shard.test_recovery import SPEC, write_batch
 
 faults.arm(settings().fault)  # as `qstate job` does at start

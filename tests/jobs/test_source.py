@@ -13,9 +13,9 @@ from pyspark.sql import DataFrame
 from pyspark.sql.streaming import StreamingQuery
 
 from qstate.core.errors import InvalidRequest
-from qstate.core.kafka import ensure_topic
+from qstate.core.transport.kafka import ensure_topic
+from qstate.jobs.runtime.spark import connector_jars
 from qstate.jobs.source import read_kafka
-from qstate.jobs.spark import connector_jars
 
 
 def produce(bootstrap: str, topic: str, n: int, partitions: int, first: int = 0) -> None:

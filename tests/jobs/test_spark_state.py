@@ -12,9 +12,9 @@ import pytest
 from pyspark.sql import functions as F
 
 from qstate.control.coordinator import release
-from qstate.core.operator import WindowSpec
-from qstate.jobs.reports import Reports
-from qstate.jobs.spark_state import serve
+from qstate.core.records.operator import WindowSpec
+from qstate.jobs.runtime.reports import Reports
+from qstate.jobs.runtime.spark_state import serve
 from tests.helpers import read_all_windows
 
 pytestmark = pytest.mark.spark

@@ -1,5 +1,5 @@
 """`qstate job` with several jobs: one whose query fails is reported and dropped, the others
-keep running (unit test of ``qstate.jobs.supervise.watch`` with stand-in jobs; no Spark)."""
+keep running (unit test of ``qstate.jobs.runtime.supervise.watch`` with stand-in jobs; no Spark)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import pytest
 from py4j.protocol import Py4JJavaError, Py4JNetworkError
 
 from qstate.core.errors import InvalidRequest
-from qstate.jobs import supervise
-from qstate.jobs.launch import RunningJob
-from qstate.jobs.metrics import JOB_UP
-from qstate.jobs.supervise import checkpoint_name, checkpoint_names, watch
+from qstate.jobs.runtime import supervise
+from qstate.jobs.runtime.launch import RunningJob
+from qstate.jobs.runtime.metrics import JOB_UP
+from qstate.jobs.runtime.supervise import checkpoint_name, checkpoint_names, watch
 
 
 @dataclass

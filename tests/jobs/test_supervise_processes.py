@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import orjson
 import pytest
 from confluent_kafka import Producer
@@ -120,48 +121,76 @@ def running(broker, tmp_path: Path) -> Iterator[tuple[Child, ShardProcess, Event
         events.join(60)
 
 
+BATCHES = "qstate_job_batches_total"
+
+
+class Metrics:
+    """One sample of the ``qstate job`` process's /metrics. ``value`` is for assertions: a
+    scrape that fails, or a sample that is not there, fails the test. ``seen`` is for waits:
+    None while the page does not answer (Spark starting) or lacks the sample (before a
+    job's first batch), so a wait goes on until its deadline; never a number standing in."""
+
+    def __init__(self, job: Child, url: str) -> None:
+        self.job, self.url = job, url
+
+    def _samples(self, name: str, labels: dict[str, str]) -> list[float]:
+        assert self.job.alive(), self.job.log_path.read_text()[-3000:]
+        found = [float(s.value) for s in scrape(self.url).matching(name, **labels)]
+        assert len(found) <= 1, (name, labels, found)
+        return found
+
+    def value(self, name: str, **labels: str) -> float:
+        found = self._samples(name, labels)
+        assert found, f"no sample {name}{labels} on {self.url}/metrics"
+        return found[0]
+
+    def seen(self, name: str, **labels: str) -> float | None:
+        try:
+            found = self._samples(name, labels)
+        except httpx.TransportError:
+            return None
+        return found[0] if found else None
+
+
+def at_least(got: float | None, floor: float) -> bool:
+    return got is not None and got >= floor
+
+
 def test_a_failed_job_is_dropped_the_other_keeps_committing_and_a_stall_shows_as_lag(
         running) -> None:
     job, shard, events, url = running
-
-    def value(name: str, **labels: str) -> float:
-        assert job.alive(), job.log_path.read_text()[-3000:]
-        try:
-            return scrape(url).value(name, **labels)
-        except Exception:  # not serving /metrics yet (Spark starting)
-            return -1.0
-
-    wait_until(lambda: value("qstate_job_batches_total", job="sup_a") >= 2 and
-               value("qstate_job_batches_total", job="sup_b") >= 2, 240,
-               "both jobs committing")
+    m = Metrics(job, url)
+    wait_until(lambda: all(at_least(m.seen(BATCHES, job=name), 2) for name in ("sup_a", "sup_b")),
+               240, "both jobs committing")
     # B's bug: one record it cannot handle fails its query
     events.send(events.topics[1], "boom")
     events.producer.flush(10)
-    wait_until(lambda: value("qstate_job_up", job="sup_b") == 0, 120, "job B reported down")
+    wait_until(lambda: m.seen("qstate_job_up", job="sup_b") == 0, 120, "job B reported down")
     assert "job sup_b failed" in job.log_path.read_text()
-    after = value("qstate_job_batches_total", job="sup_a")
-    wait_until(lambda: value("qstate_job_batches_total", job="sup_a") >= after + 3, 120,
+    after = m.value(BATCHES, job="sup_a")
+    wait_until(lambda: at_least(m.seen(BATCHES, job="sup_a"), after + 3), 120,
                "job A committing after B failed")
-    assert value("qstate_job_up", job="sup_a") == 1 and job.alive()
+    assert m.value("qstate_job_up", job="sup_a") == 1 and job.alive()
 
     # A stalls: its one shard frozen (a busy or hung server, not a dead one). A stays up,
     # commits nothing, and its lag grows with every event produced meanwhile.
     lag = ("qstate_job_lag_events", {"job": "sup_a", "topic": events.topics[0]})
     os.kill(shard.pid, signal.SIGSTOP)
     try:
-        stalled = value("qstate_job_batches_total", job="sup_a")
-        first = wait_until(lambda: (v := value(lag[0], **lag[1])) >= 600 and v, 120,
+        stalled = m.value(BATCHES, job="sup_a")
+        first = wait_until(lambda: at_least(v := m.seen(lag[0], **lag[1]), 600) and v, 120,
                            "A's lag past 600 events")
-        wait_until(lambda: value(lag[0], **lag[1]) >= float(first) + 600, 120,  # type: ignore[arg-type]
-                   "A's lag still growing")
+        wait_until(lambda: at_least(m.seen(lag[0], **lag[1]), float(first) + 600),  # type: ignore[arg-type]
+                   120, "A's lag still growing")
         # at most the batches under way when the shard froze (one recorded, one waiting)
-        assert value("qstate_job_batches_total", job="sup_a") <= stalled + 2
-        assert value("qstate_job_up", job="sup_a") == 1
+        assert m.value(BATCHES, job="sup_a") <= stalled + 2
+        assert m.value("qstate_job_up", job="sup_a") == 1
     finally:
         os.kill(shard.pid, signal.SIGCONT)
     # back: A catches up
-    wait_until(lambda: value(lag[0], **lag[1]) < 600, 240, "A caught up after the stall")
-    assert value("qstate_job_batches_total", job="sup_a") > stalled + 2
+    wait_until(lambda: (v := m.seen(lag[0], **lag[1])) is not None and v < 600, 240,
+               "A caught up after the stall")
+    assert m.value(BATCHES, job="sup_a") > stalled + 2
 
 
 def test_sigterm_to_the_whole_group_stops_it_cleanly(running) -> None:
@@ -170,16 +199,9 @@ def test_sigterm_to_the_whole_group_stops_it_cleanly(running) -> None:
     queries. The driver still stops, says so and exits 0, as its --help says for SIGTERM
     (Py4J's and PySpark's own threads may log what they were doing when the JVM went)."""
     job, _, _, url = running
-
-    def batches(name: str) -> float:
-        assert job.alive(), job.log_path.read_text()[-3000:]
-        try:
-            return scrape(url).value("qstate_job_batches_total", job=name)
-        except Exception:  # not serving /metrics yet (Spark starting)
-            return -1.0
-
-    wait_until(lambda: batches("sup_a") >= 2 and batches("sup_b") >= 2, 240,
-               "both jobs committing")
+    m = Metrics(job, url)
+    wait_until(lambda: all(at_least(m.seen(BATCHES, job=name), 2) for name in ("sup_a", "sup_b")),
+               240, "both jobs committing")
     seen = len(job.log_path.read_bytes())
     assert job.proc is not None
     os.killpg(job.pid, signal.SIGTERM)

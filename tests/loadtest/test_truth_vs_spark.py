@@ -6,12 +6,16 @@ sit exactly one gap apart. Every exactness test trusts truth.py; this checks tru
 from __future__ import annotations
 
 import pandas as pd
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from loadtest.truth import sessions, window_counts
+
+# the benchmarks' truth against Spark's own windows, ~12 s: `make soak`, which CI runs (§9)
+pytestmark = pytest.mark.long
 
 SETTINGS = settings(max_examples=25, deadline=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -16,15 +16,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from qstate.core import delta as deltas
-from qstate.core import paths
 from qstate.core.address import MAX_KEY_BYTES, PartitionId, partition_of
-from qstate.core.assignment import Assignment, save_assignment
 from qstate.core.errors import CorruptState, DeltaMismatch, from_grpc
-from qstate.core.manifest import BatchManifest, write_manifest
-from qstate.core.operator import OperatorSpec, WindowSpec, save_spec
-from qstate.core.shard_client import ShardClients
-from qstate.core.storage import Storage
+from qstate.core.records import delta as deltas
+from qstate.core.records import paths
+from qstate.core.records.assignment import Assignment, save_assignment
+from qstate.core.records.manifest import BatchManifest, write_manifest
+from qstate.core.records.operator import OperatorSpec, WindowSpec, save_spec
+from qstate.core.records.storage import Storage
+from qstate.core.transport.shard_client import ShardClients
 from qstate.embedded.procs import ShardProcess
 from qstate.partition import layout
 from qstate.proto import shard_pb2 as pb

@@ -14,7 +14,7 @@ import pytest
 
 from qstate.core.config import Settings
 from qstate.core.errors import StartFailed
-from qstate.core.security import cluster_token, host_token, shard_settings
+from qstate.core.transport.security import cluster_token, host_token, shard_settings
 from qstate.embedded.procs import ShardProcess
 from tests.helpers import refused_then_answered
 

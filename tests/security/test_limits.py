@@ -24,9 +24,9 @@ import pytest
 
 from qstate.control.coordinator import Coordinator
 from qstate.core.errors import Overloaded, from_grpc
-from qstate.core.operator import save_spec
-from qstate.core.shard_client import ShardClients
-from qstate.core.storage import Storage
+from qstate.core.records.operator import save_spec
+from qstate.core.records.storage import Storage
+from qstate.core.transport.shard_client import ShardClients
 from qstate.embedded.procs import RouterProcess, ShardProcess
 from qstate.proto import qstate_pb2 as qpb
 from qstate.proto import qstate_pb2_grpc as qpb_grpc

@@ -19,18 +19,18 @@ import pytest
 
 from qstate.client import Client
 from qstate.control.coordinator import Coordinator
-from qstate.core import delta as deltas
 from qstate.core.address import PartitionId, partition_of
-from qstate.core.assignment import load_assignment
 from qstate.core.config import Settings
 from qstate.core.errors import StartFailed
-from qstate.core.operator import OperatorSpec, WindowSpec, save_spec
-from qstate.core.security import check_exposure, is_loopback
-from qstate.core.shard_client import ShardClients
-from qstate.core.storage import Storage
+from qstate.core.records import delta as deltas
+from qstate.core.records.assignment import load_assignment
+from qstate.core.records.operator import OperatorSpec, WindowSpec, save_spec
+from qstate.core.records.storage import Storage
+from qstate.core.transport.security import check_exposure, is_loopback
+from qstate.core.transport.shard_client import ShardClients
 from qstate.embedded.procs import RouterProcess, ShardProcess, qstate_command
 from qstate.exit_codes import Exit
-from qstate.jobs.commit import Committer
+from qstate.jobs.runtime.commit import Committer
 from qstate.proto import qstate_pb2 as qpb
 from qstate.proto import qstate_pb2_grpc as qpb_grpc
 from qstate.proto import shard_pb2 as pb

@@ -11,8 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from qstate.core.records.savepoint import create
+from qstate.core.records.storage import Storage
 from qstate.embedded.ports import free_port
 from qstate.exit_codes import HELP as EXIT_HELP
+from tests.service.test_savepoints import JOB as SAVED_JOB
+from tests.service.test_savepoints import P as SAVED_P
+from tests.service.test_savepoints import storage as storage
 from tests.shop import BATCHES, KEYS, MANY, Shop, views, window
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -128,9 +133,9 @@ WIDE = {"COLUMNS": "400"}  # rich's boxes wrap at the terminal's width: no path 
 
 def test_state_rescale_refuses_a_count_that_is_not_a_multiple_and_a_running_job(
         tmp_path: Path) -> None:
-    from qstate.core import paths
-    from qstate.core.operator import OperatorSpec, load_spec, save_spec
-    from qstate.core.storage import Storage
+    from qstate.core.records import paths
+    from qstate.core.records.operator import OperatorSpec, load_spec, save_spec
+    from qstate.core.records.storage import Storage
 
     storage = Storage(str(tmp_path / "storage"))
     save_spec(storage, OperatorSpec("j", "op", "k", {"n": "long"}, partitions=4))
@@ -195,8 +200,8 @@ def test_job_starting_offsets_are_checked_before_spark_starts(tmp_path: Path) ->
 def test_job_from_a_savepoint_is_checked_before_spark_starts(tmp_path: Path) -> None:
     """The savepoint named by --from-savepoint is read before Spark starts: none there, or
     none of that name, exits 1 saying which there are; --name takes one job."""
-    from qstate.core.operator import OperatorSpec, save_spec
-    from qstate.core.storage import Storage
+    from qstate.core.records.operator import OperatorSpec, save_spec
+    from qstate.core.records.storage import Storage
 
     storage = Storage(str(tmp_path / "storage"))
     save_spec(storage, OperatorSpec("tweets", "per_tweet_1h", "tweet_id", {"n": "long"}, 2))
@@ -213,6 +218,46 @@ def test_job_from_a_savepoint_is_checked_before_spark_starts(tmp_path: Path) -> 
     assert r.returncode == 2 and "--name and --from-savepoint take one job" in said(r)
     r = job("tweets", "--name", "../x")
     assert r.returncode == 2 and "invalid job" in said(r)
+
+
+def test_job_from_a_savepoint_takes_its_partition_count_unless_one_is_set(
+        storage: Storage, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fork or a rollback given no partition count takes the savepoint's (`make run`'s 16,
+    not the default 64, which it would refuse); one set by --partitions or QSTATE_PARTITIONS
+    is kept, and the job's start refuses it if it differs, naming the savepoint's
+    (tests/jobs/test_origin.py). The command's own part, up to starting the job (recorded
+    here); through Spark: tests/jobs/test_fork_rollback.py."""
+    from typer.testing import CliRunner
+
+    from qstate.cli import app
+    from qstate.core.config import DEFAULTS
+    from qstate.jobs.runtime import supervise
+
+    started: list[int] = []
+    monkeypatch.setattr(supervise, "run_jobs",
+                        lambda names, ctx, *a, **kw: started.append(ctx.partitions))
+    # the command puts its working directory first, for the job's module
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+    monkeypatch.delenv("QSTATE_PARTITIONS", raising=False)
+    create(storage, SAVED_JOB, "good")
+
+    def job(*args: str, **env: str) -> None:
+        r = CliRunner().invoke(app, ["job", "tweets", "--storage", storage.uri, "--no-live",
+                                     *args], env=env)
+        assert r.exit_code == 0, r.output
+
+    fork = ("--name", "v2", "--from-savepoint", f"{SAVED_JOB}@good")
+    job(*fork)
+    job(*fork, "--partitions", "8")
+    job(*fork, QSTATE_PARTITIONS="8")
+    job()  # no savepoint: the default, as before
+    assert started == [SAVED_P, 8, 8, DEFAULTS.partitions]
+    r = qstate("job", "--help", env=WIDE)
+    [line] = [ln for ln in r.stdout.splitlines()
+              if ln.replace("│", " ").split()[:1] == ["--partitions"]]
+    assert "takes the savepoint's count unless one is set here" in line
+    assert f"[default: {DEFAULTS.partitions}]" in line
 
 
 def test_state_inspect_names_what_it_looked_at_and_makes_nothing(tmp_path: Path) -> None:

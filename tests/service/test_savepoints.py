@@ -1,5 +1,5 @@
-"""Savepoints in checkpoint storage (``qstate.core.savepoint``): made at the newest batch every
-operator has, from the snapshots and deltas already there; kept from retention (the shards'
+"""Savepoints in checkpoint storage (``qstate.core.records.savepoint``): made at the newest batch
+every operator has, from the snapshots and deltas already there; kept from retention (the shards'
 snapshot pruning, the job's manifest collection) until deleted; whole or absent when the
 process making one is killed -9 (a real ``qstate savepoint create`` process)."""
 
@@ -15,16 +15,23 @@ from types import SimpleNamespace
 import orjson
 import pytest
 
-from qstate.core import paths
 from qstate.core.address import PartitionId
-from qstate.core.catalog import delta_batches, manifest_batches, snapshot_batches
 from qstate.core.errors import CorruptState, InvalidRequest, NotFound, Unavailable
-from qstate.core.manifest import BatchManifest, write_manifest
-from qstate.core.operator import OperatorSpec, WindowSpec, save_spec
-from qstate.core.savepoint import NO_SNAPSHOT, create, delete, list_savepoints, pins, read_savepoint
-from qstate.core.storage import Storage
+from qstate.core.records import paths
+from qstate.core.records.catalog import delta_batches, manifest_batches, snapshot_batches
+from qstate.core.records.manifest import BatchManifest, write_manifest
+from qstate.core.records.operator import OperatorSpec, WindowSpec, save_spec
+from qstate.core.records.savepoint import (
+    NO_SNAPSHOT,
+    create,
+    delete,
+    list_savepoints,
+    pins,
+    read_savepoint,
+)
+from qstate.core.records.storage import Storage
 from qstate.exit_codes import Exit
-from qstate.jobs.commit import Committer
+from qstate.jobs.runtime.commit import Committer
 from qstate.shard.snapshot import Snapshotter
 
 JOB = "shop"

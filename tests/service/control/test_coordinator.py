@@ -12,12 +12,12 @@ import grpc
 import pytest
 
 from qstate.control.coordinator import Coordinator, driver_beat_age_s
-from qstate.core import paths
-from qstate.core.assignment import load_assignment
 from qstate.core.errors import Fenced
-from qstate.core.operator import OperatorSpec, WindowSpec
-from qstate.core.storage import Storage
-from qstate.jobs.commit import Committer
+from qstate.core.records import paths
+from qstate.core.records.assignment import load_assignment
+from qstate.core.records.operator import OperatorSpec, WindowSpec
+from qstate.core.records.storage import Storage
+from qstate.jobs.runtime.commit import Committer
 
 SPEC = OperatorSpec("j", "op", "k", {"n": "long"}, partitions=4,
                     window=WindowSpec("tumbling", 10))

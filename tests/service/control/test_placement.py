@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qstate.control.placement import Cluster, Progress, balance, place
-from qstate.core.assignment import Assignment
 from qstate.core.errors import Unavailable
+from qstate.core.records.assignment import Assignment
 
 FAST = settings(max_examples=30, deadline=None)
 SERVER_IDS = ["s0", "s1", "s2", "s3", "s4", "s5", "s6"]

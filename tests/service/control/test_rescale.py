@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from loadtest.rescale import Outcome, double_partitions, join_drain, replica_loss
 
 
@@ -18,6 +20,7 @@ def no_503_nor_wrong_answer(o: Outcome, reads: int) -> None:
     assert o.mismatches == 0  # every window of every batch, read at the end
 
 
+@pytest.mark.long  # rescale scenarios: `make soak` (CI; docs/architecture.md §9)
 def test_a_server_joins_and_another_drains_without_a_503_or_a_wrong_answer(
         tmp_path: Path) -> None:
     o = join_drain(tmp_path, keys=400, partitions=8, hold_s=2.0)
@@ -26,12 +29,14 @@ def test_a_server_joins_and_another_drains_without_a_503_or_a_wrong_answer(
     assert o.epochs >= 4, o
 
 
+@pytest.mark.long  # rescale scenarios: `make soak` (CI; docs/architecture.md §9)
 def test_with_replicas_an_owner_killed_is_answered_by_its_followers(tmp_path: Path) -> None:
     o = replica_loss(tmp_path, keys=400, partitions=8, hold_s=2.0)
     no_503_nor_wrong_answer(o, 10_000)
     assert o.follower_reads > 0  # the dead owner's keys were answered by its copies
 
 
+@pytest.mark.long  # rescale scenarios: `make soak` (CI; docs/architecture.md §9)
 def test_doubling_the_partition_count_with_the_job_down_keeps_every_answer(
         tmp_path: Path) -> None:
     """`qstate state rescale --partitions 2P` (a real process) while readers read: no 503,

@@ -11,9 +11,9 @@ from pathlib import Path
 import pyarrow as pa
 
 from qstate.core.address import partition_of
-from qstate.core.delta import delta_schema
-from qstate.core.operator import Aggregate, OperatorSpec, WindowSpec
-from qstate.core.storage import Storage
+from qstate.core.records.delta import delta_schema
+from qstate.core.records.operator import Aggregate, OperatorSpec, WindowSpec
+from qstate.core.records.storage import Storage
 from qstate.partition import rank
 from qstate.shard.store import PartitionStore
 from tests.service.shard.sim import scratch

@@ -15,11 +15,12 @@ import time
 from pathlib import Path
 
 import orjson
+import pytest
 
 from qstate.control.coordinator import Coordinator
-from qstate.core import paths
-from qstate.core.assignment import load_assignment
-from qstate.core.storage import Storage
+from qstate.core.records import paths
+from qstate.core.records.assignment import load_assignment
+from qstate.core.records.storage import Storage
 from qstate.embedded.procs import Child, qstate_command
 from tests.helpers import http_windows, metric, wait_until
 from tests.shop import BATCHES, KEYS, SPEC, start_shop, views, window
@@ -32,6 +33,7 @@ def beats(storage: Storage) -> int:
     return int(orjson.loads(storage.read_bytes(paths.driver_lease(SPEC.job)))["beat"])
 
 
+@pytest.mark.long  # `make soak` (CI; docs/architecture.md §9)
 def test_a_standby_moves_a_dead_shards_partitions_while_the_job_is_down(
         tmp_path: Path) -> None:
     shop = start_shop(tmp_path)

@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qstate.control.placement import Cluster, place
-from qstate.core import paths
 from qstate.core.address import PartitionId
-from qstate.core.assignment import (
+from qstate.core.records import paths
+from qstate.core.records.assignment import (
     Assignment,
     ServerInfo,
     default_server_id,
@@ -21,7 +21,7 @@ from qstate.core.assignment import (
     save_assignment,
     unregister_server,
 )
-from qstate.core.storage import Storage
+from qstate.core.records.storage import Storage
 
 FAST = settings(max_examples=30, deadline=None)
 SERVER_IDS = ["s0", "s1", "s2", "s3", "s4", "s5", "s6"]
@@ -103,7 +103,7 @@ def test_racing_writers_of_one_epoch_one_wins(tmp_path: Path) -> None:
 
 
 def test_old_epochs_are_collected(tmp_path: Path) -> None:
-    from qstate.core.assignment import EPOCHS_KEPT
+    from qstate.core.records.assignment import EPOCHS_KEPT
 
     s = Storage(str(tmp_path))
     for e in range(1, EPOCHS_KEPT + 6):

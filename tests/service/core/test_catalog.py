@@ -4,10 +4,15 @@ from pathlib import Path
 
 import pytest
 
-from qstate.core import paths
 from qstate.core.address import PartitionId
-from qstate.core.catalog import delta_batches, delta_files, manifest_batches, snapshot_batches
-from qstate.core.storage import Storage
+from qstate.core.records import paths
+from qstate.core.records.catalog import (
+    delta_batches,
+    delta_files,
+    manifest_batches,
+    snapshot_batches,
+)
+from qstate.core.records.storage import Storage
 
 P3 = PartitionId("j", "op", 3)
 

@@ -6,13 +6,13 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
 
-from qstate.core import paths
 from qstate.core.address import PartitionId
-from qstate.core.catalog import delta_batches
-from qstate.core.delta import delta_schema, read_delta, read_deltas, write_delta
 from qstate.core.errors import DeltaMismatch
-from qstate.core.operator import Aggregate, OperatorSpec, WindowSpec
-from qstate.core.storage import Storage
+from qstate.core.records import paths
+from qstate.core.records.catalog import delta_batches
+from qstate.core.records.delta import delta_schema, read_delta, read_deltas, write_delta
+from qstate.core.records.operator import Aggregate, OperatorSpec, WindowSpec
+from qstate.core.records.storage import Storage
 
 PID = PartitionId("ads", "per_campaign", 5)
 SPEC = OperatorSpec("ads", "per_campaign", "campaign", {"impressions": "long", "spend": "double"},

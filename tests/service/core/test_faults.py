@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from qstate.core import faults
 from qstate.core.errors import InvalidRequest
-from qstate.core.faults import POINTS, Fault, parse
+from qstate.core.process import faults
+from qstate.core.process.faults import POINTS, Fault, parse
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -99,13 +99,13 @@ def test_inert_unless_armed_even_with_the_variable_set() -> None:
     """Importing the module (as Spark's Python workers import the sink's modules) arms
     nothing: only ``qstate shard``/``qstate job`` arm the setting when they start."""
     every_point = "; ".join(f"faults.hit({p!r}, 3, 'op')" for p in POINTS)
-    r = python(f"from qstate.core import faults; {every_point}; "
+    r = python(f"from qstate.core.process import faults; {every_point}; "
                "assert faults.armed() is None; print('alive')", QSTATE_FAULT="shard.received@3")
     assert (r.returncode, r.stdout.strip()) == (0, "alive"), r.stderr
 
 
 def test_a_hit_is_a_sigkill_after_one_log_line() -> None:
-    r = python("import logging; logging.basicConfig(); from qstate.core import faults; "
+    r = python("import logging; logging.basicConfig(); from qstate.core.process import faults; "
                "faults.arm('driver.after-record@3:op'); faults.hit('driver.after-record', 2, "
                "'op'); faults.hit('driver.after-record', 3, 'other'); print('still here', "
                "flush=True); faults.hit('driver.after-record', 3, 'op'); print('survived')")

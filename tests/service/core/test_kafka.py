@@ -10,7 +10,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from qstate.core import kafka
+from qstate.core.transport import kafka
 
 pytestmark = pytest.mark.kafka
 

@@ -8,16 +8,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from qstate.core import paths
-from qstate.core.catalog import manifest_batches
 from qstate.core.errors import DeltaMismatch
-from qstate.core.manifest import (
+from qstate.core.records import paths
+from qstate.core.records.catalog import manifest_batches
+from qstate.core.records.manifest import (
     BatchManifest,
     delete_manifests_through,
     read_manifest,
     write_manifest,
 )
-from qstate.core.storage import Storage
+from qstate.core.records.storage import Storage
 
 FAST = settings(max_examples=15, deadline=None)
 manifests = st.builds(

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from qstate.core import paths
 from qstate.core.address import PartitionId
+from qstate.core.records import paths
 
 MAX_BATCH = 10**20 - 1  # the largest id that fits the 20 digits of a batch name
 batch_ids = st.integers(min_value=0, max_value=MAX_BATCH)

@@ -7,7 +7,7 @@ from typing import Any
 import pyarrow.fs as pafs
 import pytest
 
-from qstate.core.storage import Storage
+from qstate.core.records.storage import Storage
 
 
 def all_files(root: Path) -> list[str]:

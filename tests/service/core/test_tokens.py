@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from qstate.core.errors import InvalidRequest, Unauthenticated
-from qstate.core.tokens import WatchedTokens, add_token
+from qstate.core.transport.tokens import WatchedTokens, add_token
 
 
 def test_the_watched_file_revokes_keeps_and_fails_closed(
@@ -24,7 +24,7 @@ def test_the_watched_file_revokes_keeps_and_fails_closed(
 
     good = file.read_text()
     file.write_text("{not json")  # a bad edit: the last good tokens stay, said once
-    with caplog.at_level(logging.ERROR, logger="qstate.core.tokens"):
+    with caplog.at_level(logging.ERROR, logger="qstate.core.transport.tokens"):
         for _ in range(5):
             assert watched.authenticate(a).name == "a"
     assert len([r for r in caplog.records if "keeping the tokens" in r.message]) == 1
@@ -43,7 +43,7 @@ def test_the_watched_file_revokes_keeps_and_fails_closed(
 def test_a_token_from_a_file_is_trimmed_and_one_no_header_can_carry_is_refused_unquoted(
 ) -> None:
     from qstate.client import Client
-    from qstate.core.security import clean_token
+    from qstate.core.transport.security import clean_token
 
     assert clean_token("qs_abc\n", "t") == "qs_abc"  # a secret mounted from a file
     assert clean_token("", "t") == ""

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from qstate.core.errors import InvalidRequest
-from qstate.core.operator import Aggregate, OperatorSpec, WindowSpec, load_spec, save_spec
-from qstate.core.storage import Storage
+from qstate.core.records.operator import Aggregate, OperatorSpec, WindowSpec, load_spec, save_spec
+from qstate.core.records.storage import Storage
 
 HOUR = WindowSpec("tumbling", 3_600_000)
 STATES = {"views": Aggregate("count", "long"), "spend": Aggregate("sum", "double")}

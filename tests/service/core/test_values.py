@@ -1,12 +1,12 @@
 """A window's value keeps its declared type on every path: typed once by the aggregate
-(``Aggregate.typed``), carried unchanged by both protos (``qstate.core.values``)."""
+(``Aggregate.typed``), carried unchanged by both protos (``qstate.core.transport.values``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from qstate.core.operator import Aggregate
-from qstate.core.values import set_value, value_of
+from qstate.core.records.operator import Aggregate
+from qstate.core.transport.values import set_value, value_of
 from qstate.proto import qstate_pb2, shard_pb2
 
 

@@ -11,8 +11,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from qstate.core.delta import delta_schema
-from qstate.core.operator import Aggregate, OperatorSpec, WindowSpec
+from qstate.core.records.delta import delta_schema
+from qstate.core.records.operator import Aggregate, OperatorSpec, WindowSpec
 from qstate.partition.codec import Codec
 from tests.service.shard.sim import sketch
 

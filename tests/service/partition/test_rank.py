@@ -14,8 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from qstate.core.errors import InvalidRequest, TooLarge
-from qstate.core.operator import Aggregate, WindowSpec
-from qstate.partition import layout, rank
+from qstate.core.records.operator import Aggregate, WindowSpec
+from qstate.partition import layout, rank, ranking
 from qstate.partition.layout import RANK
 from qstate.partition.meta import encode_meta
 from qstate.shard.store import PartitionStore
@@ -34,7 +34,7 @@ from tests.service.shard.sim import (
     scratch,
 )
 
-RANKED = [i for i, a in enumerate(STATES.values()) if a.kind in rank.RANKED_KINDS]
+RANKED = [i for i, a in enumerate(STATES.values()) if a.kind in ranking.RANKED_KINDS]
 SCAN_ALL = 1 << 30
 
 
@@ -70,18 +70,26 @@ def same(got: list[tuple[str, float]], want: list[tuple[str, float]], where: obj
         assert g == pytest.approx(w, rel=1e-9), (where, got, want)
 
 
+def cuts(ranked: int) -> list[int]:
+    """The n asked of a window whose ranking holds ``ranked`` keys: the first, all but the
+    last (cuts, where the walk back meets the ties at the cut), all, and more than there are.
+    A window of the scenarios holds a few of sim.KEYS: a fixed n such as 10 would never cut
+    it."""
+    return sorted({1, max(ranked - 1, 1), max(ranked, 1), ranked + 1})
+
+
 def check_all(store: PartitionStore, model: SparkModel, retention_ms: int | None = None) -> None:
     expected = model.expected(retention_ms)
     starts = {s for ws in expected.values() for s in ws}
     starts.add(None if not store.spec.windowed
-               else rank.current_start(store.spec, store.meta.watermark_ms))
+               else ranking.current_start(store.spec, store.meta.watermark_ms))
     for start in starts:
         at = layout.NO_WINDOW if start is None else start
         for state in RANKED:
-            for n in (2, 10):
-                for desc in (True, False):
-                    same(read_top(store, state, at, n, desc),
-                         truth(expected, state, start, n, desc), (start, state, n, desc))
+            for desc in (True, False):
+                whole = truth(expected, state, start, SCAN_ALL, desc)
+                for n in cuts(len(whole)):
+                    same(read_top(store, state, at, n, desc), whole[:n], (start, state, n, desc))
 
 
 def check_scenario(case: tuple[WindowSpec, Batches], retention_ms: int | None = None) -> None:
@@ -193,12 +201,12 @@ def test_values_keep_their_order_through_the_rank() -> None:
         rec = np.zeros(len(vals), [("end", "<i8"), ("l", "<i8"), ("l__has", "u1"), ("d", "<f8"),
                                    ("d__has", "u1")])
         rec[name], rec[f"{name}__has"] = vals, 1
-        ranks, has = rank.ranks_of(spec, rec, state)
+        ranks, has = ranking.ranks_of(spec, rec, state)
         assert has.all()
         a = list(spec.states.values())[state]
-        back = [rank.value_of_rank(a, int(r)) for r in ranks]
+        back = [ranking.value_of_rank(a, int(r)) for r in ranks]
         # the scalar rank the router merges by is the one the index sorts by
-        assert [rank.rank_of(a, v) for v in vals.tolist()] == [int(r) for r in ranks]
+        assert [ranking.rank_of(a, v) for v in vals.tolist()] == [int(r) for r in ranks]
         for got, want in zip(back, vals.tolist(), strict=True):
             assert got == want or (math.isnan(got) and math.isnan(want))
         # in order, strictly but for -0.0 and 0.0, which are one value
@@ -209,10 +217,10 @@ def test_values_keep_their_order_through_the_rank() -> None:
 
 def test_sessions_and_sketches_are_refused_with_why() -> None:
     with pytest.raises(InvalidRequest, match="session windows"):
-        rank.check_top(make_spec(WindowSpec("session", gap_ms=5)), "n")
+        ranking.check_top(make_spec(WindowSpec("session", gap_ms=5)), "n")
     with pytest.raises(InvalidRequest, match="approx_count_distinct"):
-        rank.check_top(make_spec(WindowSpec("tumbling", 10)), "u")
-    assert rank.check_top(make_spec(WindowSpec("tumbling", 10)), "s") == 1
+        ranking.check_top(make_spec(WindowSpec("tumbling", 10)), "u")
+    assert ranking.check_top(make_spec(WindowSpec("tumbling", 10)), "s") == 1
 
 
 def test_a_sliding_window_with_too_many_keys_is_too_large() -> None:
@@ -242,7 +250,7 @@ def test_a_shard_without_the_rank_index_refuses_top_n_and_indexes_when_turned_on
         store = PartitionStore(path, spec)
         try:
             assert rank.read_top(store.db, store.codec, 0, 0, 3, True, SCAN_ALL)[2] == [
-                rank.Ranked("b", 2), rank.Ranked("a", 1)]
+                ranking.Ranked("b", 2), ranking.Ranked("a", 1)]
             check_all(store, model)
         finally:
             store.close()

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from qstate.core.operator import WindowSpec
+from qstate.core.records.operator import WindowSpec
 from qstate.partition.codec import Codec
 from qstate.partition.reader import Meta, WindowValue, read_many, read_windows
 from qstate.shard.store import PartitionStore
@@ -70,16 +71,13 @@ def check_ranges(case: tuple[WindowSpec, Batches],
             store.close()
 
 
-def test_random_range_reads_tumbling() -> None:
-    SETTINGS(given(scenarios("tumbling"), queries)(check_ranges))()
-
-
-def test_random_range_reads_sliding() -> None:
-    SETTINGS(given(scenarios("sliding"), queries)(check_ranges))()
-
-
-def test_random_range_reads_session() -> None:
-    SETTINGS(given(scenarios("session"), queries)(check_ranges))()
+# @given on the parametrized test itself, drawing its kind's scenario: each kind then has a
+# key of its own in the example database, where a failure is saved and replayed (sim.SETTINGS)
+@pytest.mark.parametrize("kind", ["tumbling", "sliding", "session"])
+@SETTINGS
+@given(data=st.data())
+def test_random_range_reads(kind: str, data: st.DataObject) -> None:
+    check_ranges(data.draw(scenarios(kind), "case"), data.draw(queries, "queries"))
 
 
 # ---- particular cases ---------------------------------------------------------------------

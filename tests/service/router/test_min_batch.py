@@ -5,9 +5,8 @@ partition has. HTTP (fast path, batchGet, series) and gRPC alike, on a shop of i
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import grpc
@@ -17,7 +16,7 @@ import pytest
 from qstate.client import Client
 from qstate.proto import qstate_pb2 as qpb
 from qstate.proto import qstate_pb2_grpc as qpb_grpc
-from tests.shop import BATCHES, KEYS, Shop, own_shop, views, window
+from tests.shop import BATCHES, KEYS, Shop, held_until_commit, own_shop, views, window
 
 KEY = KEYS[3]
 OP = "/v1/state/shop/views_1m/views"
@@ -31,48 +30,50 @@ def own(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shop]:
 
 
 def test_a_read_asked_before_its_batch_answers_once_the_batch_is_committed(own: Shop) -> None:
-    url = own.routers["local"].url
+    """Each front end asks for a batch not committed yet; each is seen waiting (its router
+    reads its keys again while it has no answer), then the batch is committed and each
+    answers as of it. Two rounds (two commits), one ask a router in each: the point GET and
+    gRPC Get, then batchGet and the Python client."""
+    local, remote = own.routers["local"], own.routers["grpc"]
     have = BATCHES - 1
-    now = httpx.get(f"{url}{OP}/{KEY}", params={"min_batch": have}, timeout=10)
+    now = httpx.get(f"{local.url}{OP}/{KEY}", params={"min_batch": have}, timeout=10)
     assert now.status_code == 200 and now.json()["batch"] == have
-    asked = threading.Event()
 
-    def http_get() -> dict:
-        asked.set()
-        r = httpx.get(f"{url}{OP}/{KEY}", params={"min_batch": BATCHES}, timeout=30)
+    def http_get(want: int) -> dict:
+        r = httpx.get(f"{local.url}{OP}/{KEY}", params={"min_batch": want}, timeout=60)
         assert r.status_code == 200, r.text
         return dict(r.json())
 
-    def batch_get() -> list:
-        r = httpx.post(f"{url}{OP}:batchGet", params={"min_batch": BATCHES},
-                       json={"keys": KEYS[:20]}, timeout=30)
+    def batch_get(want: int) -> list:
+        r = httpx.post(f"{local.url}{OP}:batchGet", params={"min_batch": want},
+                       json={"keys": KEYS[:20]}, timeout=60)
         assert r.status_code == 200, r.text
         return list(r.json()["results"])
 
-    def grpc_get() -> qpb.StateValue:
-        with grpc.insecure_channel(own.routers["grpc"].grpc_address) as ch:
+    def grpc_get(want: int) -> qpb.StateValue:
+        with grpc.insecure_channel(remote.grpc_address) as ch:
             return qpb_grpc.QueryableStateStub(ch).Get(qpb.GetRequest(
-                job="shop", operator="views_1m", state="views", key=KEY, min_batch=BATCHES),
-                timeout=30)
+                job="shop", operator="views_1m", state="views", key=KEY, min_batch=want),
+                timeout=60)
 
-    def client_get() -> int:
-        with Client(url, timeout=30) as c:
-            return c.get("shop", "views_1m", "views", KEY, min_batch=BATCHES).batch
+    def client_get(want: int) -> int:
+        with Client(remote.url, timeout=60) as c:
+            return c.get("shop", "views_1m", "views", KEY, min_batch=want).batch
 
-    with ThreadPoolExecutor(4) as pool:
-        futures: list[Future] = [pool.submit(f) for f in (http_get, batch_get, grpc_get,
-                                                             client_get)]
-        asked.wait(10)
-        assert not any(f.done() for f in futures)  # none can answer before the commit
-        own.commit(BATCHES)
-        got, many, rpc, client_batch = (f.result(30) for f in futures)
-    start = window(BATCHES)[0]
-    assert got["batch"] >= BATCHES and got["windows"][-1] == {
-        "start": start, "end": start + window(0)[1], "value": views(KEY, BATCHES)}
-    assert all(a["batch"] >= BATCHES and a["windows"][-1]["value"] == views(a["key"], BATCHES)
+    b = BATCHES
+    got, rpc = held_until_commit(own, b, [("local", 1, partial(http_get, b)),
+                                          ("grpc", 1, partial(grpc_get, b))])
+    start = window(b)[0]
+    assert got["batch"] >= b and got["windows"][-1] == {
+        "start": start, "end": start + window(0)[1], "value": views(KEY, b)}
+    assert rpc.batch >= b and rpc.windows[-1].int_value == views(KEY, b)
+
+    b = BATCHES + 1
+    many, client_batch = held_until_commit(own, b, [("local", 20, partial(batch_get, b)),
+                                                    ("grpc", 1, partial(client_get, b))])
+    assert all(a["batch"] >= b and a["windows"][-1]["value"] == views(a["key"], b)
                for a in many)
-    assert rpc.batch >= BATCHES and rpc.windows[-1].int_value == views(KEY, BATCHES)
-    assert client_batch >= BATCHES
+    assert len(many) == 20 and client_batch >= b
 
 
 def test_past_the_wait_a_503_names_the_batch_the_partition_has(own: Shop,

@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qstate.core.errors import InvalidRequest, NotFound, Unavailable, UnknownOperator
-from qstate.core.manifest import BatchManifest, delete_manifests_through, write_manifest
-from qstate.core.storage import Storage
-from qstate.jobs.sinks import batch_log
+from qstate.core.records.manifest import BatchManifest, delete_manifests_through, write_manifest
+from qstate.core.records.storage import Storage
+from qstate.jobs.runtime.sinks import batch_log
 from qstate.router.position import batch_of_offset
 
 TOPIC = "tweets"

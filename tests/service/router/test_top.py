@@ -5,9 +5,8 @@ shard processes, through both routers, against the ground truth the shop committ
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 import grpc
 import httpx
@@ -26,6 +25,7 @@ from tests.shop import (
     P,
     Shop,
     avg_ms,
+    held_until_commit,
     own_shop,
     shard_reads,
     views,
@@ -180,18 +180,9 @@ def test_a_board_is_read_once_per_batch_and_follows_each_commit(own: Shop) -> No
     # ... and a read that must ask the shards (min_batch) is answered from their cache
     assert board(min_batch=BATCHES - 1) == first
     assert (served("read") - reads, served("cached") - cached) == (0, P)
-    asked = threading.Event()
-
-    def later() -> dict:
-        asked.set()
-        return board(min_batch=BATCHES)
-
-    with ThreadPoolExecutor(1) as pool:
-        waiting = pool.submit(later)
-        asked.wait(10)
-        assert not waiting.done()  # batch BATCHES is not there yet
-        own.commit(BATCHES)
-        after = waiting.result(40)
+    # seen waiting (the router reads the P partitions again while it has no answer), then
+    # answered by the commit
+    [after] = held_until_commit(own, BATCHES, [("grpc", P, partial(board, min_batch=BATCHES))])
     assert after["batch"] == BATCHES and after["window"]["start"] == window(BATCHES)[0]
     assert after["entries"] == truth(BATCHES, 30)
     assert board() == after  # and no older board is served again

@@ -294,7 +294,7 @@ def test_a_key_as_of_a_savepoint_beside_the_live_state(live: Shop, browser: Brow
     """A savepoint typed in: the key and the leaderboard as of its batch (503s while its
     partitions open, then the answers); emptied: live again. The fragment keeps it, so the
     view can be shared."""
-    from qstate.core.savepoint import create
+    from qstate.core.records.savepoint import create
 
     saved = create(live.storage, SPEC.job, "ui-before").batch
     live.commit(saved + 1)

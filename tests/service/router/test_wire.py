@@ -15,7 +15,7 @@ from qstate.core.answer import (
     Window,
     WindowSpan,
 )
-from qstate.partition.rank import Ranked
+from qstate.partition.ranking import Ranked
 from qstate.router.reads import Hit, Row
 from qstate.router.top import TopResult
 from qstate.router.watch import Push

@@ -24,8 +24,8 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
-from qstate.core.delta import delta_schema
-from qstate.core.operator import Aggregate, OperatorSpec, WindowSpec
+from qstate.core.records.delta import delta_schema
+from qstate.core.records.operator import Aggregate, OperatorSpec, WindowSpec
 from qstate.core.windows import pane_tag
 from qstate.partition import layout
 from qstate.partition.reader import WindowValue
@@ -56,10 +56,14 @@ def make_spec(window: WindowSpec, states: dict[str, Any] | None = None,
                         retention_ms=retention_ms)
 
 
-# randomized (the session's seed, printed in the report header, replays a run); not shrunk:
-# a failure prints its whole example, and the targeted tests are the minimal cases
+# randomized; a failing example is saved in the example database and replayed first by the
+# next run (reuse), and printed with its @reproduce_failure blob (tests/conftest.py,
+# docs/architecture.md §9). Not shrunk: a failure prints its whole example, and the targeted
+# tests are the minimal cases. Each test needs a database key of its own (a test function of
+# its own, or @given on the parametrized test itself): a replay that passes under another
+# test's strategy deletes the example it replayed.
 SETTINGS = settings(max_examples=20, deadline=None,
-                    phases=[Phase.explicit, Phase.generate],
+                    phases=[Phase.explicit, Phase.reuse, Phase.generate],
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 

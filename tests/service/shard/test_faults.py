@@ -19,12 +19,12 @@ import grpc
 import pytest
 
 from qstate.control.coordinator import Coordinator
-from qstate.core.manifest import Fragments
-from qstate.core.operator import OperatorSpec, save_spec
-from qstate.core.shard_client import ShardClients
-from qstate.core.storage import Storage
+from qstate.core.records.manifest import Fragments
+from qstate.core.records.operator import OperatorSpec, save_spec
+from qstate.core.records.storage import Storage
+from qstate.core.transport.shard_client import ShardClients
 from qstate.embedded.procs import ShardProcess
-from qstate.jobs.commit import CommitOutcome, Committer
+from qstate.jobs.runtime.commit import CommitOutcome, Committer
 from tests.helpers import (
     committed_batches,
     metric,

@@ -9,13 +9,13 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from qstate.core import delta as deltas
 from qstate.core.address import PartitionId
-from qstate.core.assignment import Assignment, save_assignment
 from qstate.core.errors import NotOwner
-from qstate.core.manifest import BatchManifest, write_manifest
-from qstate.core.operator import OperatorSpec, WindowSpec, save_spec
-from qstate.core.storage import Storage
+from qstate.core.records import delta as deltas
+from qstate.core.records.assignment import Assignment, save_assignment
+from qstate.core.records.manifest import BatchManifest, write_manifest
+from qstate.core.records.operator import OperatorSpec, WindowSpec, save_spec
+from qstate.core.records.storage import Storage
 from qstate.shard.partitions import PartitionCommit, Partitions
 
 SPEC = OperatorSpec("f", "counts", "k", {"n": "long"}, partitions=1,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rocksdict import WriteBatch
 
-from qstate.core.operator import WindowSpec
+from qstate.core.records.operator import WindowSpec
 from qstate.shard.memory import MALLOC_ARENAS, MB, MemoryBudget
 from qstate.shard.store import PartitionStore
 from tests.service.shard.sim import make_spec

@@ -13,10 +13,10 @@ import grpc
 import orjson
 import pytest
 
-from qstate.core import paths
 from qstate.core.address import PartitionId
 from qstate.core.errors import CorruptState
-from qstate.core.storage import Storage
+from qstate.core.records import paths
+from qstate.core.records.storage import Storage
 from qstate.shard.snapshot import Snapshotter, restore
 from tests.service.shard.test_server import SPEC, commit, env, lookup, write_batch  # noqa: F401
 

@@ -9,14 +9,14 @@ import grpc
 import pyarrow as pa
 import pytest
 
-from qstate.core import delta as deltas
 from qstate.core.address import PartitionId, partition_of
-from qstate.core.assignment import Assignment, save_assignment
 from qstate.core.errors import StaleEpoch, from_grpc
-from qstate.core.manifest import BatchManifest, write_manifest
-from qstate.core.operator import OperatorSpec, WindowSpec, save_spec
-from qstate.core.shard_client import ShardClients
-from qstate.core.storage import Storage
+from qstate.core.records import delta as deltas
+from qstate.core.records.assignment import Assignment, save_assignment
+from qstate.core.records.manifest import BatchManifest, write_manifest
+from qstate.core.records.operator import OperatorSpec, WindowSpec, save_spec
+from qstate.core.records.storage import Storage
+from qstate.core.transport.shard_client import ShardClients
 from qstate.embedded.procs import ShardProcess
 from qstate.proto import shard_pb2 as pb
 

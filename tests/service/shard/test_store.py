@@ -10,10 +10,11 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from hypothesis import given
+from hypothesis import strategies as st
 
-from qstate.core.delta import delta_schema
 from qstate.core.errors import StaleEpoch
-from qstate.core.operator import Aggregate, OperatorSpec, WindowSpec
+from qstate.core.records.delta import delta_schema
+from qstate.core.records.operator import Aggregate, OperatorSpec, WindowSpec
 from qstate.partition.codec import Codec
 from qstate.partition.reader import read_windows
 from qstate.shard.store import PartitionStore
@@ -55,44 +56,37 @@ def replay(w: WindowSpec, batches: Batches, retention_ms: int | None = None,
 
 
 # ---- random batches against the model ------------------------------------------------------
+# @given on each parametrized test itself, drawing its kind's scenario: each kind then has a
+# key of its own in the example database, where a failure is saved and replayed (sim.SETTINGS)
 @pytest.mark.parametrize("kind", ["none", "tumbling", "sliding", "session"])
-def test_random_batches_read_back_as_spark_state(kind: str) -> None:
-    @SETTINGS
-    @given(scenarios(kind))
-    def check(case: tuple[WindowSpec, Batches]) -> None:
-        replay(*case)
-
-    check()
+@SETTINGS
+@given(data=st.data())
+def test_random_batches_read_back_as_spark_state(kind: str, data: st.DataObject) -> None:
+    replay(*data.draw(scenarios(kind), "case"))
 
 
 @pytest.mark.parametrize("kind", ["tumbling", "sliding", "session"])
-def test_random_batches_with_retention(kind: str) -> None:
+@SETTINGS
+@given(data=st.data())
+def test_random_batches_with_retention(kind: str, data: st.DataObject) -> None:
     """Retention of at least one batch's watermark advance: nothing a batch writes is
     already past retention. Windows that ended at or before watermark - retention are gone."""
-    from hypothesis import strategies as st
-
-    @SETTINGS
-    @given(scenarios(kind, max_jump=40), st.integers(40, 120))
-    def check(case: tuple[WindowSpec, Batches], retention: int) -> None:
-        replay(*case, retention_ms=retention)
-
-    check()
+    w, batches = data.draw(scenarios(kind, max_jump=40), "case")
+    replay(w, batches, retention_ms=data.draw(st.integers(40, 120), "retention"))
 
 
 @pytest.mark.parametrize("kind", ["tumbling", "sliding", "session"])
-def test_random_batches_with_watermark_jumps_past_retention(kind: str) -> None:
+@SETTINGS
+@given(data=st.data())
+def test_random_batches_with_watermark_jumps_past_retention(kind: str,
+                                                            data: st.DataObject) -> None:
     """The watermark may jump further than retention in one batch: rows of a window that is
     still open (end after the previous watermark) but already past retention. Every stored
     record must stay in the time index (else it never expires); whether such a window is
     read until the next batch is left to the targeted tests below."""
-    from hypothesis import strategies as st
-
-    @SETTINGS
-    @given(scenarios(kind, max_jump=120, min_jump=20), st.integers(0, 20))
-    def check(case: tuple[WindowSpec, Batches], retention: int) -> None:
-        replay(*case, retention_ms=retention, past_retention_may_linger=True)
-
-    check()
+    w, batches = data.draw(scenarios(kind, max_jump=120, min_jump=20), "case")
+    replay(w, batches, retention_ms=data.draw(st.integers(0, 20), "retention"),
+           past_retention_may_linger=True)
 
 
 # ---- sessions --------------------------------------------------------------------------------

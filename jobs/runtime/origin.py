@@ -33,15 +33,16 @@ import orjson
 
 from qstate.control.coordinator import driver_beat_age_s
 from qstate.core.address import PartitionId
-from qstate.core.catalog import manifest_batches, snapshot_batches
 from qstate.core.config import settings
 from qstate.core.errors import InvalidRequest
-from qstate.core.manifest import strict_int
-from qstate.core.operator import OperatorSpec, state_changes
-from qstate.core.savepoint import Savepoint, list_savepoints
-from qstate.core.storage import Storage
+from qstate.core.records.catalog import manifest_batches, snapshot_batches
+from qstate.core.records.manifest import strict_int
+from qstate.core.records.operator import OperatorSpec, state_changes
+from qstate.core.records.savepoint import Savepoint, list_savepoints
+from qstate.core.records.storage import Storage
 
-__all__ = ["FILE", "Origin", "Seed", "begin", "read_origin", "split_savepoint"]
+__all__ = ["FILE", "Origin", "Seed", "begin", "read_origin", "savepoint_partitions",
+           "split_savepoint"]
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,14 @@ def split_savepoint(value: str, job: str) -> tuple[str, str]:
     """``JOB@NAME`` or ``NAME`` (``job``'s own) as (job, name)."""
     owner, sep, name = value.rpartition("@")
     return (owner, name) if sep else (job, value)
+
+
+def savepoint_partitions(sp: Savepoint) -> int | None:
+    """The partition count a job begun from ``sp`` takes when it is given none: its
+    operators' (a job's operators share one count, ``JobContext.partitions``); None if they
+    differ, and ``_check`` names the one that does not fit."""
+    counts = {cut.partitions for cut in sp.operators.values()}
+    return counts.pop() if len(counts) == 1 else None
 
 
 def begin(storage: Storage, checkpoint: Path, job: str, specs: list[OperatorSpec],

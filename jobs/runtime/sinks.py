@@ -17,15 +17,23 @@ import orjson
 from pyspark.sql import DataFrame, Row
 
 from qstate.control.coordinator import coordinator_for
-from qstate.core import faults
 from qstate.core.config import settings
-from qstate.core.manifest import Fragments, Offsets
-from qstate.core.operator import OperatorSpec, save_spec
-from qstate.core.storage import Storage
-from qstate.jobs import metrics
-from qstate.jobs.commit import CommitOutcome, Committer
-from qstate.jobs.partials import PART, RESULT, DeltaFiles, Discard, Plan, Target, final_writer
-from qstate.jobs.reports import OperatorReport
+from qstate.core.process import faults
+from qstate.core.records.manifest import Fragments, Offsets
+from qstate.core.records.operator import OperatorSpec, save_spec
+from qstate.core.records.storage import Storage
+from qstate.jobs.runtime import metrics
+from qstate.jobs.runtime.commit import CommitOutcome, Committer
+from qstate.jobs.runtime.partials import (
+    PART,
+    RESULT,
+    DeltaFiles,
+    Discard,
+    Plan,
+    Target,
+    final_writer,
+)
+from qstate.jobs.runtime.reports import OperatorReport
 
 __all__ = ["NoopSink", "PartialsSink", "QStateSink", "batch_log", "batch_watermark_ms",
            "written_by_operator"]
@@ -83,7 +91,7 @@ class QStateSink:
     commit log runs at most one batch ahead of the served state, never ahead of what is
     durable, and a failed delivery fails the next batch.
 
-    The driver's fault points (``qstate.core.faults``) are the steps of ``finish(N)``:
+    The driver's fault points (``qstate.core.process.faults``) are the steps of ``finish(N)``:
     ``driver.after-deltas`` (N-1 acknowledged, N's deltas written, no manifest),
     ``driver.after-record`` (N's manifest written, no Commit sent) and
     ``driver.after-commit`` (N acknowledged by every shard: only an armed fault waits for

@@ -21,9 +21,9 @@ from dataclasses import asdict, dataclass, field, fields
 
 import orjson
 
-from qstate.core import paths
 from qstate.core.address import PartitionId
-from qstate.core.storage import Storage
+from qstate.core.records import paths
+from qstate.core.records.storage import Storage
 
 __all__ = ["DRIVER", "EPOCHS_KEPT", "STANDBY", "Assignment", "ServerInfo",
            "default_server_id", "list_servers", "load_assignment", "now_ms",

@@ -1,7 +1,7 @@
 """Start a job module's queries with the queryable sink, watch them, stop them.
 
-A job's merged operators run as one streaming query (``qstate.jobs.pipeline``); each Spark-state
-operator runs as its own (``qstate.jobs.spark_state.serve``).
+A job's merged operators run as one streaming query (``qstate.jobs.runtime.pipeline``); each
+Spark-state operator runs as its own (``qstate.jobs.runtime.spark_state.serve``).
 """
 
 from __future__ import annotations
@@ -19,17 +19,17 @@ from pyspark.sql.streaming import StreamingQuery
 from qstate.control.coordinator import release
 from qstate.core.config import settings
 from qstate.core.errors import InvalidRequest
-from qstate.core.kafka import EndOffsets, ensure_topic, topic_partitions
-from qstate.core.manifest import offsets_json
-from qstate.core.savepoint import Savepoint, read_savepoint
-from qstate.core.storage import Storage
-from qstate.jobs import metrics, pipeline
+from qstate.core.records.manifest import offsets_json
+from qstate.core.records.savepoint import Savepoint, read_savepoint
+from qstate.core.records.storage import Storage
+from qstate.core.transport.kafka import EndOffsets, ensure_topic, topic_partitions
 from qstate.jobs.job import JobContext
-from qstate.jobs.origin import Origin, Seed, begin, split_savepoint
 from qstate.jobs.queryable import QueryableJob
-from qstate.jobs.reports import Reports
-from qstate.jobs.sinks import QStateSink
-from qstate.jobs.spark_state import serve
+from qstate.jobs.runtime import metrics, pipeline
+from qstate.jobs.runtime.origin import Origin, Seed, begin, split_savepoint
+from qstate.jobs.runtime.reports import Reports
+from qstate.jobs.runtime.sinks import QStateSink
+from qstate.jobs.runtime.spark_state import serve
 
 __all__ = ["EXAMPLES", "MERGED", "Builder", "RunningJob", "check_starting_offsets",
            "load_builder", "start_job"]
@@ -179,7 +179,7 @@ def _offsets(text: str | None) -> dict[str, dict[str, int]]:
 def start_job(spark: SparkSession, builder: str | Builder, ctx: JobContext,
               seed: Seed | None = None) -> RunningJob:
     """Build the job and start its queries. With ``ctx.from_savepoint``, the job begins
-    from that savepoint (``qstate.jobs.origin``; ``seed`` writes its state) unless it
+    from that savepoint (``qstate.jobs.runtime.origin``; ``seed`` writes its state) unless it
     already did."""
     build = load_builder(builder) if isinstance(builder, str) else builder
     sp = None

@@ -22,11 +22,11 @@ import orjson
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from qstate.core import paths
 from qstate.core.address import PartitionId
 from qstate.core.errors import DeltaMismatch
-from qstate.core.operator import OperatorSpec
-from qstate.core.storage import Storage
+from qstate.core.records import paths
+from qstate.core.records.operator import OperatorSpec
+from qstate.core.records.storage import Storage
 
 __all__ = ["STATES", "delta_fields", "delta_schema", "read_delta", "read_deltas", "write_delta"]
 

@@ -14,10 +14,10 @@ from typing import Any
 
 import orjson
 
-from qstate.core import paths
-from qstate.core.catalog import manifest_batches
 from qstate.core.errors import DeltaMismatch
-from qstate.core.storage import Storage
+from qstate.core.records import paths
+from qstate.core.records.catalog import manifest_batches
+from qstate.core.records.storage import Storage
 
 __all__ = ["BatchManifest", "Fragments", "Offsets", "delete_manifests_through",
            "offsets_json", "offsets_of", "read_manifest", "strict_int", "write_manifest"]

@@ -17,12 +17,12 @@ from rich.markup import escape
 from rich.text import Text
 
 from qstate.core.errors import InvalidRequest
-from qstate.core.process import start_process
+from qstate.core.process.start import start_process
 from qstate.jobs.job import JobContext
-from qstate.jobs.launch import EXAMPLES, RunningJob, start_job
-from qstate.jobs.metrics import JOB_UP
-from qstate.jobs.origin import Seed
-from qstate.jobs.spark import spark_session
+from qstate.jobs.runtime.launch import EXAMPLES, RunningJob, start_job
+from qstate.jobs.runtime.metrics import JOB_UP
+from qstate.jobs.runtime.origin import Seed
+from qstate.jobs.runtime.spark import spark_session
 
 __all__ = ["checkpoint_name", "checkpoint_names", "run_jobs", "watch"]
 
@@ -92,7 +92,7 @@ def run_jobs(builders: list[str], ctx: JobContext, metrics_port: int = 0,
     it names the one job). /metrics is served on ``metrics_host:metrics_port`` (0: any free
     port), printed at start; the Spark driver binds and advertises ``driver_host`` (its
     host's address when executors run elsewhere). ``seed``: a job beginning from a savepoint
-    (``qstate.jobs.origin``)."""
+    (``qstate.jobs.runtime.origin``)."""
     stop = start_process("job", metrics_port, metrics_host, console.print)
     names = [ctx.job] if ctx.job and len(builders) == 1 else checkpoint_names(builders)
     spark = spark_session("qstate-" + "-".join(names), master, shuffle_partitions, spark_conf,

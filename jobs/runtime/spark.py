@@ -11,7 +11,7 @@ from pyspark.sql import SparkSession
 
 from qstate.core.config import settings
 from qstate.core.errors import InvalidRequest
-from qstate.core.jvm import java
+from qstate.core.process.jvm import java
 
 __all__ = ["STATE_CONF", "connector_jars", "spark_session"]
 

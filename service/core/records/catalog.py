@@ -1,11 +1,11 @@
 """Which batches checkpoint storage holds, per operator and partition: manifests, delta
-files, snapshots (their paths are ``qstate.core.paths``)."""
+files, snapshots (their paths are ``qstate.core.records.paths``)."""
 
 from __future__ import annotations
 
-from qstate.core import paths
 from qstate.core.address import PartitionId
-from qstate.core.storage import Storage
+from qstate.core.records import paths
+from qstate.core.records.storage import Storage
 
 __all__ = ["delta_batches", "delta_files", "manifest_batches", "snapshot_batches"]
 

@@ -4,12 +4,12 @@ commits (docs/architecture.md §3).
 
 Per batch N the Spark job projects every operator's columns side by side (its key, the key's
 shard partition and each aggregate's input, evaluated by Spark) and each task aggregates its
-rows per operator in Arrow (``qstate.jobs.partials``), handing the partial rows to the sink's
-target: qstate's writes them as delta fragments. Then, per operator, the sink finishes the
-batch: qstate's records N (its manifest, durable) and delivers it to every owning shard while
-Spark computes N+1, which first waits for N's acknowledgements (``qstate.jobs.sinks.QStateSink``),
-so Spark's commit log runs at most one batch ahead of the served state and never ahead of
-what is durable.
+rows per operator in Arrow (``qstate.jobs.runtime.partials``), handing the partial rows to the
+sink's target: qstate's writes them as delta fragments. Then, per operator, the sink finishes
+the batch: qstate's records N (its manifest, durable) and delivers it to every owning shard
+while Spark computes N+1, which first waits for N's acknowledgements
+(``qstate.jobs.runtime.sinks.QStateSink``), so Spark's commit log runs at most one batch ahead
+of the served state and never ahead of what is durable.
 
 Exactly once: batch N's records are fixed by Spark's offset log, its partials are a
 deterministic function of them and of batch N-1's watermark (also in the offset log), and a
@@ -28,13 +28,13 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from qstate.jobs import metrics
-from qstate.jobs.origin import Origin
 from qstate.jobs.parse import ERROR_KIND, KINDS
-from qstate.jobs.partials import RESULT, TIME, Plan, run_operators
 from qstate.jobs.queryable import QueryableJob
-from qstate.jobs.reports import BatchReport, Reports
-from qstate.jobs.sinks import (
+from qstate.jobs.runtime import metrics
+from qstate.jobs.runtime.origin import Origin
+from qstate.jobs.runtime.partials import RESULT, TIME, Plan, run_operators
+from qstate.jobs.runtime.reports import BatchReport, Reports
+from qstate.jobs.runtime.sinks import (
     PartialsSink,
     batch_log,
     batch_watermark_ms,
@@ -51,7 +51,7 @@ def start(job: QueryableJob, checkpoint: str, sink: PartialsSink, *, partitions:
           on_batch: Callable[[BatchReport], None] | None = None,
           origin: Origin | None = None) -> StreamingQuery:
     """Start the job's one streaming query; every batch goes through ``sink``, numbered
-    from ``origin`` (``qstate.jobs.origin``: a job begun from a savepoint)."""
+    from ``origin`` (``qstate.jobs.runtime.origin``: a job begun from a savepoint)."""
     if not job.operators:
         raise ValueError(f"job {job.name!r} declares no operator")
     specs = [op.spec(job.name, partitions, retention_ms) for op in job.operators]

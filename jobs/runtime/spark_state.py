@@ -7,8 +7,9 @@
 For aggregates qstate cannot merge (a percentile, a user's own aggregate function): Spark's
 stateful aggregation runs in update mode, and each batch's updated rows replace the served
 values. Per batch N the executors write the rows as delta files and the driver commits N on
-every owning shard before ``foreachBatch`` returns (``qstate.jobs.sinks.QStateSink``). Aggregates
-that merge are better served in merge mode (``qstate.jobs.queryable``): no Spark state at all.
+every owning shard before ``foreachBatch`` returns (``qstate.jobs.runtime.sinks.QStateSink``).
+Aggregates that merge are better served in merge mode (``qstate.jobs.queryable``): no Spark
+state at all.
 """
 
 from __future__ import annotations
@@ -22,12 +23,12 @@ from pyspark.sql.streaming import StreamingQuery
 
 from qstate.core.config import settings
 from qstate.core.errors import InvalidRequest
-from qstate.core.operator import Aggregate, OperatorSpec, StateType, WindowSpec
-from qstate.jobs import metrics
+from qstate.core.records.operator import Aggregate, OperatorSpec, StateType, WindowSpec
 from qstate.jobs.aggregates import state_type
-from qstate.jobs.partials import PART, Plan
-from qstate.jobs.reports import BatchReport, Reports
-from qstate.jobs.sinks import QStateSink, batch_log, batch_watermark_ms
+from qstate.jobs.runtime import metrics
+from qstate.jobs.runtime.partials import PART, Plan
+from qstate.jobs.runtime.reports import BatchReport, Reports
+from qstate.jobs.runtime.sinks import QStateSink, batch_log, batch_watermark_ms
 
 __all__ = ["serve"]
 

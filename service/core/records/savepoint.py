@@ -30,13 +30,20 @@ from dataclasses import dataclass
 
 import orjson
 
-from qstate.core import faults, paths
 from qstate.core.address import PartitionId, check_name
-from qstate.core.catalog import delta_batches, manifest_batches, snapshot_batches
 from qstate.core.errors import CorruptState, InvalidRequest, NotFound, Unavailable
-from qstate.core.manifest import Offsets, offsets_json, offsets_of, read_manifest, strict_int
-from qstate.core.operator import OperatorSpec, load_spec
-from qstate.core.storage import Storage
+from qstate.core.process import faults
+from qstate.core.records import paths
+from qstate.core.records.catalog import delta_batches, manifest_batches, snapshot_batches
+from qstate.core.records.manifest import (
+    Offsets,
+    offsets_json,
+    offsets_of,
+    read_manifest,
+    strict_int,
+)
+from qstate.core.records.operator import OperatorSpec, load_spec
+from qstate.core.records.storage import Storage
 
 __all__ = ["Cut", "Pins", "Savepoint", "create", "delete", "list_savepoints", "pins",
            "read_savepoint"]

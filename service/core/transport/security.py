@@ -26,7 +26,7 @@ import grpc
 
 from qstate.core.config import Settings
 from qstate.core.errors import InvalidRequest, StartFailed
-from qstate.core.files import write_file
+from qstate.core.transport.files import write_file
 
 __all__ = ["AUTH_HEADER", "NO_REUSEPORT", "aio_channel", "bearer", "channel", "check_exposure",
            "clean_token", "cluster_interceptors", "cluster_token", "host_token", "host_token_path",
@@ -34,7 +34,7 @@ __all__ = ["AUTH_HEADER", "NO_REUSEPORT", "aio_channel", "bearer", "channel", "c
 
 log = logging.getLogger(__name__)
 
-# the standard health service's methods (qstate.core.grpc_health): a shard answers them
+# the standard health service's methods (qstate.core.transport.grpc_health): a shard answers them
 # without the cluster token, as a probe sends none. Spelled out: a reader's install (this
 # module, without grpcio-health-checking) must import.
 HEALTH_PREFIX = "/grpc.health.v1.Health/"

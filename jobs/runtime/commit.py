@@ -18,7 +18,6 @@ import grpc
 
 from qstate.control.coordinator import Coordinator
 from qstate.core.address import PartitionId
-from qstate.core.catalog import snapshot_batches
 from qstate.core.config import DEFAULTS
 from qstate.core.errors import (
     CommitFailed,
@@ -28,15 +27,16 @@ from qstate.core.errors import (
     Unavailable,
     from_grpc,
 )
-from qstate.core.manifest import (
+from qstate.core.records.catalog import snapshot_batches
+from qstate.core.records.manifest import (
     BatchManifest,
     Fragments,
     Offsets,
     delete_manifests_through,
     write_manifest,
 )
-from qstate.core.operator import OperatorSpec
-from qstate.core.savepoint import pins
+from qstate.core.records.operator import OperatorSpec
+from qstate.core.records.savepoint import pins
 from qstate.proto import shard_pb2 as pb
 
 __all__ = ["CommitOutcome", "Committer"]

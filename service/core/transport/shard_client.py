@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 
 import grpc
 
-from qstate.core import security
 from qstate.core.address import PartitionId
 from qstate.core.config import Settings, settings
+from qstate.core.records.assignment import Assignment
+from qstate.core.records.operator import OperatorSpec
+from qstate.core.transport import security
 from qstate.proto import shard_pb2 as pb
 from qstate.proto import shard_pb2_grpc as pb_grpc
 
-__all__ = ["CHANNEL_OPTIONS", "ShardClients", "held_partitions", "partition_state"]
+__all__ = ["CHANNEL_OPTIONS", "Held", "Holder", "Placed", "ShardClients", "held_partitions",
+           "partition_state", "placements"]
+
+Held = dict[PartitionId, pb.PartitionInfo]  # what one server's Describe says it holds
 
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 64 << 20),
@@ -26,6 +33,51 @@ CHANNEL_OPTIONS = [
 def held_partitions(reply: pb.DescribeReply) -> dict[PartitionId, pb.PartitionInfo]:
     """What a server's Describe says it holds (owned or followed), by partition."""
     return {PartitionId(p.job, p.operator, p.partition): p for p in reply.partitions}
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A server the assignment gives a partition to (its owner, or a follower), and what its
+    Describe said of the partition (None: no answer, or not held)."""
+
+    id: str
+    address: str
+    info: pb.PartitionInfo | None
+
+    def state(self) -> str:
+        return partition_state(self.address, self.info)
+
+
+@dataclass(frozen=True)
+class Placed:
+    """One partition where the assignment puts it, with what its holders said of it."""
+
+    pid: PartitionId
+    owner: Holder | None  # None: unassigned
+    followers: list[Holder]
+
+
+def placements(specs: Iterable[OperatorSpec], assignments: Mapping[str, Assignment],
+               described: Mapping[str, Held | None]) -> Iterator[Placed]:
+    """Every partition of ``specs`` joined with its assignment and its holders' Describe
+    answers (``described``: by address; absent or None, a server that did not answer): the
+    one join `qstate state inspect` and the router's /v1/cluster both show."""
+    def holder(pid: PartitionId, sid: str, address: str) -> Holder:
+        held = described.get(address)
+        return Holder(sid, address, held.get(pid) if held is not None else None)
+
+    for spec in specs:
+        a = assignments.get(spec.job)
+        for p in range(spec.partitions):
+            pid = PartitionId(spec.job, spec.operator, p)
+            if a is None:
+                yield Placed(pid, None, [])
+                continue
+            sid = a.owner_id(spec.operator, p)
+            owner = holder(pid, sid, a.servers[sid]) if sid in a.servers else None
+            yield Placed(pid, owner, [holder(pid, f, a.servers[f])
+                                      for f in a.followers_of(spec.operator, p)
+                                      if f in a.servers])
 
 
 def partition_state(owner: str | None, info: pb.PartitionInfo | None) -> str:

@@ -20,11 +20,11 @@ from typing import Any, Literal
 
 import orjson
 
-from qstate.core import paths
 from qstate.core.address import check_name
 from qstate.core.config import DEFAULTS
 from qstate.core.errors import InvalidRequest
-from qstate.core.storage import Storage
+from qstate.core.records import paths
+from qstate.core.records.storage import Storage
 from qstate.core.windows import pane_ms
 
 __all__ = ["MAX_REPLICAS", "MERGEABLE", "AggKind", "Aggregate", "Mode", "OperatorSpec", "StateType",

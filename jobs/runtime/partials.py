@@ -22,16 +22,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from qstate.core import delta as deltas
 from qstate.core.address import PartitionId
-from qstate.core.manifest import Offsets
-from qstate.core.operator import OperatorSpec
-from qstate.core.storage import Storage
+from qstate.core.records import delta as deltas
+from qstate.core.records.manifest import Offsets
+from qstate.core.records.operator import OperatorSpec
+from qstate.core.records.storage import Storage
 from qstate.core.windows import ALL_WINDOWS, first_open_start
+from qstate.jobs.queryable import columns
 from qstate.partition.codec import INT64_MAX, INT64_MIN
 
 __all__ = ["INPUT", "KEY", "PART", "RESULT", "TIME", "DeltaFiles", "Discard", "Plan", "Target",
-           "aggregate", "columns", "final_writer", "run_operators", "split_by_partition"]
+           "aggregate", "final_writer", "run_operators", "split_by_partition"]
 
 # The columns Spark hands over (qstate.jobs.queryable projects them).
 KEY, TIME, PART = "_qs_key", "_qs_t", "_qs_p"
@@ -123,7 +124,7 @@ def _saturated(wrapped: pa.ChunkedArray, witness: pa.ChunkedArray) -> pa.Array:
 
 def aggregate(rows: pa.Table, plan: Plan) -> pa.Table:
     """The partial rows of ``rows`` (one task's): ``PART``, key, start, end, tag and the
-    partial columns ``qstate.core.delta.delta_fields`` names."""
+    partial columns ``qstate.core.records.delta.delta_fields`` names."""
     spec = plan.spec
     t = rows.column(TIME).to_numpy(zero_copy_only=False)
     start, end, tag, keep = _assign(t, plan)
@@ -231,12 +232,6 @@ class Discard:
 # dead-lettered by reason (op -1, kind), the partial rows it handed on per operator and
 # partition (op >= 0).
 RESULT = "op int, kind string, partition int, fragment int, rows long"
-
-
-def columns(j: int, n_inputs: int) -> tuple[str, str, list[str]]:
-    """The names operator ``j``'s key, partition and inputs have in the batch's projection
-    (``qstate.jobs.queryable``), which holds every operator's side by side."""
-    return f"_qs_k{j}", f"_qs_p{j}", [f"_qs_a{j}_{i}" for i in range(n_inputs)]
 
 
 def _task_rows(it: Iterator[pa.RecordBatch]) -> tuple[pa.Table, int] | None:

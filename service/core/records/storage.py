@@ -1,6 +1,6 @@
 """Checkpoint storage: a local directory, or any pyarrow filesystem URI (s3://, hdfs://, gs://).
 
-Paths given to ``Storage`` are relative to its root (``qstate.core.paths`` builds them).
+Paths given to ``Storage`` are relative to its root (``qstate.core.records.paths`` builds them).
 Writes are atomic for readers: write to a temporary name in the same directory, then move,
 so a reader never sees half a file and a re-run of a batch simply replaces its files.
 ``create`` writes only if nothing is there yet, for objects two writers may race for (a
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from qstate.core import paths
+from qstate.core.records import paths
 
 __all__ = ["Storage"]
 

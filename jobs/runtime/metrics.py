@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import Counter, Gauge, Histogram
 
 if TYPE_CHECKING:
-    from qstate.jobs.reports import BatchReport
+    from qstate.jobs.runtime.reports import BatchReport
 
 __all__ = ["BATCHES", "BATCH_SECONDS", "COMMIT_SECONDS", "DEAD_LETTERED",
            "EVENTS", "FRESHNESS", "JOB_UP", "LAG", "LAST_BATCH", "LAST_COMMIT", "PARTIAL_ROWS",
