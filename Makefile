@@ -7,19 +7,47 @@ JARS    := $(VENV)/jars
 JAR_STAMP := $(JARS)/.fetched
 MVN     ?= mvn
 PYTEST_ARGS ?=
+# the read engine's Rust build (engine/): RocksDB's C++ takes minutes to compile, once per
+# machine, into this folder outside the clone (every clone on the machine shares it)
+CARGO_TARGET_DIR ?= $(HOME)/.cache/qstate/cargo-target
+export CARGO_TARGET_DIR
+ENGINE_STAMP := $(VENV)/.engine
+ENGINE_SRC := $(shell find engine -name target -prune -o -type f \( -name '*.rs' -o -name '*.toml' -o -name Cargo.lock \) -print)
+CARGO   := cargo --locked
 
-.PHONY: setup node-setup bench-setup run test test-fast soak lint proto clean
+.PHONY: setup node-setup bench-setup run test test-fast soak lint proto clean engine-test engine-lint
 
 NODE_STAMP := clients/node/node_modules/.installed
 
 setup: $(STAMP) $(JAR_STAMP) $(NODE_STAMP)
 
-$(STAMP): pyproject.toml
+# the feast extra: tests/feast runs Feast over qstate (docs/feast.md)
+$(STAMP): pyproject.toml $(ENGINE_STAMP)
 	@command -v java >/dev/null 2>&1 || { echo "qstate needs Java 17 for Spark: apt-get install openjdk-17-jre-headless"; exit 1; }
-	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[server,dev]'
+	$(BIN)/pip install --quiet -e '.[server,dev,feast]'
 	@touch $(STAMP)
+
+# qstate-engine (qstate._engine), which the server install requires: built by maturin, in
+# release (cargo test and clippy build in release too, so RocksDB compiles once). bindgen needs
+# libclang (Debian's libclang-dev), installed here when missing and run as root.
+$(ENGINE_STAMP): $(ENGINE_SRC)
+	@command -v cargo >/dev/null 2>&1 || { echo "qstate's read engine is Rust: install it (https://rustup.rs), then make again"; exit 1; }
+	@ls /usr/lib/llvm-*/lib/libclang.so* >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq libclang-dev >/dev/null; \
+		else echo "qstate's read engine needs libclang to build: apt-get install libclang-dev"; exit 1; fi; }
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip 'maturin>=1.7,<2'
+	cd engine/py && VIRTUAL_ENV=$(abspath $(VENV)) $(abspath $(BIN))/maturin develop --release --locked --quiet
+	@touch $(ENGINE_STAMP)
+
+# the engine's own checks: its tests (cargo test), then clippy with warnings as errors and
+# rustfmt (make lint)
+engine-test: $(ENGINE_STAMP)
+	cd engine && $(CARGO) test --release -p qstate-engine-core --quiet
+
+engine-lint: $(ENGINE_STAMP)
+	cd engine && cargo fmt --all --check
+	cd engine && $(CARGO) clippy --release --workspace --all-targets --quiet -- -D warnings
 
 # JVM parts, from Maven Central, once: the Kafka broker (with its dependencies) and Spark's
 # Kafka connector. Nothing is fetched at run time. Where Maven Central is not reachable, put
@@ -36,14 +64,14 @@ $(JAR_STAMP): deploy/maven/kafka-broker.pom.xml deploy/maven/spark-kafka.pom.xml
 # benchmarks (loadtest/): the Redis baseline needs redis-server (Debian package) and redis-py
 bench-setup: setup
 	@command -v redis-server >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq redis-server; }
-	$(BIN)/pip install --quiet -e '.[server,dev,bench]'
+	$(BIN)/pip install --quiet -e '.[server,dev,feast,bench]'
 	@command -v go >/dev/null 2>&1 || { echo "the open-loop bench needs Go 1.26 (go.dev)"; exit 1; }
 	cd loadtest/openloop && go build -o $(abspath $(BIN))/qstate-openloop .
 
 run: setup
 	$(BIN)/qstate run
 
-test: setup
+test: setup engine-test
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 # no JVM: neither Spark nor the Kafka broker (real shard and router processes still run)
@@ -57,7 +85,7 @@ soak: setup
 
 # mypy and lint-imports read qstate through .lint/, the installed tree drawn with symlinks
 # (tests/mirror.py): they walk folders, and qstate.jobs is not under service/
-lint: setup
+lint: setup engine-lint
 	$(BIN)/ruff check .
 	$(BIN)/python -m tests.mirror .lint >/dev/null
 	$(BIN)/mypy -p qstate -p loadtest -p tests

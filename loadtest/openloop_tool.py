@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from loadtest.cpu import pinned
+
 __all__ = ["openloop_binary", "run_openloop"]
 
 
@@ -19,9 +21,10 @@ def openloop_binary() -> str:
     return str(path)
 
 
-def run_openloop(binary: str, target: list[str], keys: Path, rate: int, duration: int
-                 ) -> dict[str, float]:
-    out = subprocess.run([binary, *target, "-keys", str(keys), "-rate", str(rate),
-                          "-duration", f"{duration}s"], capture_output=True, text=True,
-                         timeout=duration + 120, check=True)
+def run_openloop(binary: str, target: list[str], keys: Path, rate: int, duration: int,
+                 cpus: str = "") -> dict[str, float]:
+    """One schedule against ``target``; ``cpus``: the taskset CPU list it runs on."""
+    out = subprocess.run(pinned([binary, *target, "-keys", str(keys), "-rate", str(rate),
+                                 "-duration", f"{duration}s"], cpus), capture_output=True,
+                         text=True, timeout=duration + 120, check=True)
     return json.loads(out.stdout)

@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from qstate.cli_options import S, option
+from qstate.cli_options import S, given, option
 from qstate.exit_codes import HELP as EXIT_CODES
 
 if TYPE_CHECKING:  # imported by the commands that use them: `qstate --help` stays quick
     from qstate.core.errors import QStateError
-    from qstate.core.storage import Storage
+    from qstate.core.records.storage import Storage
 
 __all__ = ["app", "main"]
 
@@ -47,10 +47,10 @@ def _pairs(items: list[str] | None, flag: str) -> dict[str, str]:
 
 
 def _arm_fault() -> None:
-    """QSTATE_FAULT (chaos tests, ``qstate.core.faults``): parsed as the process starts, so
+    """QSTATE_FAULT (chaos tests, ``qstate.core.process.faults``): parsed as the process starts, so
     a typo fails here and not silently at batch N."""
-    from qstate.core import faults
     from qstate.core.errors import InvalidRequest
+    from qstate.core.process import faults
 
     try:
         faults.arm(S.fault)
@@ -102,9 +102,10 @@ def _working_directory_first() -> None:
 
 @app.command()
 def job(
+    cli: typer.Context,
     names: Annotated[list[str], typer.Argument(
         help="Jobs to run: MODULE:FUNCTION, a function build(spark, ctx) that returns a "
-             "qstate.jobs.queryable.QueryableJob (ctx: qstate.jobs.job.JobContext; "
+             "qstate.jobs.QueryableJob (ctx: qstate.jobs.JobContext; "
              "docs/own-job.md), found as `python -m` finds modules "
              "(the working directory first); or an example: tweets, ads.")],
     bootstrap: Annotated[str, option("kafka_bootstrap", "--bootstrap")] = S.kafka_bootstrap,
@@ -114,7 +115,10 @@ def job(
     shards: Annotated[str | None, typer.Option(
         help="Comma-separated shard addresses (default: servers registered in storage).")
     ] = None,
-    partitions: Annotated[int, option("partitions", "--partitions")] = S.partitions,
+    partitions: Annotated[int, option(
+        "partitions", "--partitions", more="A job begun from a savepoint (--from-savepoint) "
+        "takes the savepoint's count unless one is set here, in QSTATE_PARTITIONS or the "
+        "config file.")] = S.partitions,
     trigger: Annotated[str, option("trigger_interval", "--trigger")] = S.trigger_interval,
     max_rows_per_trigger: Annotated[int, option(
         "max_rows_per_trigger", "--max-rows-per-trigger")] = S.max_rows_per_trigger,
@@ -137,8 +141,9 @@ def job(
              "of the module's own, e.g. a second version beside the first.")] = None,
     from_savepoint: Annotated[str | None, typer.Option(
         help="Begin from a savepoint, JOB@NAME: another job's forks it (give --name), the "
-             "job's own (or NAME alone) rolls the job back to it; its state and source "
-             "offsets are the savepoint's (docs/upgrading.md). A job that already began "
+             "job's own (or NAME alone) rolls the job back to it; its state, source "
+             "offsets and (unless --partitions) partition count are the savepoint's "
+             "(docs/upgrading.md). A job that already began "
              "from it goes on from its checkpoint.")] = None,
 ) -> None:
     """Run jobs with the queryable sink until Ctrl-C or SIGTERM.
@@ -149,11 +154,11 @@ def job(
     """
     from qstate.core.address import check_name
     from qstate.core.errors import InvalidRequest, QStateError
-    from qstate.core.savepoint import read_savepoint
+    from qstate.core.records.savepoint import read_savepoint
     from qstate.jobs.job import JobContext
-    from qstate.jobs.launch import check_starting_offsets, load_builder
-    from qstate.jobs.origin import split_savepoint
-    from qstate.jobs.supervise import checkpoint_names, run_jobs
+    from qstate.jobs.runtime.launch import check_starting_offsets, load_builder
+    from qstate.jobs.runtime.origin import savepoint_partitions, split_savepoint
+    from qstate.jobs.runtime.supervise import checkpoint_names, run_jobs
     from qstate.shard.seed import seed
 
     _working_directory_first()
@@ -171,9 +176,11 @@ def job(
     if from_savepoint:  # said before Spark starts
         owner, saved = split_savepoint(from_savepoint, name or checkpoint_names(names)[0])
         try:
-            read_savepoint(_existing_storage(storage), owner, saved)
+            sp = read_savepoint(_existing_storage(storage), owner, saved)
         except QStateError as exc:
             raise _failed(exc) from None
+        if not given(cli, "partitions"):  # its state has the savepoint's partitions
+            partitions = savepoint_partitions(sp) or partitions
     _arm_fault()
     ctx = JobContext(bootstrap, storage, checkpoints, partitions, trigger,
                      max_rows_per_trigger or None, starting_offsets,
@@ -440,7 +447,7 @@ def token_add(
     from pydantic import ValidationError
 
     from qstate.core.errors import InvalidRequest
-    from qstate.core.tokens import add_token
+    from qstate.core.transport.tokens import add_token
 
     try:
         token = add_token(file, name, scope)
@@ -457,7 +464,7 @@ def token_list(
 ) -> None:
     """Names and scopes of the tokens in the file (never their hashes)."""
     from qstate.core.errors import StartFailed
-    from qstate.core.tokens import TokenFile
+    from qstate.core.transport.tokens import TokenFile
 
     try:
         entries = TokenFile.model_validate_json(file.read_bytes()).tokens
@@ -475,7 +482,7 @@ app.add_typer(state_app, name="state")
 def _existing_storage(storage: str) -> Storage:
     """The checkpoint storage at ``storage`` to read, or exit 1 saying where it looked (a
     tool that only reads makes no folder)."""
-    from qstate.core.storage import Storage
+    from qstate.core.records.storage import Storage
 
     st = Storage(storage, make_root=False)
     if not st.root_exists():
@@ -570,8 +577,8 @@ def savepoint_create(
     (or no storage); 2 a bad or taken name; 3 no batch committed yet, or retention pruned
     what it needed three times while it was made (try again).
     """
-    from qstate.core import savepoint
     from qstate.core.errors import QStateError
+    from qstate.core.records import savepoint
 
     _arm_fault()
     st = _existing_storage(storage)
@@ -596,8 +603,8 @@ def savepoint_list(
     Exit codes: 0 listed (none is an empty list); 1 no storage; 6 a record in storage is
     not a savepoint (it names the file).
     """
-    from qstate.core import savepoint
     from qstate.core.errors import QStateError
+    from qstate.core.records import savepoint
 
     st = _existing_storage(storage)
     try:
@@ -618,8 +625,8 @@ def savepoint_delete(
 ) -> None:
     """Delete a savepoint (or its interrupted making); what only it kept goes at the next
     pruning. Exit codes: 0 deleted; 1 no such savepoint (or no storage); 2 a bad name."""
-    from qstate.core import savepoint
     from qstate.core.errors import QStateError
+    from qstate.core.records import savepoint
 
     st = _existing_storage(storage)
     try:
@@ -658,7 +665,7 @@ def state_rescale(
 
     from qstate.control.rescale import Rescale, job_is_down
     from qstate.core.errors import QStateError, StartFailed
-    from qstate.core.storage import Storage
+    from qstate.core.records.storage import Storage
 
     console = Console(stderr=True)
     store = Storage(storage)
@@ -692,9 +699,40 @@ def state_rescale(
     console.print(f"restart the job with --partitions {partitions}")
 
 
-def _mount_generate() -> None:
-    from qstate.embedded.generate import generate
+# What the server install (`pip install 'qstate[server]'`) adds, by import name: a command
+# that needs one of them says so on a client-only install (`pip install qstate`), where
+# --help, get, top and watch work (docs/architecture.md §10).
+SERVER_MODULES = frozenset({
+    "orjson", "pyspark", "pyarrow", "pandas", "numpy", "confluent_kafka", "rocksdict", "xxhash",
+    "fastapi", "starlette", "sse_starlette", "uvicorn", "grpc_tools", "prometheus_client",
+    "datasketches", "cryptography", "psutil", "grpc_health", "grpc_reflection", "qstate_engine"})
+NEEDS_SERVER = 2  # the exit code of a command the install lacks (qstate.exit_codes)
 
+
+def _needs_server(exc: ModuleNotFoundError) -> bool:
+    return (exc.name or "").split(".")[0] in SERVER_MODULES
+
+
+def _say_needs_server(command: str, exc: ModuleNotFoundError) -> typer.Exit:
+    typer.echo(f"error: `qstate {command}` needs the server install: pip install "
+               f"'qstate[server]' (this one lacks {exc.name})", err=True)
+    return typer.Exit(NEEDS_SERVER)
+
+
+def _mount_generate() -> None:
+    try:
+        from qstate.embedded.generate import generate
+    except ModuleNotFoundError as exc:
+        if not _needs_server(exc):
+            raise
+        missing = exc
+
+        @app.command("generate", context_settings={"allow_extra_args": True,
+                                                   "ignore_unknown_options": True})
+        def generate_missing() -> None:
+            """Produce the demo's events into Kafka (needs the server install)."""
+            raise _say_needs_server("generate", missing)
+        return
     app.command("generate", no_args_is_help=True)(generate)
 
 
@@ -726,7 +764,13 @@ for _cmd in _commands(app):
 
 
 def main() -> None:
-    app()
+    try:
+        app()
+    except ModuleNotFoundError as exc:  # a command of the server install on a client-only one
+        if not _needs_server(exc):
+            raise
+        command = next((a for a in sys.argv[1:] if not a.startswith("-")), "")
+        sys.exit(_say_needs_server(command, exc).exit_code)
 
 
 if __name__ == "__main__":

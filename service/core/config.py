@@ -164,6 +164,15 @@ class Settings(BaseSettings):
     local_reads: bool = Field(
         True, description="Router: read partitions of shards on the same host in-process "
         "(RocksDB secondary instances) instead of over gRPC.")
+    native_front: bool = Field(
+        True, description="Router: the read engine's native front (Rust) holds the HTTP port "
+        "and answers point and batch reads of partitions on this host without Python; every "
+        "other request goes to the Python app behind it. False: the Python app (uvicorn) "
+        "holds the port and answers everything, as before the engine (for comparison, and "
+        "as a way out).")
+    router_cache_mb: int = Field(
+        64, ge=8, description="Router: the block cache in MiB of the RocksDB secondaries it "
+        "reads co-located partitions with (one, shared).")
     routing_refresh_s: float = Field(
         1.0, gt=0, description="Router: how often it re-reads assignments and specs.")
     routing_min_interval_s: float = Field(
@@ -267,7 +276,7 @@ class Settings(BaseSettings):
 
     # ---- tests ------------------------------------------------------------------------
     fault: str = Field(
-        "", description="Fault injection for chaos tests (service/core/faults.py): "
+        "", description="Fault injection for chaos tests (service/core/process/faults.py): "
         "POINT@BATCH[:OPERATOR] makes `qstate shard`, `qstate job` or `qstate savepoint "
         "create` kill itself with SIGKILL at that step of that batch; POINT is "
         "shard.received, shard.after-write, shard.after-ack, driver.after-deltas, "

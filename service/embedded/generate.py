@@ -34,7 +34,7 @@ from rich.progress import (
 from rich.text import Text
 
 from qstate.cli_options import S, option
-from qstate.core.kafka import client_config, ensure_topic
+from qstate.core.transport.kafka import client_config, ensure_topic
 from qstate.jobs.examples.workloads import (
     Ads,
     Event,

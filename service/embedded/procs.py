@@ -14,7 +14,13 @@ from typing import ClassVar
 from qstate.embedded.lifeline import die_with_parent
 from qstate.embedded.ports import free_port, wait_for_port
 
-__all__ = ["Child", "RouterProcess", "ShardProcess", "qstate_command"]
+__all__ = ["NOT_INHERITED", "Child", "RouterProcess", "ShardProcess", "qstate_command"]
+
+# prometheus_client's multiprocess folder: a process that set it for its own metrics (Feast
+# does when imported) must not hand it to a shard or router it starts, which would then add
+# every process's series written there to its /metrics (a router's --workers are given their
+# own by service/embedded/router_workers.py, which starts them itself)
+NOT_INHERITED = ("PROMETHEUS_MULTIPROC_DIR", "PROMETHEUS_MULTIPROCESS_DIR")
 
 
 @dataclass
@@ -30,11 +36,13 @@ class Child:
 
     def start(self) -> Child:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {k: v for k, v in (os.environ if self.env is None else self.env).items()
+               if k not in NOT_INHERITED}
         with open(self.log_path, "ab") as log:
             # own session: a terminal's Ctrl-C reaches only the parent, which stops
             # children in order; a parent killed outright takes them with it (lifeline)
             self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, env=self.env,
+                                         stdin=subprocess.DEVNULL, env=env,
                                          start_new_session=True,
                                          preexec_fn=_preexec(self.nice))
         return self

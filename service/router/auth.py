@@ -17,11 +17,15 @@ from typing import Any
 import grpc
 
 from qstate.core.errors import QStateError
-from qstate.core.security import AUTH_HEADER, bearer
-from qstate.core.tokens import Principal, WatchedTokens
+from qstate.core.transport.security import AUTH_HEADER, bearer
+from qstate.core.transport.tokens import Principal, WatchedTokens
 from qstate.router.wire import send_error
 
-__all__ = ["GrpcAuth", "target_of", "with_auth"]
+__all__ = ["PRINCIPAL_HEADER", "GrpcAuth", "target_of", "with_auth"]
+
+# how the native front hands Python the principal it let a request in with (its twin:
+# engine/core/src/front.rs)
+PRINCIPAL_HEADER = b"x-qstate-principal"
 
 _OPEN = frozenset({"/healthz", "/readyz", "/docs", "/docs/oauth2-redirect", "/redoc",
                    "/openapi.json", "/favicon.ico"})
@@ -63,15 +67,31 @@ def _authorize(book: WatchedTokens, scope: dict[str, Any]) -> Principal:
     return principal
 
 
-def with_auth(app: Any, book: WatchedTokens | None, metrics_public: bool = True) -> Any:
+def _forwarded(scope: dict[str, Any]) -> Principal | None:
+    """The principal the native front let the request in with (``PRINCIPAL_HEADER``: the
+    front removes it from every request it is sent, so no outside request carries one)."""
+    raw = next((v for k, v in scope["headers"] if k == PRINCIPAL_HEADER), None)
+    if raw is None:
+        return None
+    name, _, scopes = raw.decode("latin-1").partition(" ")
+    return Principal(name, frozenset(scopes.split(",")))
+
+
+def with_auth(app: Any, book: WatchedTokens | None, metrics_public: bool = True,
+              forwarded: bool = False) -> Any:
+    """``forwarded``: the app behind the native front, which authenticated the request and
+    sends its principal along (docs/architecture.md §5, native front); a request it could
+    not read the path of comes without one and is authenticated here."""
     if book is None:
         return app
 
     async def asgi(scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or _open(scope["path"], metrics_public):
             return await app(scope, receive, send)
+        principal = _forwarded(scope) if forwarded else None
         try:
-            principal = _authorize(book, scope)
+            if principal is None:
+                principal = _authorize(book, scope)
         except QStateError as exc:
             return await send_error(send, exc)
         scope.setdefault("state", {})["principal"] = principal

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import grpc
 
+from qstate._engine import Engine
 from qstate.core.config import DEFAULTS
 from qstate.core.errors import QStateError, grpc_trailers
-from qstate.core.operator import OperatorSpec
-from qstate.core.values import set_value
+from qstate.core.records.operator import OperatorSpec
+from qstate.core.transport.values import set_value
 from qstate.proto import qstate_pb2 as pb
 from qstate.proto import qstate_pb2_grpc as pb_grpc
 from qstate.router.auth import GrpcAuth
@@ -23,7 +25,7 @@ from qstate.router.top import TopResult
 from qstate.router.watch import Push, WatchClosed, WatchHub
 from qstate.router.wire import FAR
 
-__all__ = ["QueryableStateService"]
+__all__ = ["QueryableStateService", "serve_api"]
 
 # every method's OK series from the start, at 0 (a dashboard shows 0, not "No data")
 for _method in pb.DESCRIPTOR.services_by_name["QueryableState"].methods_by_name:
@@ -207,3 +209,62 @@ class QueryableStateService(pb_grpc.QueryableStateServicer):
                 last_batch=s.last_batch, watermark_ms=s.watermark_ms,
                 partitions_available=s.partitions_available)
         return out
+
+
+class _Handlers:
+    """Records what the generated ``add_..._to_server`` registers (its method handlers)."""
+
+    def __init__(self) -> None:
+        self.handlers: dict[str, grpc.RpcMethodHandler] = {}
+
+    def add_generic_rpc_handlers(self, _: Any) -> None:
+        pass
+
+    def add_registered_method_handlers(self, _: str, handlers: dict[str, Any]) -> None:
+        self.handlers = dict(handlers)
+
+
+def serve_api(service: QueryableStateService, server: grpc.aio.Server,
+              engine: Engine | None = None) -> None:
+    """The public API (``qstate.v1.QueryableState``) on ``server``. With ``engine``, ``Get``
+    and ``MultiGet`` of partitions on this host are answered with the bytes the engine encodes
+    from the request's (docs/architecture.md §5); every other request, and the engine's
+    misses, take the methods above."""
+    rec = _Handlers()
+    pb_grpc.add_QueryableStateServicer_to_server(service, rec)  # type: ignore[arg-type]
+    handlers = rec.handlers
+    if engine is not None:
+        for method, parse, multi in (("Get", pb.GetRequest.FromString, False),
+                                     ("MultiGet", pb.MultiGetRequest.FromString, True)):
+            handlers[method] = grpc.unary_unary_rpc_method_handler(
+                _engine_first(service, engine, method, parse, multi))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_registered_method_handlers(SERVICE, handlers)
+
+
+SERVICE = "qstate.v1.QueryableState"
+
+
+def _engine_first(service: QueryableStateService, engine: Engine, method: str,
+                  parse: Callable[[bytes], Any], multi: bool
+                  ) -> Callable[[bytes, grpc.aio.ServicerContext], Awaitable[bytes]]:
+    """A raw method (bytes in, bytes out): the engine's answer when it has one, else the
+    service's method, serialized here."""
+    fallback = getattr(service, method)
+    latency, ok = RPC_LATENCY.labels(method), RPCS.labels(method, "OK")
+
+    async def handle(raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        t0 = time.perf_counter()
+        request = parse(raw)
+        try:
+            service.auth.check(context, request.job, request.operator)
+        except QStateError as exc:
+            await _fail(context, method, exc)
+        answer = engine.grpc_read(raw, multi)
+        if answer is None:
+            return (await fallback(request, context)).SerializeToString()  # type: ignore[no-any-return]
+        ok.inc()
+        latency.observe(time.perf_counter() - t0)
+        return answer
+
+    return handle

@@ -1,4 +1,5 @@
-"""A router process: HTTP (uvicorn) and gRPC (grpc.aio) in one event loop."""
+"""A router process: its read engine (whose native front holds the HTTP port, the FastAPI
+app behind it on uvicorn) and gRPC (grpc.aio), in one event loop (docs/architecture.md §5)."""
 
 from __future__ import annotations
 
@@ -14,19 +15,19 @@ from pathlib import Path
 import grpc
 import uvicorn
 
-from qstate.core import security
 from qstate.core.config import Settings
-from qstate.core.grpc_health import Health
-from qstate.core.shard_client import held_partitions
-from qstate.core.storage import Storage
-from qstate.core.tokens import WatchedTokens
+from qstate.core.records.storage import Storage
+from qstate.core.transport import security
+from qstate.core.transport.grpc_health import Health
+from qstate.core.transport.tokens import WatchedTokens
 from qstate.proto import qstate_pb2 as qpb
-from qstate.proto import qstate_pb2_grpc as pb_grpc
-from qstate.proto import shard_pb2 as pb
 from qstate.router.auth import GrpcAuth, with_auth
 from qstate.router.coalesce import ShardCaller
+from qstate.router.describer import Describer
+from qstate.router.engine import ENGINE_THREADS, EngineLink
 from qstate.router.fastpath import with_fast_get
-from qstate.router.grpc_api import QueryableStateService
+from qstate.router.front import NativeFront
+from qstate.router.grpc_api import QueryableStateService, serve_api
 from qstate.router.http import create_app
 from qstate.router.limits import with_limits
 from qstate.router.local import LocalReader
@@ -60,19 +61,16 @@ class RouterOptions:
     http_fd: int | None = None
 
 
-async def _watch_local_shards(routing: RoutingTable, caller: ShardCaller, local: LocalReader,
+async def _watch_local_shards(routing: RoutingTable, describer: Describer, local: LocalReader,
                               every_s: float) -> None:
-    """Which co-located partitions may be read in-process: alive, owned and not restoring."""
+    """Which co-located partitions may be read in-process: alive, owned and not restoring
+    (the router's Describe poller, at most ``every_s`` old)."""
     while True:
         local.set_servers(routing.servers)
-        for address in list(local.servers):
-            try:
-                d = await caller.stub(address).Describe(pb.DescribeRequest(),
-                                                        timeout=every_s * 2)
-                local.set_ready(address, {pid for pid, p in held_partitions(d).items()
-                                          if not p.restoring})
-            except grpc.aio.AioRpcError:
-                local.set_ready(address, set())
+        replies = await describer.describe(local.servers, every_s)
+        for address, held in replies.items():
+            local.set_ready(address, set() if held is None else
+                            {pid for pid, p in held.items() if not p.restoring})
         await asyncio.sleep(every_s)
 
 
@@ -84,15 +82,19 @@ async def serve(o: RouterOptions, scratch: Path | None = None) -> None:
     routing = RoutingTable(Storage(o.storage_uri), cfg.routing_refresh_s,
                            cfg.routing_min_interval_s)
     routing.disclose_jobs = book is None
+    # the read engine: every partition this router reads on its host, and the native front
+    link = EngineLink(scratch or Path(tempfile.mkdtemp(prefix="qstate-router-")), cfg)
+    engine = link.engine
+    routing.on_change = lambda: link.push_table(routing)
     await routing.start()
     caller = ShardCaller(timeout_s=cfg.shard_timeout_s, cfg=cfg,
                          max_queue=cfg.max_shard_queue, retry_after_s=cfg.retry_after_s)
-    local = LocalReader(scratch or Path(tempfile.mkdtemp(prefix="qstate-router-")))
+    local = LocalReader(engine)
     reads = PartitionReads(routing, caller, cfg.retry_after_s, local if o.local_reads else None)
     query = QueryService(routing, reads, cfg.max_batch_keys, cfg.max_windows,
                          cfg.max_request_windows, cfg.min_batch_wait_s, cfg.max_top_n)
     hub = WatchHub.of(query, cfg)
-    watch = asyncio.create_task(_watch_local_shards(routing, caller, local,
+    watch = asyncio.create_task(_watch_local_shards(routing, query.describer, local,
                                                     cfg.local_ready_poll_s)) \
         if o.local_reads else None
 
@@ -102,11 +104,11 @@ async def serve(o: RouterOptions, scratch: Path | None = None) -> None:
         options=[*SERVER_OPTIONS, ("grpc.max_receive_message_length", cfg.max_body_bytes),
                  reuse],
         maximum_concurrent_rpcs=cfg.max_concurrent_requests)
-    pb_grpc.add_QueryableStateServicer_to_server(QueryableStateService(query, GrpcAuth(book), hub),
-                                                 grpc_server)
+    serve_api(QueryableStateService(query, GrpcAuth(book), hub), grpc_server,
+              engine if cfg.native_front else None)
 
     def ready() -> bool:  # an assignment to route by: /readyz and gRPC health alike
-        return bool(routing.specs)
+        return bool(routing.specs) and (not cfg.native_front or engine.ready())
 
     health = Health(grpc_server, [qpb.DESCRIPTOR.services_by_name["QueryableState"].full_name])
     security.server_port(grpc_server, f"{host}:{o.grpc_port}", cfg)
@@ -114,23 +116,36 @@ async def serve(o: RouterOptions, scratch: Path | None = None) -> None:
     following = asyncio.create_task(health.follow(ready))
 
     app = with_fast_get(create_app(query, ready=ready, hub=hub), query)
-    # auth outermost: a request without a valid token is refused before it may hold one of
-    # the limited slots (a client could otherwise fill them with bodies it never sends)
-    app = with_auth(with_limits(app, cfg.max_body_bytes, cfg.max_concurrent_requests,
-                                cfg.retry_after_s), book, cfg.metrics_public)
-    config = uvicorn.Config(app, host=host, port=o.http_port, log_level="warning",
-                            access_log=False, http="httptools", lifespan="off",
-                            timeout_graceful_shutdown=2,
-                            ssl_certfile=cfg.tls_cert or None, ssl_keyfile=cfg.tls_key or None)
-    http = uvicorn.Server(config)
-    # uvicorn stops on SIGINT/SIGTERM itself and re-raises the signal when done, which then
-    # reaches the handlers below: gRPC and the routing table stop after HTTP has drained.
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    sockets = None if o.http_fd is None else [socket.socket(fileno=o.http_fd)]
-    task = asyncio.create_task(http.serve(sockets=sockets))
+    front: NativeFront | None = None
+    tokens: asyncio.Task[None] | None = None
+    if cfg.native_front:
+        # the engine holds the port, the tokens and the request budget for both paths; the
+        # app behind it takes the principal the front let a request in with
+        front = NativeFront(engine, with_auth(app, book, cfg.metrics_public, forwarded=True),
+                            cfg, ENGINE_THREADS)
+        if book is not None:
+            tokens = asyncio.create_task(link.push_tokens(book))
+        await front.start(host, o.http_port, o.http_fd)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+    else:
+        # auth outermost: a request without a valid token is refused before it may hold one
+        # of the limited slots (a client could otherwise fill them with bodies it never sends)
+        app = with_auth(with_limits(app, cfg.max_body_bytes, cfg.max_concurrent_requests,
+                                    cfg.retry_after_s), book, cfg.metrics_public)
+        config = uvicorn.Config(app, host=host, port=o.http_port, log_level="warning",
+                                access_log=False, http="httptools", lifespan="off",
+                                timeout_graceful_shutdown=2,
+                                ssl_certfile=cfg.tls_cert or None, ssl_keyfile=cfg.tls_key or None)
+        http = uvicorn.Server(config)
+        # uvicorn stops on SIGINT/SIGTERM itself and re-raises the signal when done, which
+        # then reaches the handlers below: gRPC and the routing table stop after HTTP drained
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        sockets = None if o.http_fd is None else [socket.socket(fileno=o.http_fd)]
+        serving = asyncio.create_task(http.serve(sockets=sockets))
     # what start-up built lives as long as the process: out of the collector's sight, so a
     # full collection does not walk it while requests wait (docs/architecture.md §8)
     gc.freeze()
@@ -143,8 +158,13 @@ async def serve(o: RouterOptions, scratch: Path | None = None) -> None:
     following.cancel()
     await health.stop()
     await hub.stop()  # open watches end: their clients resume on another router
-    http.should_exit = True
-    await task
+    if front is not None:
+        await front.stop()  # no new request; those under way finish
+    else:
+        http.should_exit = True
+        await serving
+    if tokens is not None:
+        tokens.cancel()
     await grpc_server.stop(grace=1)
     if watch is not None:
         watch.cancel()

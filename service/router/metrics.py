@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -142,3 +143,25 @@ def count_error(exc: QStateError) -> None:
         if isinstance(exc, cls):
             REFUSED.labels(reason).inc()
             return
+
+
+def add_engine_counts(taken: dict[str, Any]) -> None:
+    """What the read engine counted (``Engine.take_metrics``: requests its native front
+    answered, their latency, reads by path, 503s by reason, refusals by kind) added to the
+    same series, so /metrics says one router whoever answered (docs/architecture.md §5)."""
+    for route, method, status, n in taken["requests"]:
+        HTTP_REQUESTS.labels(route, method, str(status)).inc(n)
+    for route, buckets, total in taken["latency"]:
+        child = HTTP_LATENCY.labels(route)
+        # prometheus_client keeps a histogram's buckets apart (not cumulative) and its sum:
+        # the engine counts them the same way, on the same bounds (_BUCKETS, then +Inf)
+        for bucket, n in zip(child._buckets, buckets, strict=True):
+            if n:
+                bucket.inc(n)
+        child._sum.inc(total)
+    for path, n in taken["reads"]:
+        SHARD_READS.labels(path).inc(n)
+    for reason, n in taken["unavailable"]:
+        UNAVAILABLE.labels(reason).inc(n)
+    for reason, n in taken["refused"]:
+        REFUSED.labels(reason).inc(n)

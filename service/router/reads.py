@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import NamedTuple, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 import grpc
 
 from qstate.core.address import PartitionId
 from qstate.core.errors import QStateError, Unavailable, from_grpc
-from qstate.core.operator import OperatorSpec
-from qstate.core.values import value_of
-from qstate.partition.reader import page
+from qstate.core.records.operator import OperatorSpec
+from qstate.core.transport.values import value_of
 from qstate.proto import shard_pb2 as pb
 from qstate.router.coalesce import ShardCaller
+from qstate.router.hits import Hit, Row
 from qstate.router.local import LocalReader
 from qstate.router.metrics import FOLLOWER_READS, LOCAL_READS, REMOTE_READS
 from qstate.router.request import StateQuery
@@ -41,23 +41,6 @@ class _Status(Protocol):  # a shard's answer about one partition: KeyResult, Par
 
 
 Answer = TypeVar("Answer", bound=_Status)
-
-
-class Row(NamedTuple):
-    """One window of one state, as read: what an answer's ``Window`` is made of (a tuple,
-    made per window on the hot path; the model only where a model is answered)."""
-
-    start: int | None
-    end: int | None
-    value: int | float | None
-
-
-class Hit(NamedTuple):
-    found: bool
-    batch: int
-    watermark_ms: int
-    windows: list[Row]
-    next_from: int | None = None  # a range cut at its limit: where the next page starts
 
 
 def _hit(r: pb.KeyResult) -> Hit:
@@ -101,17 +84,10 @@ class PartitionReads:
         """``read_local`` of keys of one partition, as of one batch."""
         if self.local is None or owner is None or q.savepoint is not None:
             return None  # a savepoint is read by a shard server, not in its live files
-        res = self.local.read_many(owner, spec, pid, keys, q.range_ms, q.limit + 1)
-        if not res:
-            return None
-        LOCAL_READS.inc(len(keys))
-        meta, per_key = res
-        i = spec.state_index[q.state]
-        hits = []
-        for ws in per_key:
-            ws, next_from = page(ws, q.limit)
-            hits.append(Hit(bool(ws), meta.last_batch, meta.watermark_ms,
-                            [Row(w.start, w.end, w.values[i]) for w in ws], next_from))
+        hits = self.local.read_many(owner, pid, q.state, keys, q.range_ms, q.limit,
+                                    wait=q.min_batch is not None)
+        if hits is not None:
+            LOCAL_READS.inc(len(keys))
         return hits
 
     async def read(self, spec: OperatorSpec, pid: PartitionId, q: StateQuery, key: str) -> Hit:

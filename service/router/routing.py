@@ -9,13 +9,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 from qstate.core.address import PartitionId
-from qstate.core.assignment import Assignment, ServerInfo, list_servers, load_assignment
 from qstate.core.config import DEFAULTS
 from qstate.core.errors import UnknownOperator
-from qstate.core.operator import OperatorSpec, list_specs
-from qstate.core.storage import Storage
+from qstate.core.records.assignment import Assignment, ServerInfo, list_servers, load_assignment
+from qstate.core.records.operator import OperatorSpec, list_specs
+from qstate.core.records.storage import Storage
 
 __all__ = ["RoutingTable"]
 
@@ -37,6 +38,8 @@ class RoutingTable:
         self._loaded_at = 0.0
         self._lock = asyncio.Lock()
         self._task: asyncio.Task | None = None
+        # told when the table changed (the read engine takes it: qstate.router.engine)
+        self.on_change: Callable[[], None] | None = None
 
     def _load(self) -> tuple[dict[str, Assignment], dict[tuple[str, str], OperatorSpec],
                              list[ServerInfo]]:
@@ -49,13 +52,16 @@ class RoutingTable:
             if not force and time.monotonic() - self._loaded_at < self.min_interval_s:
                 return
             try:
-                self.assignments, self.specs, self.servers = await asyncio.to_thread(
-                    self._load)
+                loaded = await asyncio.to_thread(self._load)
             except Exception as exc:  # storage hiccup: keep serving the last table
                 log.warning("routing refresh failed: %s", exc)
                 return
             finally:
                 self._loaded_at = time.monotonic()
+            changed = loaded != (self.assignments, self.specs, self.servers)
+            self.assignments, self.specs, self.servers = loaded
+            if changed and self.on_change is not None:
+                self.on_change()
 
     async def start(self) -> None:
         await self.refresh(force=True)

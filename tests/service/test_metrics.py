@@ -18,11 +18,11 @@ import httpx
 import pytest
 
 from qstate.control.coordinator import Coordinator
-from qstate.core import security
 from qstate.core.address import PartitionId, partition_of
 from qstate.core.config import Settings
-from qstate.core.operator import OperatorSpec, WindowSpec, save_spec
-from qstate.core.storage import Storage
+from qstate.core.records.operator import OperatorSpec, WindowSpec, save_spec
+from qstate.core.records.storage import Storage
+from qstate.core.transport import security
 from qstate.embedded.procs import RouterProcess, ShardProcess
 from qstate.partition.files import partition_dir
 from qstate.proto import qstate_pb2 as qpb

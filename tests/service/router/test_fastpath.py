@@ -12,7 +12,7 @@ import pytest
 
 from qstate.core.address import PartitionId, partition_of
 from qstate.core.errors import Unavailable, UnknownOperator
-from qstate.core.operator import OperatorSpec, WindowSpec
+from qstate.core.records.operator import OperatorSpec, WindowSpec
 from qstate.router.fastpath import with_fast_get
 from qstate.router.http import create_app
 from qstate.router.query import QueryService
@@ -31,6 +31,8 @@ class FakeRouting:
 
 
 class FakeReads:
+    caller: Any = None  # QueryService's Describe poller: never called by these paths
+
     async def read(self, spec: OperatorSpec, pid: PartitionId, q: StateQuery, key: str) -> Hit:
         rng = q.range_ms
         if key == "down":

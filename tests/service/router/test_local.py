@@ -1,6 +1,7 @@
-"""In-process reads of a co-located shard's partitions (RocksDB secondary instances): fresh
-after every commit, reopened after a restore, refused once the partition moved away or its
-server died. Real RocksDB written by a real PartitionStore; no processes."""
+"""In-process reads of a co-located shard's partitions through the read engine (RocksDB
+secondary instances, Rust): fresh after every commit, reopened after a restore, refused once
+the partition moved away or its server died, and never an answer that mixes two batches.
+Real RocksDB written by a real PartitionStore; no processes."""
 
 from __future__ import annotations
 
@@ -9,15 +10,17 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 from rocksdict import Checkpoint
 
+from qstate._engine import Engine
 from qstate.core.address import PartitionId
-from qstate.core.assignment import ServerInfo
-from qstate.core.operator import OperatorSpec, WindowSpec
+from qstate.core.records.assignment import ServerInfo
+from qstate.core.records.operator import OperatorSpec, WindowSpec
 from qstate.partition.files import partition_dir
 from qstate.router.local import LocalReader
 from qstate.shard.store import PartitionStore
@@ -39,7 +42,9 @@ def delta(key: str, start: int, n: int) -> pa.Table:
 def world(tmp_path: Path):
     server_dir = tmp_path / "shard"
     store = PartitionStore(partition_dir(server_dir, PID), SPEC)
-    reader = LocalReader(tmp_path / "scratch")
+    engine = Engine(str(tmp_path / "scratch"), 8 << 20)
+    engine.set_table([(SPEC.to_json(), [ADDRESS] * SPEC.partitions, [[]] * SPEC.partitions)])
+    reader = LocalReader(engine)
     reader.set_servers([ServerInfo("s", ADDRESS, "", os.getpid(), 0, socket.gethostname(),
                                    str(server_dir))])
     reader.set_ready(ADDRESS, {PID})
@@ -49,11 +54,11 @@ def world(tmp_path: Path):
 
 
 def value(reader: LocalReader, key: str = "k") -> tuple[int, int | float | None] | None:
-    res = reader.read_many(ADDRESS, SPEC, PID, [key], None)
-    if res is None:
+    hits = reader.read_many(ADDRESS, PID, "n", [key], None, 1)
+    if hits is None:
         return None
-    meta, [ws] = res
-    return meta.last_batch, (ws[-1].values[0] if ws else None)
+    [h] = hits
+    return h.batch, (h.windows[-1].value if h.windows else None)
 
 
 def test_follows_every_commit(world) -> None:
@@ -88,9 +93,9 @@ def test_refuses_what_it_must_not_read(world, tmp_path: Path) -> None:
     store, reader, _ = world
     store.apply(0, 0, 1, delta("k", 0, 1), None)
     assert value(reader) == (0, 1)
-    assert reader.read_many("10.0.0.9:7100", SPEC, PID, ["k"], None) is None  # not co-located
-    assert reader.read_many(ADDRESS, SPEC, PartitionId("j", "op", 4), ["k"],
-                            None) is None  # not ready
+    assert reader.read_many("10.0.0.9:7100", PID, "n", ["k"], None, 1) is None  # elsewhere
+    assert reader.read_many(ADDRESS, PartitionId("j", "op", 4), "n", ["k"], None,
+                            1) is None  # not ready
     reader.set_ready(ADDRESS, set())  # restoring (the owner's Describe says so)
     assert value(reader) is None
     reader.set_ready(ADDRESS, {PID})
@@ -109,3 +114,47 @@ def test_refuses_a_dead_server(world) -> None:
                                    str(server_dir))])
     reader.set_ready(ADDRESS, {PID})
     assert value(reader) is None
+
+
+def test_an_answer_never_mixes_two_batches(world) -> None:
+    """Batches committed while readers read many keys of the partition at once: every answer
+    is every key's value at the one batch it names (batch b sets key i to b * 1000 + i)."""
+    store, reader, _ = world
+    keys = [f"k{i}" for i in range(50)]
+
+    def commit(b: int) -> None:
+        t = pa.concat_tables([delta(k, 0, 0) for k in keys])
+        n = pa.array([b * 1000 + i for i in range(len(keys))], pa.int64())
+        store.apply(b, 0, 1, t.set_column(4, "n", n), None)
+
+    commit(0)
+    last = 60
+    answers: list[list] = []
+    done = threading.Event()
+
+    def read() -> None:
+        while not done.is_set():
+            hits = reader.read_many(ADDRESS, PID, "n", keys, None, 1)
+            assert hits is not None
+            answers.append(hits)
+
+    readers = [threading.Thread(target=read) for _ in range(3)]
+    for t in readers:
+        t.start()
+    try:
+        for b in range(1, last + 1):
+            commit(b)
+    finally:
+        done.set()
+        for t in readers:
+            t.join()
+    seen = set()
+    for hits in answers:
+        batch = hits[0].batch
+        seen.add(batch)
+        # a Spark-state value: each batch replaces it
+        want = [batch * 1000 + i for i in range(len(keys))]
+        assert [h.batch for h in hits] == [batch] * len(keys)
+        assert [h.windows[-1].value for h in hits] == want, batch
+    assert len(seen) > 5, seen  # the readers did see the batches move under them
+    assert value(reader, "k0") == (last, last * 1000)

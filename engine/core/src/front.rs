@@ -1,0 +1,848 @@
+//! The router's public HTTP port (docs/architecture.md §5, native front): the point GET and
+//! `:batchGet` of partitions read on this host are answered here, on tokio's threads; every
+//! other request goes to the Python app (FastAPI, the API's definition) over a private Unix
+//! socket, streamed both ways (watch's Server-Sent Events included). Tokens, the request
+//! budget (one in-flight limit for both paths, the body limit) and the metrics are kept
+//! here for every request, so both paths see the same rules.
+
+use std::borrow::Cow;
+use std::convert::Infallible;
+use std::io;
+use std::net::TcpListener as StdListener;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Either, Full};
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::header::{HeaderName, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::address::{partition_of, PartitionId};
+use crate::engine::{Engine, Settings};
+use crate::errors::{Counted, ErrorAnswer};
+use crate::json::{push_answer, py_repr};
+use crate::local::{Hit, Miss};
+use crate::query::{self, Read};
+use crate::remote::{Ask, Failed};
+use crate::shardpb::KeyQuery;
+use crate::timeparse::{parse_count, py_g, py_strip, time_range};
+use crate::tokens::{authorize, is_open};
+use crate::upstream::Upstream;
+
+pub const STATE_ROUTE: &str = "/v1/state/{job}/{operator}/{state}/{key}";
+pub const BATCH_ROUTE: &str = "/v1/state/{job}/{operator}/{state}:batchGet";
+/// How the principal a request was let in with travels to Python (never from outside: the
+/// front removes it from every request it is sent).
+pub const PRINCIPAL_HEADER: &str = "x-qstate-principal";
+const MIN_BATCH_POLL: Duration = Duration::from_millis(50);
+const JSON: &str = "application/json";
+
+type Answer = Response<Guarded<Either<Full<Bytes>, Incoming>>>;
+
+/// A response body that holds the request's in-flight slot until it is sent whole (a
+/// proxied answer streams), as `qstate.router.limits` holds it for the app's whole call.
+pub struct Guarded<B> {
+    inner: B,
+    _slot: Option<Slot>,
+}
+
+impl<B: Body + Unpin> Body for Guarded<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// One of the requests in flight (`QSTATE_MAX_CONCURRENT_REQUESTS`).
+pub struct Slot(Arc<AtomicUsize>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+struct Ctx {
+    engine: Arc<Engine>,
+    upstream: Upstream,
+    inflight: Arc<AtomicUsize>,
+}
+
+fn full(status: u16, body: Vec<u8>) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = StatusCode::from_u16(status).expect("a status");
+    r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(JSON));
+    r
+}
+
+fn error(e: &ErrorAnswer) -> Response<Full<Bytes>> {
+    let mut r = full(e.status, e.body.clone());
+    if let Some(ra) = &e.retry_after {
+        r.headers_mut().insert("retry-after", HeaderValue::from_str(ra).expect("digits"));
+    }
+    if e.bearer {
+        r.headers_mut().insert("www-authenticate", HeaderValue::from_static("Bearer"));
+    }
+    r
+}
+
+fn count(engine: &Engine, e: &ErrorAnswer) {
+    match e.counted {
+        Counted::Nothing => {}
+        Counted::Refused(r) => engine.metrics.refused(r),
+        Counted::Unavailable(r) => engine.metrics.unavailable(r),
+    }
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
+/// `parse_qsl(query.decode("latin-1"))` into a dict (the last of a repeated name wins; an
+/// empty value is no value) for the names a read takes; None where Python could read the
+/// query otherwise than here (bytes beyond ASCII, an escape that is not UTF-8).
+struct Params {
+    from: Option<String>,
+    to: Option<String>,
+    limit: Option<String>,
+    min_batch: Option<String>,
+    savepoint: bool,
+}
+
+fn params(query: Option<&str>) -> Option<Params> {
+    let mut p = Params { from: None, to: None, limit: None, min_batch: None, savepoint: false };
+    let Some(q) = query else { return Some(p) };
+    if !q.is_ascii() {
+        return None;
+    }
+    for pair in q.split('&') {
+        if pair.is_empty() {
+            continue;
+        }
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let dec = |s: &str| -> Option<String> {
+            let plus = s.replace('+', " ");
+            let b: Cow<'_, [u8]> = percent_encoding::percent_decode_str(&plus).into();
+            let s = std::str::from_utf8(&b).ok()?.to_string();
+            s.is_ascii().then_some(s)
+        };
+        let (name, value) = (dec(name)?, dec(value)?);
+        if value.is_empty() {
+            continue; // keep_blank_values=False
+        }
+        match name.as_str() {
+            "from" => p.from = Some(value),
+            "to" => p.to = Some(value),
+            "limit" => p.limit = Some(value),
+            "min_batch" => p.min_batch = Some(value),
+            "savepoint" => p.savepoint = true,
+            _ => {}
+        }
+    }
+    Some(p)
+}
+
+/// The read a GET or `:batchGet` asks for (its query parameters read as Python reads them),
+/// checked as `StateQuery.of` checks it; None: Python answers.
+fn check_read(
+    engine: &Engine,
+    cfg: &Settings,
+    job: &str,
+    operator: &str,
+    state: &str,
+    keys: Vec<String>,
+    p: &Params,
+) -> Option<Read> {
+    if p.savepoint {
+        return None; // read by the owner from storage (docs/architecture.md §4)
+    }
+    let range = time_range(p.from.as_deref(), p.to.as_deref(), now_ms())?;
+    let limit = match &p.limit {
+        Some(l) => Some(parse_count(l, 9)?),
+        None => None,
+    };
+    let min_batch = match &p.min_batch {
+        Some(m) => Some(parse_count(m, 18)?),
+        None => None,
+    };
+    query::check(engine, cfg, job, operator, state, keys, range, limit, min_batch)
+}
+
+/// The keys a request read, by path: counted (`qstate_router_shard_reads_total`) only once
+/// the front answers the request itself. A request handed to Python midway (a partition it
+/// cannot read here, an absent key only Python words) is read again there and counted by
+/// the app, as the Python front counts it: counted here too, it would count twice.
+#[derive(Default)]
+struct Tally {
+    local: u64,
+    remote: u64,
+}
+
+impl Tally {
+    /// Add what was read to the engine's counts, and start again from zero.
+    fn count(&mut self, engine: &Engine) {
+        engine.metrics.local_reads(std::mem::take(&mut self.local));
+        engine.metrics.remote_reads(std::mem::take(&mut self.remote));
+    }
+}
+
+/// Each key's hit, in the keys' order: from its partition's files when it is on this host,
+/// else from its owner's shard server (coalesced, `remote`); None when any key is one only
+/// Python answers (no owner named, an owner that cannot answer, a value only Python words):
+/// the request goes to Python, which asks again.
+async fn read_keys(
+    ctx: &Arc<Ctx>,
+    r: &Read,
+    keys: &[usize],
+    wait: bool,
+    tally: &mut Tally,
+) -> Option<Result<Vec<Hit>, ErrorAnswer>> {
+    let spec = &r.entry.op.spec;
+    let mut groups: Vec<(u32, Vec<usize>)> = Vec::new();
+    for &i in keys {
+        let p = partition_of(&r.keys[i], spec.partitions);
+        match groups.iter_mut().find(|(q, _)| *q == p) {
+            Some((_, idx)) => idx.push(i),
+            None => groups.push((p, vec![i])),
+        }
+    }
+    let engine = &ctx.engine;
+    let mut hits: Vec<Option<Hit>> = vec![None; r.keys.len()];
+    // keys read elsewhere, by owner: one ask each, which the coalescer joins with others
+    let mut elsewhere: Vec<(Arc<str>, Vec<usize>, Vec<KeyQuery>)> = Vec::new();
+    for (p, idx) in groups {
+        let owner = r.entry.owners.get(p as usize)?.clone()?;
+        let pid = PartitionId { job: spec.job.clone(), operator: spec.operator.clone(), partition: p };
+        let Some(part) = engine.local.lookup(&owner, &pid) else {
+            let queries: Vec<KeyQuery> =
+                idx.iter().map(|&i| KeyQuery { key: r.keys[i].clone(), partition: p }).collect();
+            match elsewhere.iter_mut().find(|(o, _, _)| *o == owner) {
+                Some((_, at, qs)) => {
+                    at.extend(&idx);
+                    qs.extend(queries);
+                }
+                None => elsewhere.push((owner, idx, queries)),
+            }
+            continue;
+        };
+        let ks: Vec<&str> = idx.iter().map(|&i| r.keys[i].as_str()).collect();
+        let got = match engine.local.current(&owner, &pid, &part) {
+            Ok(Some(inst)) => {
+                let h = engine.local.read(&owner, &pid, &inst, &r.entry.op, r.state, &ks, r.range, r.limit);
+                if h.is_ok() {
+                    tally.local += ks.len() as u64;
+                }
+                h
+            }
+            Ok(None) => {
+                // a catch-up (milliseconds of RocksDB work): off the threads that answer
+                let (c, entry, keys) =
+                    (ctx.clone(), r.entry.clone(), ks.iter().map(|k| k.to_string()).collect::<Vec<_>>());
+                let (state, range, limit) = (r.state, r.range, r.limit);
+                let h = tokio::task::spawn_blocking(move || {
+                    let ks: Vec<&str> = keys.iter().map(String::as_str).collect();
+                    c.engine.read_local(&owner, &entry, p, state, &ks, range, limit, wait)
+                })
+                .await
+                .ok()?;
+                if h.is_ok() {
+                    tally.local += ks.len() as u64;
+                }
+                h
+            }
+            Err(m) => Err(m),
+        };
+        match got {
+            Ok(found) => {
+                for (i, h) in idx.into_iter().zip(found) {
+                    hits[i] = Some(h);
+                }
+            }
+            Err(Miss::NotHere | Miss::Unsupported(_) | Miss::Failed(_)) => return None,
+        }
+    }
+    if !elsewhere.is_empty() {
+        let remote = engine.remote.load_full()?;
+        let state = spec.states.get_index(r.state).expect("state").0;
+        let ask = Ask { job: &spec.job, operator: &spec.operator, state, range: r.range, limit: r.limit as u32 };
+        let cfg = engine.settings.load();
+        let mut asked = Vec::with_capacity(elsewhere.len());
+        for (owner, idx, queries) in elsewhere {
+            tally.remote += queries.len() as u64;
+            match remote.ask(&owner, &ask, queries) {
+                Ok(a) => asked.push((idx, a)),
+                Err(Failed::Overloaded(waiting)) => {
+                    return Some(Err(ErrorAnswer::overloaded(
+                        format!(
+                            "{waiting} keys already wait for shard {owner} (QSTATE_MAX_SHARD_QUEUE); retry after {} s",
+                            py_g(cfg.retry_after_s)
+                        ),
+                        cfg.retry_after_s,
+                    )))
+                }
+                Err(Failed::Handover) => return None,
+            }
+        }
+        // every shard was asked above; their answers come together
+        for (idx, a) in asked {
+            let found = a.answers().await.ok()?;
+            for (i, h) in idx.into_iter().zip(found) {
+                hits[i] = Some(h);
+            }
+        }
+    }
+    keys.iter().map(|&i| hits[i].take()).collect::<Option<Vec<_>>>().map(Ok)
+}
+
+/// Reads until every key has `min_batch` (each partition read again every 50 ms, at most
+/// `min_batch_wait_s`), as `QueryService._at_least`: Ok(hits), or the 503 naming the batch
+/// a partition has.
+async fn at_least(
+    ctx: &Arc<Ctx>,
+    r: &Read,
+    cfg: &Settings,
+    mut hits: Vec<Hit>,
+    tally: &mut Tally,
+) -> Option<Result<Vec<Hit>, ErrorAnswer>> {
+    let Some(want) = r.min_batch else { return Some(Ok(hits)) };
+    let behind: Vec<usize> = (0..hits.len()).filter(|&i| hits[i].batch < want).collect();
+    if behind.is_empty() {
+        return Some(Ok(hits));
+    }
+    let wait = Duration::from_secs_f64(cfg.min_batch_wait_s);
+    let deadline = Instant::now() + wait;
+    let mut left = behind;
+    while Instant::now() < deadline {
+        // a read waiting for its batch shows while it waits: each read again is counted as
+        // it is made (docs/architecture.md §5), the reads before it with it
+        tally.count(&ctx.engine);
+        tokio::time::sleep(MIN_BATCH_POLL).await;
+        let again = match read_keys(ctx, r, &left, true, tally).await? {
+            Ok(h) => h,
+            Err(e) => return Some(Err(e)),
+        };
+        let mut still = Vec::new();
+        for (i, h) in left.into_iter().zip(again) {
+            if h.batch < want {
+                still.push(i);
+            }
+            hits[i] = h;
+        }
+        left = still;
+        if left.is_empty() {
+            return Some(Ok(hits));
+        }
+    }
+    let i = left[0];
+    let spec = &r.entry.op.spec;
+    let p = partition_of(&r.keys[i], spec.partitions);
+    let pid = format!("{}/{}/{p}", spec.job, spec.operator);
+    let batch = hits[i].batch;
+    Some(Err(ErrorAnswer::unavailable(
+        format!(
+            "partition {pid} is at batch {batch}, not yet at min_batch {want} (waited {}s, QSTATE_MIN_BATCH_WAIT_S)",
+            py_g(cfg.min_batch_wait_s)
+        ),
+        cfg.retry_after_s,
+        "behind",
+        i64::from(p),
+        Some(batch),
+    )))
+}
+
+async fn native_get(
+    ctx: &Arc<Ctx>,
+    path: &str,
+    query: Option<&str>,
+    tally: &mut Tally,
+) -> Option<(u16, Response<Full<Bytes>>)> {
+    let rest = path.strip_prefix("/v1/state/")?;
+    let parts: Vec<&str> = rest.splitn(4, '/').collect();
+    if parts.len() != 4 || parts[3].is_empty() {
+        return None;
+    }
+    let cfg = ctx.engine.settings.load();
+    let p = params(query)?;
+    let r = check_read(&ctx.engine, &cfg, parts[0], parts[1], parts[2], vec![parts[3].to_string()], &p)?;
+    let hits = match read_keys(ctx, &r, &[0], false, tally).await? {
+        Ok(h) => h,
+        Err(e) => return Some((e.status, answer_error(ctx, &e))),
+    };
+    let hits = match at_least(ctx, &r, &cfg, hits, tally).await? {
+        Ok(h) => h,
+        Err(e) => return Some((e.status, answer_error(ctx, &e))),
+    };
+    let h = &hits[0];
+    let spec = &r.entry.op.spec;
+    let state = spec.states.get_index(r.state).expect("state").0;
+    if !h.found {
+        let shown: String = r.keys[0].chars().take(200).collect();
+        let e = ErrorAnswer::absent(
+            format!(
+                "key {} has no data in {}/{}/{state} as of batch {}",
+                py_repr(&shown)?,
+                spec.job,
+                spec.operator,
+                h.batch
+            ),
+            h.batch,
+            h.watermark_ms,
+        );
+        return Some((404, answer_error(ctx, &e)));
+    }
+    let mut out = Vec::with_capacity(256);
+    push_answer(&mut out, &spec.job, &spec.operator, state, &r.keys[0], h);
+    Some((200, full(200, out)))
+}
+
+fn answer_error(ctx: &Arc<Ctx>, e: &ErrorAnswer) -> Response<Full<Bytes>> {
+    count(&ctx.engine, e);
+    error(e)
+}
+
+/// `{"keys": [str, ...]}` and nothing else (`BatchGetIn`, extra fields forbidden); None for
+/// any other body (Python words its 400).
+fn batch_keys(body: &[u8]) -> Option<Vec<String>> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct In {
+        keys: Vec<String>,
+    }
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let obj = v.as_object()?;
+    if obj.len() != 1 || !obj.contains_key("keys") {
+        return None;
+    }
+    let parsed: In = serde_json::from_value(v).ok()?;
+    // pydantic counts characters (max_length 1024); check_key counts bytes: both hold
+    parsed.keys.iter().all(|k| !k.is_empty() && k.chars().count() <= 1024).then_some(parsed.keys)
+}
+
+/// Whether FastAPI, which answers `:batchGet` in Python (the fast path serves only the point
+/// GET), reads the request's body and query as `batch_keys` and `params` do: its body is
+/// JSON only under a JSON content type (`strict_content_type`: `application/json` or
+/// `application/*+json`, read as `email.message` reads the header); its query keeps blank
+/// values (`from=` last is a 400 there, not an absent parameter); and pydantic strips a
+/// number of ASCII whitespace only, not the `\x1c`-`\x1f` that `str.strip` takes too.
+/// Otherwise the request is FastAPI's to answer.
+fn read_as_fastapi(content_type: Option<&[u8]>, query: Option<&str>) -> bool {
+    let Some(ct) = content_type.and_then(|c| std::str::from_utf8(c).ok()).filter(|c| c.is_ascii()) else {
+        return false;
+    };
+    let media = py_strip(ct.split(';').next().unwrap_or("")).to_ascii_lowercase();
+    let json = match media.split_once('/') {
+        Some((main, sub)) if !sub.contains('/') => main == "application" && (sub == "json" || sub.ends_with("+json")),
+        _ => false,
+    };
+    if !json {
+        return false;
+    }
+    let mut last: Vec<(&str, String)> = Vec::new();
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let dec = |s: &str| percent_encoding::percent_decode_str(&s.replace('+', " ")).decode_utf8_lossy().into_owned();
+        let name = dec(name);
+        if let Some(known) = ["from", "to", "limit", "min_batch", "savepoint"].into_iter().find(|k| *k == name) {
+            last.retain(|(k, _)| *k != known);
+            last.push((known, dec(value)));
+        }
+    }
+    last.iter().all(|(name, value)| {
+        let pydantic = value.trim_matches([' ', '\t', '\n', '\x0b', '\x0c', '\r']);
+        !value.is_empty() && (!matches!(*name, "limit" | "min_batch") || pydantic == py_strip(value))
+    })
+}
+
+async fn native_batch(
+    ctx: &Arc<Ctx>,
+    path: &str,
+    query: Option<&str>,
+    body: &[u8],
+    tally: &mut Tally,
+) -> Option<(u16, Response<Full<Bytes>>)> {
+    let rest = path.strip_prefix("/v1/state/")?;
+    let parts: Vec<&str> = rest.split('/').collect();
+    if parts.len() != 3 {
+        return None;
+    }
+    let state = parts[2].strip_suffix(":batchGet")?;
+    let cfg = ctx.engine.settings.load();
+    let keys = batch_keys(body)?;
+    if keys.len() > cfg.max_batch_keys {
+        return None;
+    }
+    let p = params(query)?;
+    let r = check_read(&ctx.engine, &cfg, parts[0], parts[1], state, keys, &p)?;
+    let all: Vec<usize> = (0..r.keys.len()).collect();
+    let hits = match read_keys(ctx, &r, &all, false, tally).await? {
+        Ok(h) => h,
+        Err(e) => return Some((e.status, answer_error(ctx, &e))),
+    };
+    let hits = match at_least(ctx, &r, &cfg, hits, tally).await? {
+        Ok(h) => h,
+        Err(e) => return Some((e.status, answer_error(ctx, &e))),
+    };
+    let spec = &r.entry.op.spec;
+    let state = spec.states.get_index(r.state).expect("state").0;
+    let mut out = Vec::with_capacity(64 + 200 * hits.len());
+    out.extend_from_slice(b"{\"results\":[");
+    for (i, (k, h)) in r.keys.iter().zip(&hits).enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        push_answer(&mut out, &spec.job, &spec.operator, state, k, h);
+    }
+    out.extend_from_slice(b"]}");
+    Some((200, full(200, out)))
+}
+
+/// `unquote(raw_path)` as uvicorn gives it to the app; None where that could differ (bytes
+/// beyond ASCII, an escape that is not UTF-8): such a request is Python's.
+fn decoded_path(raw: &str) -> Option<Cow<'_, str>> {
+    if !raw.is_ascii() {
+        return None;
+    }
+    if !raw.contains('%') {
+        return Some(Cow::Borrowed(raw));
+    }
+    let b: Vec<u8> = percent_encoding::percent_decode_str(raw).collect();
+    String::from_utf8(b).ok().map(Cow::Owned)
+}
+
+enum Received {
+    Whole(Bytes),
+    TooLarge,
+    Gone,
+}
+
+/// How much more of a body over the limit is read (and dropped) before the 413 is sent: a
+/// client still sending would otherwise see its connection cut before it reads the answer.
+const DRAIN_BYTES: usize = 16 << 20;
+
+/// The request's body, at most `limit` bytes (counted as it arrives: a chunked body is
+/// refused as surely as one that declared its length).
+async fn read_body(mut body: Incoming, limit: usize) -> Received {
+    let mut buf = bytes::BytesMut::new();
+    let mut seen = 0usize;
+    loop {
+        match body.frame().await {
+            None => break,
+            Some(Err(_)) => return Received::Gone,
+            Some(Ok(frame)) => {
+                if let Ok(chunk) = frame.into_data() {
+                    seen += chunk.len();
+                    if seen <= limit {
+                        buf.extend_from_slice(&chunk);
+                    } else if seen > limit + DRAIN_BYTES {
+                        return Received::TooLarge;
+                    }
+                }
+            }
+        }
+    }
+    if seen > limit {
+        Received::TooLarge
+    } else {
+        Received::Whole(buf.freeze())
+    }
+}
+
+fn method_label(m: &Method) -> &'static str {
+    match *m {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::HEAD => "HEAD",
+        Method::OPTIONS => "OPTIONS",
+        Method::PUT => "PUT",
+        Method::PATCH => "PATCH",
+        Method::DELETE => "DELETE",
+        _ => "other",
+    }
+}
+
+fn guarded(r: Response<Full<Bytes>>, slot: Option<Slot>) -> Answer {
+    r.map(|b| Guarded { inner: Either::Left(b), _slot: slot })
+}
+
+async fn handle(ctx: Arc<Ctx>, req: Request<Incoming>) -> Result<Answer, Infallible> {
+    let t0 = Instant::now();
+    let engine = ctx.engine.clone();
+    let cfg = engine.settings.load_full();
+    let (mut parts, body) = req.into_parts();
+    parts.headers.remove(PRINCIPAL_HEADER);
+    let raw_path = parts.uri.path().to_string();
+    let path = decoded_path(&raw_path);
+
+    // who is asking, before anything else (`qstate.router.auth`, outermost)
+    let mut principal = None;
+    if let Some(book) = engine.book.load_full() {
+        match path.as_deref() {
+            Some(p) if !is_open(p, cfg.metrics_public) => {
+                let header = parts.headers.get("authorization").map(HeaderValue::as_bytes);
+                match authorize(&book, header, p) {
+                    Ok(who) => principal = Some(who.header()),
+                    Err(e) => return Ok(guarded(answer_error(&ctx, &e), None)),
+                }
+            }
+            // a path only Python decodes: it authenticates the request itself
+            _ => {}
+        }
+    }
+
+    // the budget (`qstate.router.limits`): one in-flight count for both paths
+    let p = path.as_deref().unwrap_or(&raw_path);
+    let exempt = matches!(p, "/healthz" | "/readyz" | "/metrics")
+        || (parts.method == Method::GET && p.starts_with("/v1/watch/"));
+    let mut slot = None;
+    let mut data = Bytes::new();
+    if !exempt {
+        if ctx.inflight.load(Ordering::Acquire) >= cfg.max_concurrent {
+            let e = ErrorAnswer::overloaded(
+                format!(
+                    "this router serves {} requests at once (QSTATE_MAX_CONCURRENT_REQUESTS); retry after {} s",
+                    cfg.max_concurrent,
+                    py_g(cfg.retry_after_s)
+                ),
+                cfg.retry_after_s,
+            );
+            return Ok(guarded(answer_error(&ctx, &e), None));
+        }
+        let declared = parts.headers.get(CONTENT_LENGTH).map(HeaderValue::as_bytes);
+        let too_large = || {
+            ErrorAnswer::too_large(
+                format!(
+                    "request body over {} bytes (QSTATE_MAX_BODY_BYTES); send fewer keys per request",
+                    cfg.max_body_bytes
+                ),
+                cfg.max_body_bytes as i64,
+            )
+        };
+        if let Some(d) = declared {
+            if !d.is_empty()
+                && d.iter().all(u8::is_ascii_digit)
+                && std::str::from_utf8(d)
+                    .ok()
+                    .and_then(|s| s.parse::<u128>().ok())
+                    .is_none_or(|n| n > cfg.max_body_bytes as u128)
+            {
+                return Ok(guarded(answer_error(&ctx, &too_large()), None));
+            }
+        }
+        ctx.inflight.fetch_add(1, Ordering::AcqRel);
+        slot = Some(Slot(ctx.inflight.clone()));
+        let bodiless =
+            matches!(parts.method, Method::GET | Method::HEAD | Method::OPTIONS | Method::DELETE) && declared.is_none();
+        if !bodiless {
+            match read_body(body, cfg.max_body_bytes).await {
+                Received::Whole(b) => data = b,
+                Received::TooLarge => return Ok(guarded(answer_error(&ctx, &too_large()), slot)),
+                // the client went away while sending
+                Received::Gone => return Ok(guarded(full(400, Vec::new()), slot)),
+            }
+        }
+    } else {
+        let bodiless = parts.headers.get(CONTENT_LENGTH).is_none();
+        if !bodiless {
+            if let Received::Whole(b) = read_body(body, cfg.max_body_bytes).await {
+                data = b;
+            }
+        }
+    }
+
+    // answered here, or by Python
+    if let Some(p) = path.as_deref() {
+        let query = parts.uri.query();
+        let mut tally = Tally::default();
+        let native = match parts.method {
+            Method::GET if p.starts_with("/v1/state/") => {
+                native_get(&ctx, p, query, &mut tally).await.map(|a| (STATE_ROUTE, a))
+            }
+            Method::POST
+                if p.starts_with("/v1/state/")
+                    && p.ends_with(":batchGet")
+                    && read_as_fastapi(parts.headers.get(CONTENT_TYPE).map(HeaderValue::as_bytes), query) =>
+            {
+                native_batch(&ctx, p, query, &data, &mut tally).await.map(|a| (BATCH_ROUTE, a))
+            }
+            _ => None,
+        };
+        if let Some((route, (status, resp))) = native {
+            tally.count(&engine);
+            engine.metrics.request(route, method_label(&parts.method), status, t0.elapsed().as_secs_f64());
+            return Ok(guarded(resp, slot));
+        }
+    }
+    if let Some(p) = principal {
+        parts.headers.insert(HeaderName::from_static(PRINCIPAL_HEADER), HeaderValue::from_str(&p).expect("ASCII"));
+    }
+    let resp = ctx.upstream.forward(parts, data).await;
+    Ok(resp.map(|b| Guarded { inner: b, _slot: slot }))
+}
+
+/// The running front: its threads, and how to stop them.
+pub struct Front {
+    runtime: Option<tokio::runtime::Runtime>,
+    stop: watch::Sender<bool>,
+    done: Option<std::sync::mpsc::Receiver<()>>,
+}
+
+pub struct FrontConfig {
+    pub listener: StdListener,
+    pub tls: Option<(PathBuf, PathBuf)>,
+    pub upstream: PathBuf,
+    pub threads: usize,
+}
+
+impl Front {
+    pub fn start(engine: Arc<Engine>, cfg: FrontConfig) -> io::Result<Front> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(cfg.threads.max(1))
+            .thread_name("qstate-front")
+            .enable_all()
+            .build()?;
+        let tls = match &cfg.tls {
+            Some((cert, key)) => Some(crate::tls::acceptor(cert, key)?),
+            None => None,
+        };
+        cfg.listener.set_nonblocking(true)?;
+        let (stop, mut stopped) = watch::channel(false);
+        let (done_tx, done) = std::sync::mpsc::channel();
+        let ctx =
+            Arc::new(Ctx { engine, upstream: Upstream::new(cfg.upstream), inflight: Arc::new(AtomicUsize::new(0)) });
+        let listener = {
+            let _g = runtime.enter();
+            TcpListener::from_std(cfg.listener)?
+        };
+        runtime.spawn(async move {
+            let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+            let mut http = hyper::server::conn::http1::Builder::new();
+            http.keep_alive(true).pipeline_flush(true).timer(hyper_util::rt::TokioTimer::new());
+            loop {
+                let accepted = tokio::select! {
+                    a = listener.accept() => a,
+                    _ = stopped.changed() => break,
+                };
+                let Ok((stream, _)) = accepted else { continue };
+                let _ = stream.set_nodelay(true);
+                let c = ctx.clone();
+                let service = hyper::service::service_fn(move |req| handle(c.clone(), req));
+                match &tls {
+                    None => {
+                        let conn = http.serve_connection(TokioIo::new(stream), service);
+                        let conn = graceful.watch(conn);
+                        tokio::spawn(async move {
+                            let _ = conn.await;
+                        });
+                    }
+                    Some(acceptor) => {
+                        let (acceptor, http, w) = (acceptor.clone(), http.clone(), graceful.watcher());
+                        tokio::spawn(async move {
+                            if let Ok(s) = acceptor.accept(stream).await {
+                                let _ = w.watch(http.serve_connection(TokioIo::new(s), service)).await;
+                            }
+                        });
+                    }
+                }
+            }
+            drop(listener);
+            let grace = *stopped.borrow();
+            let _ = grace;
+            graceful.shutdown().await;
+            let _ = done_tx.send(());
+        });
+        let _ = TokioExecutor::new();
+        Ok(Front { runtime: Some(runtime), stop, done: Some(done) })
+    }
+
+    /// Stop accepting, let the requests under way finish (at most `grace`), then end.
+    pub fn stop(&mut self, grace: Duration) {
+        let _ = self.stop.send(true);
+        if let Some(done) = self.done.take() {
+            let _ = done.recv_timeout(grace);
+        }
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_timeout(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Front {
+    fn drop(&mut self) {
+        self.stop(Duration::from_millis(0));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_as_parse_qsl() {
+        let p = params(Some("limit=5&from=now-1h&limit=7&to=&x=1")).unwrap();
+        assert_eq!(p.limit.as_deref(), Some("7"));
+        assert_eq!(p.from.as_deref(), Some("now-1h"));
+        assert_eq!(p.to, None);
+        let p = params(Some("from=now+5m")).unwrap();
+        assert_eq!(p.from.as_deref(), Some("now 5m"));
+        assert!(params(Some("from=%FF")).is_none());
+    }
+
+    #[test]
+    fn batch_requests_as_fastapi_reads_them() {
+        let json = Some(&b"application/json"[..]);
+        assert!(read_as_fastapi(json, None));
+        assert!(read_as_fastapi(json, Some("limit=5&from=0&x=&limit=&limit=2")));
+        for ct in ["Application/JSON; charset=utf-8", " application/merge-patch+json ", "application/json;"] {
+            assert!(read_as_fastapi(Some(ct.as_bytes()), Some("to=9")), "{ct}");
+        }
+        // not JSON to FastAPI (strict_content_type): its 400, not a read
+        for ct in [
+            "",
+            "text/plain",
+            "application/ json",
+            "application/json/x",
+            "application/jsonx",
+            "json",
+            "application/json\u{e9}",
+        ] {
+            assert!(!read_as_fastapi(Some(ct.as_bytes()), None), "{ct}");
+        }
+        assert!(!read_as_fastapi(None, None));
+        // a blank value last is a value to FastAPI (keep_blank_values=True)
+        for q in ["limit", "from=", "to=5&to=", "min_batch=", "savepoint=", "li%6Dit="] {
+            assert!(!read_as_fastapi(json, Some(q)), "{q}");
+        }
+        // pydantic strips a number of ASCII whitespace, not of \x1c-\x1f
+        assert!(read_as_fastapi(json, Some("limit=%202%0B&min_batch=%092")));
+        assert!(!read_as_fastapi(json, Some("limit=%1C2")));
+        assert!(!read_as_fastapi(json, Some("min_batch=2%1F")));
+        assert!(read_as_fastapi(json, Some("from=%1C5")), "a time is str.strip()ped by both");
+    }
+
+    #[test]
+    fn batch_bodies() {
+        assert_eq!(batch_keys(br#"{"keys": ["a", "b"]}"#), Some(vec!["a".into(), "b".into()]));
+        assert_eq!(batch_keys(br#"{"keys": [], "x": 1}"#), None);
+        assert_eq!(batch_keys(br#"{"keys": [1]}"#), None);
+        assert_eq!(batch_keys(br#"{"keys": [""]}"#), None);
+        assert_eq!(batch_keys(br#"["a"]"#), None);
+    }
+}

@@ -1,0 +1,213 @@
+//! The partitions a router reads in-process: those of shard servers on its host, while
+//! their owner reports them ready and its process lives (docs/architecture.md §5). Python
+//! pushes what it learns (the co-located servers from storage, each one's ready partitions
+//! from the router's Describe poller); every other read goes to the owner over gRPC.
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+use rocksdb::{BlockBasedOptions, Cache, Options};
+
+use crate::address::PartitionId;
+use crate::codec::Codec;
+use crate::marker::partition_dir;
+use crate::read::{page, read_many, ReadError, Reading, Window};
+use crate::secondary::{Follow, Instance, Partition};
+use crate::spec::OperatorSpec;
+
+/// A shard server on this host.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LocalServer {
+    pub address: String,
+    pub data_dir: PathBuf,
+    pub pid: i32,
+}
+
+/// One key's answer, as of one batch: what `qstate.router.reads.Hit` holds.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Hit {
+    pub found: bool,
+    pub batch: i64,
+    pub watermark_ms: i64,
+    pub windows: Vec<Window>,
+    pub next_from: Option<i64>,
+}
+
+/// An operator as the engine reads it.
+pub struct Operator {
+    pub spec: OperatorSpec,
+    pub codec: Codec,
+}
+
+impl Operator {
+    pub fn new(spec: OperatorSpec) -> Operator {
+        let codec = Codec::new(&spec);
+        Operator { spec, codec }
+    }
+}
+
+#[derive(Default)]
+struct State {
+    servers: HashMap<String, LocalServer>,
+    ready: HashMap<String, HashSet<PartitionId>>,
+    open: HashMap<(String, PartitionId), Arc<Partition>>,
+}
+
+pub struct Local {
+    scratch: PathBuf,
+    opts: Arc<Options>,
+    state: RwLock<State>,
+}
+
+/// Why a local read did not answer: ask the owner (Python's path) instead.
+#[derive(Debug)]
+pub enum Miss {
+    /// not on this host, not ready, its process gone, its marker gone
+    NotHere,
+    /// a value only Python words exactly (e.g. a long answer of a non-finite double)
+    Unsupported(&'static str),
+    /// RocksDB failed under the read (files moving): the partition was closed
+    Failed(String),
+}
+
+fn alive(pid: i32) -> bool {
+    // signal 0: exists (EPERM: exists, not ours)
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+impl Local {
+    /// `cache_bytes`: one LRU block cache every secondary shares.
+    pub fn new(scratch: PathBuf, cache_bytes: usize) -> Local {
+        let mut opts = Options::default();
+        opts.set_max_open_files(-1); // required by secondary instances
+        let mut table = BlockBasedOptions::default();
+        table.set_block_cache(&Cache::new_lru_cache(cache_bytes));
+        opts.set_block_based_table_factory(&table);
+        Local { scratch, opts: Arc::new(opts), state: RwLock::new(State::default()) }
+    }
+
+    /// The co-located servers (their partitions close when a server goes or restarts).
+    pub fn set_servers(&self, servers: Vec<LocalServer>) {
+        let mut st = self.state.write();
+        let next: HashMap<String, LocalServer> = servers.into_iter().map(|s| (s.address.clone(), s)).collect();
+        let old = std::mem::take(&mut st.servers);
+        st.open.retain(|(address, _), _| next.get(address).is_some_and(|s| old.get(address) == Some(s)));
+        st.servers = next;
+    }
+
+    /// The partitions `address` reports ready (the others close).
+    pub fn set_ready(&self, address: &str, ready: HashSet<PartitionId>) {
+        let mut st = self.state.write();
+        st.open.retain(|(a, pid), _| a != address || ready.contains(pid));
+        st.ready.insert(address.to_string(), ready);
+    }
+
+    pub fn close(&self) {
+        let mut st = self.state.write();
+        st.open.clear();
+        let _ = std::fs::remove_dir_all(&self.scratch);
+    }
+
+    /// The partition when it is read here (its owner on this host, alive, reporting it
+    /// ready), opened on first use; None: ask the owner.
+    pub fn lookup(&self, owner: &str, pid: &PartitionId) -> Option<Arc<Partition>> {
+        let key = (owner.to_string(), pid.clone());
+        {
+            let st = self.state.read();
+            let server = st.servers.get(owner)?;
+            if !st.ready.get(owner).is_some_and(|r| r.contains(pid)) || !alive(server.pid) {
+                return None;
+            }
+            if let Some(p) = st.open.get(&key) {
+                return Some(p.clone());
+            }
+        }
+        let mut st = self.state.write();
+        let server = st.servers.get(owner)?;
+        let primary = partition_dir(&server.data_dir, &pid.job, &pid.operator, pid.partition);
+        let scratch =
+            partition_dir(&self.scratch.join(owner.replace(':', "_")), &pid.job, &pid.operator, pid.partition);
+        let p =
+            st.open.entry(key).or_insert_with(|| Arc::new(Partition::new(primary, scratch, self.opts.clone()))).clone();
+        Some(p)
+    }
+
+    fn drop_partition(&self, owner: &str, pid: &PartitionId) {
+        self.state.write().open.remove(&(owner.to_string(), pid.clone()));
+    }
+
+    /// The instance to read when it is current as of the marker (one `stat`, no RocksDB
+    /// work); Ok(None): a catch-up is due (`instance`).
+    pub fn current(&self, owner: &str, pid: &PartitionId, p: &Partition) -> Result<Option<Arc<Instance>>, Miss> {
+        p.current().map_err(|e| self.missed(owner, pid, e))
+    }
+
+    fn missed(&self, owner: &str, pid: &PartitionId, e: Follow) -> Miss {
+        self.drop_partition(owner, pid);
+        match e {
+            Follow::Gone(_) => Miss::NotHere,
+            Follow::Db(m) => Miss::Failed(m),
+        }
+    }
+
+    /// The instance to read `pid` from, fresh as of its marker, or why not; may catch the
+    /// partition up (blocking). `wait`: when another reader is catching it up, wait for it
+    /// rather than read the batch before (reads that need the newest batch: min_batch).
+    pub fn instance(&self, owner: &str, pid: &PartitionId, wait: bool) -> Result<Arc<Instance>, Miss> {
+        let p = self.lookup(owner, pid).ok_or(Miss::NotHere)?;
+        match p.current() {
+            Ok(Some(inst)) => Ok(inst),
+            Ok(None) => p.follow(wait),
+            Err(e) => Err(e),
+        }
+        .map_err(|e| self.missed(owner, pid, e))
+    }
+
+    /// Whether `pid` would be read here (without opening it): for a caller that must choose
+    /// a thread before reading.
+    pub fn is_here(&self, owner: &str, pid: &PartitionId) -> bool {
+        let st = self.state.read();
+        st.servers.get(owner).is_some_and(|s| alive(s.pid)) && st.ready.get(owner).is_some_and(|r| r.contains(pid))
+    }
+
+    /// Keys of one partition read from `inst`, paged at `limit` (`read_local_many`).
+    // the partition (owner, pid, inst) and the read as `Engine::read_local` passes it through
+    // from Python's signature: a struct for them would be built only to be taken apart here
+    #[allow(clippy::too_many_arguments)]
+    pub fn read(
+        &self,
+        owner: &str,
+        pid: &PartitionId,
+        inst: &Instance,
+        op: &Operator,
+        state: usize,
+        keys: &[&str],
+        range: Option<(i64, i64)>,
+        limit: usize,
+    ) -> Result<Vec<Hit>, Miss> {
+        let r = Reading { spec: &op.spec, codec: &op.codec, state };
+        match read_many(inst.db(), &r, &inst.meta, keys, range, limit + 1) {
+            Ok(per_key) => Ok(per_key
+                .into_iter()
+                .map(|ws| {
+                    let (windows, next_from) = page(ws, limit);
+                    Hit {
+                        found: !windows.is_empty(),
+                        batch: inst.meta.last_batch,
+                        watermark_ms: inst.meta.watermark_ms,
+                        windows,
+                        next_from,
+                    }
+                })
+                .collect()),
+            Err(ReadError::Unsupported(why)) => Err(Miss::Unsupported(why)),
+            Err(ReadError::Db(m)) => {
+                self.drop_partition(owner, pid);
+                Err(Miss::Failed(m))
+            }
+        }
+    }
+}

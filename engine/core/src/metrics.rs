@@ -1,0 +1,98 @@
+//! The router's Prometheus series for what the engine answers (docs/metrics.md): kept here
+//! as counts since the last `take`, which Python adds to the same prometheus_client series
+//! it exports (summed across `--workers` like every other), so a dashboard sees one router
+//! whoever answered.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+
+/// `qstate.router.metrics._BUCKETS` (seconds), the last one +Inf.
+pub const BUCKETS: [f64; 10] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0];
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Histogram {
+    /// per bucket (not cumulative: prometheus_client keeps them so), the last +Inf
+    pub counts: [u64; 11],
+    pub sum: f64,
+}
+
+impl Histogram {
+    fn observe(&mut self, s: f64) {
+        let i = BUCKETS.iter().position(|&b| s <= b).unwrap_or(BUCKETS.len());
+        self.counts[i] += 1;
+        self.sum += s;
+    }
+}
+
+/// Everything counted since the last take.
+#[derive(Debug, Default)]
+pub struct Taken {
+    pub requests: Vec<(&'static str, &'static str, u16, u64)>,
+    pub latency: Vec<(&'static str, Histogram)>,
+    pub reads: Vec<(&'static str, u64)>,
+    pub unavailable: Vec<(&'static str, u64)>,
+    pub refused: Vec<(&'static str, u64)>,
+}
+
+#[derive(Default)]
+struct Counts {
+    requests: HashMap<(&'static str, &'static str, u16), u64>,
+    latency: HashMap<&'static str, Histogram>,
+    unavailable: HashMap<&'static str, u64>,
+    refused: HashMap<&'static str, u64>,
+}
+
+#[derive(Default)]
+pub struct Metrics {
+    counts: Mutex<Counts>,
+    local_reads: AtomicU64,
+    remote_reads: AtomicU64,
+    follower_reads: AtomicU64,
+}
+
+impl Metrics {
+    /// One request answered here: its route template, method, status and latency.
+    pub fn request(&self, route: &'static str, method: &'static str, status: u16, seconds: f64) {
+        let mut c = self.counts.lock();
+        *c.requests.entry((route, method, status)).or_default() += 1;
+        c.latency.entry(route).or_default().observe(seconds);
+    }
+
+    pub fn refused(&self, reason: &'static str) {
+        *self.counts.lock().refused.entry(reason).or_default() += 1;
+    }
+
+    pub fn unavailable(&self, reason: &'static str) {
+        *self.counts.lock().unavailable.entry(reason).or_default() += 1;
+    }
+
+    pub fn local_reads(&self, n: u64) {
+        self.local_reads.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn remote_reads(&self, n: u64) {
+        self.remote_reads.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn follower_reads(&self, n: u64) {
+        self.follower_reads.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn take(&self) -> Taken {
+        let c = std::mem::take(&mut *self.counts.lock());
+        let reads = [
+            ("local", self.local_reads.swap(0, Ordering::Relaxed)),
+            ("remote", self.remote_reads.swap(0, Ordering::Relaxed)),
+            ("follower", self.follower_reads.swap(0, Ordering::Relaxed)),
+        ];
+        Taken {
+            requests: c.requests.into_iter().map(|((r, m, s), n)| (r, m, s, n)).collect(),
+            latency: c.latency.into_iter().collect(),
+            reads: reads.into_iter().filter(|(_, n)| *n > 0).collect(),
+            unavailable: c.unavailable.into_iter().collect(),
+            refused: c.refused.into_iter().collect(),
+        }
+    }
+}

@@ -1,0 +1,210 @@
+//! Reading keys' windows from one partition's RocksDB, as `qstate.partition.reader` does
+//! (its Python twin on the shard): the latest window, or the windows starting in
+//! `[from, to)` oldest first, at most `limit`; a sliding window made from its panes.
+//! The caller knows which batch the instance holds (it does not change while read:
+//! docs/architecture.md §5), so no snapshot is taken.
+
+use rocksdb::{DBRawIteratorWithThreadMode, DB};
+
+use crate::codec::{Codec, Unsupported, Value};
+use crate::layout::{enc_time, key_prefix, pane_of, start_of, tag_of, NO_WINDOW};
+use crate::meta::Meta;
+use crate::spec::OperatorSpec;
+use crate::windows::{first_window_of, last_window_of, ALL_WINDOWS};
+
+/// One window of one state, as read.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Window {
+    pub start: Option<i64>,
+    pub end: Option<i64>,
+    pub value: Value,
+}
+
+/// What a read needs of its operator: the spec, its codec, the state asked.
+pub struct Reading<'a> {
+    pub spec: &'a OperatorSpec,
+    pub codec: &'a Codec,
+    pub state: usize,
+}
+
+type Iter<'a> = DBRawIteratorWithThreadMode<'a, DB>;
+
+#[derive(Debug)]
+pub enum ReadError {
+    /// a value only Python may answer (the request is handed to it)
+    Unsupported(&'static str),
+    /// RocksDB failed (files moving under a secondary: the partition is reopened)
+    Db(String),
+}
+
+impl From<Unsupported> for ReadError {
+    fn from(u: Unsupported) -> Self {
+        ReadError::Unsupported(u.0)
+    }
+}
+
+impl From<rocksdb::Error> for ReadError {
+    fn from(e: rocksdb::Error) -> Self {
+        ReadError::Db(e.into_string())
+    }
+}
+
+/// Each key's windows, in order, from one instance holding the batch of `meta`.
+pub fn read_many(
+    db: &DB,
+    r: &Reading<'_>,
+    meta: &Meta,
+    keys: &[&str],
+    range: Option<(i64, i64)>,
+    limit: usize,
+) -> Result<Vec<Vec<Window>>, ReadError> {
+    let mut it = db.raw_iterator();
+    let mut out = Vec::with_capacity(keys.len());
+    for key in keys {
+        let prefix = key_prefix(key);
+        let ws = if r.spec.panes() {
+            let cutoff = i128::from(meta.watermark_ms) - i128::from(r.spec.retention_ms);
+            sliding(&mut it, r, &prefix, range, limit, cutoff)?
+        } else if let Some((lo, hi)) = range {
+            between(&mut it, r, &prefix, lo, hi, limit)?
+        } else {
+            latest(&mut it, r, &prefix)?
+        };
+        it.status()?;
+        out.push(ws);
+    }
+    Ok(out)
+}
+
+fn window(r: &Reading<'_>, k: &[u8], v: &[u8]) -> Result<Window, ReadError> {
+    let (end, value) = r.codec.answer_of(v, r.state)?;
+    let start = start_of(k);
+    Ok(if start != NO_WINDOW {
+        Window { start: Some(start), end: Some(end), value }
+    } else {
+        Window { start: None, end: None, value }
+    })
+}
+
+fn latest(it: &mut Iter<'_>, r: &Reading<'_>, prefix: &[u8]) -> Result<Vec<Window>, ReadError> {
+    let mut seek = prefix.to_vec();
+    seek.extend_from_slice(&[0xff; 8]);
+    it.seek_for_prev(&seek);
+    match (it.key(), it.value()) {
+        (Some(k), Some(v)) if k.starts_with(prefix) => Ok(vec![window(r, k, v)?]),
+        _ => Ok(vec![]),
+    }
+}
+
+fn between(
+    it: &mut Iter<'_>,
+    r: &Reading<'_>,
+    prefix: &[u8],
+    lo: i64,
+    hi: i64,
+    limit: usize,
+) -> Result<Vec<Window>, ReadError> {
+    let mut out = Vec::new();
+    let mut seek = prefix.to_vec();
+    seek.extend_from_slice(&enc_time(lo));
+    let mut stop = prefix.to_vec();
+    stop.extend_from_slice(&enc_time(hi));
+    it.seek(&seek);
+    while out.len() < limit {
+        let (Some(k), Some(v)) = (it.key(), it.value()) else { break };
+        if k >= stop.as_slice() || !k.starts_with(prefix) {
+            break;
+        }
+        out.push(window(r, k, v)?);
+        it.next();
+    }
+    Ok(out)
+}
+
+fn sliding(
+    it: &mut Iter<'_>,
+    r: &Reading<'_>,
+    prefix: &[u8],
+    range: Option<(i64, i64)>,
+    limit: usize,
+    cutoff: i128,
+) -> Result<Vec<Window>, ReadError> {
+    let w = &r.spec.window;
+    let (size, slide) = (i128::from(w.size_ms), i128::from(w.slide()));
+    let (mut lo, hi) = match range {
+        None => {
+            let mut seek = prefix.to_vec();
+            seek.extend_from_slice(&[0xff; 16]);
+            it.seek_for_prev(&seek);
+            match it.key() {
+                Some(k) if k.starts_with(prefix) => {
+                    let newest = last_window_of(i128::from(pane_of(k)), slide);
+                    (newest, newest + 1)
+                }
+                _ => return Ok(vec![]),
+            }
+        }
+        Some((lo, hi)) => (i128::from(lo), i128::from(hi)),
+    };
+    // a window that ended at or before the retention cutoff is gone, though some of its
+    // panes may still serve newer windows
+    lo = lo.max(cutoff - size + 1);
+    if lo >= hi {
+        return Ok(vec![]);
+    }
+    let first_pane = i64::try_from(lo).map_err(|_| ReadError::Unsupported("a range beyond int64"))?;
+    let stop = i64::try_from((hi + size).min(i128::from(i64::MAX))).expect("clamped");
+    let mut seek = prefix.to_vec();
+    seek.extend_from_slice(&enc_time(first_pane));
+    let mut end_key = prefix.to_vec();
+    end_key.extend_from_slice(&enc_time(stop));
+    it.seek(&seek);
+    let mut keys: Vec<Vec<u8>> = Vec::new();
+    let mut values: Vec<Vec<u8>> = Vec::new();
+    while let (Some(k), Some(v)) = (it.key(), it.value()) {
+        if k >= end_key.as_slice() || !k.starts_with(prefix) {
+            break;
+        }
+        keys.push(k.to_vec());
+        values.push(v.to_vec());
+        it.next();
+    }
+    if keys.is_empty() {
+        return Ok(vec![]);
+    }
+    // each window start with the panes (in key order) that count in it
+    let mut members: std::collections::BTreeMap<i128, Vec<usize>> = Default::default();
+    for (n, k) in keys.iter().enumerate() {
+        let (pane, tag) = (i128::from(pane_of(k)), tag_of(k));
+        let mut first = first_window_of(pane, size, slide).max(lo);
+        if tag != ALL_WINDOWS {
+            first = first.max(i128::from(tag));
+        }
+        first += (-first).rem_euclid(slide); // align up
+        let last = last_window_of(pane, slide).min(hi - 1);
+        let mut s = first;
+        while s <= last {
+            members.entry(s).or_default().push(n);
+            s += slide;
+        }
+    }
+    let mut out = Vec::new();
+    for (s, idx) in members.into_iter().take(limit) {
+        let panes: Vec<&[u8]> = idx.iter().map(|&i| values[i].as_slice()).collect();
+        let value = r.codec.fold_answer(&panes, r.state)?;
+        let start = i64::try_from(s).map_err(|_| ReadError::Unsupported("a window beyond int64"))?;
+        let end = i64::try_from(s + size).map_err(|_| ReadError::Unsupported("a window beyond int64"))?;
+        out.push(Window { start: Some(start), end: Some(end), value });
+    }
+    Ok(out)
+}
+
+/// At most `limit` of `windows` (read with `limit + 1`) and where the next page starts.
+pub fn page(mut windows: Vec<Window>, limit: usize) -> (Vec<Window>, Option<i64>) {
+    if windows.len() <= limit {
+        return (windows, None);
+    }
+    let next = windows[limit].start;
+    windows.truncate(limit);
+    (windows, next)
+}

@@ -1,0 +1,189 @@
+//! One co-located partition read as a RocksDB secondary instance of its shard's primary
+//! (docs/architecture.md §5). Freshness: the shard rewrites its commit marker after every
+//! commit; a read `stat`s it and follows the primary when it changed (or 100 ms passed: an
+//! inode reused within a timestamp tick could hide one rewrite that long).
+//!
+//! An answer never mixes two batches: an instance is never caught up while it is read.
+//! Two instances take turns: readers hold the serving one (an `Arc`) while the other is
+//! caught up with the WAL, then the caught-up one serves and the old one waits for the next
+//! batch. The reader that notices the change does the catch-up (readers that need the new
+//! batch wait for it); the others go on reading the batch they had.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwapOption;
+use parking_lot::Mutex;
+use rocksdb::{Options, DB};
+
+use crate::layout::META;
+use crate::marker::{read_marker, signature, Marker, Signature, MARKER};
+use crate::meta::Meta;
+
+pub const MARKER_RECHECK: Duration = Duration::from_millis(100);
+
+/// One secondary instance and the batch it holds (it changes only while nobody reads it).
+pub struct Instance {
+    db: std::mem::ManuallyDrop<DB>,
+    pub meta: Meta,
+    pub marker: Marker,
+    dir: PathBuf,
+}
+
+impl Instance {
+    pub fn db(&self) -> &DB {
+        &self.db
+    }
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        // closed before its folder goes
+        unsafe { std::mem::ManuallyDrop::drop(&mut self.db) };
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[derive(Debug)]
+pub enum Follow {
+    /// the marker is gone or unreadable: the partition is not served from here (any more)
+    Gone(std::io::Error),
+    Db(String),
+}
+
+impl From<rocksdb::Error> for Follow {
+    fn from(e: rocksdb::Error) -> Self {
+        Follow::Db(e.into_string())
+    }
+}
+
+struct Seen {
+    signature: Signature,
+    at: Instant,
+}
+
+pub struct Partition {
+    primary: PathBuf,
+    marker_file: PathBuf,
+    scratch: PathBuf,
+    opts: Arc<Options>,
+    serving: ArcSwapOption<Instance>,
+    // held while an instance is caught up or opened; the one waiting for the next batch
+    standby: Mutex<Option<Arc<Instance>>>,
+    seen: Mutex<Option<Seen>>,
+    opened: AtomicU64,
+}
+
+fn read_meta(db: &DB) -> Result<Meta, Follow> {
+    let raw = db.get_pinned(META)?;
+    Meta::decode(raw.as_deref()).map_err(Follow::Db)
+}
+
+impl Partition {
+    pub fn new(primary: PathBuf, scratch: PathBuf, opts: Arc<Options>) -> Partition {
+        let marker_file = primary.join(MARKER);
+        Partition {
+            primary,
+            marker_file,
+            scratch,
+            opts,
+            serving: ArcSwapOption::empty(),
+            standby: Mutex::new(None),
+            seen: Mutex::new(None),
+            opened: AtomicU64::new(0),
+        }
+    }
+
+    pub fn primary(&self) -> &Path {
+        &self.primary
+    }
+
+    /// The serving instance when it is current as of the marker (one `stat`), else None:
+    /// call `follow`. Err: the marker is gone.
+    pub fn current(&self) -> Result<Option<Arc<Instance>>, Follow> {
+        let sig = signature(&self.marker_file).map_err(Follow::Gone)?;
+        let fresh = matches!(&*self.seen.lock(),
+            Some(s) if s.signature == sig && s.at.elapsed() <= MARKER_RECHECK);
+        Ok(if fresh { self.serving.load_full() } else { None })
+    }
+
+    /// The instance to read after `current` said None. `wait`: follow the marker even when
+    /// another reader is doing it (wait for it); else a reader finding the catch-up under way
+    /// reads the batch served until then.
+    pub fn follow(&self, wait: bool) -> Result<Arc<Instance>, Follow> {
+        let mut standby = match self.standby.try_lock() {
+            Some(g) => g,
+            None => match self.serving.load_full() {
+                Some(cur) if !wait => return Ok(cur),
+                _ => self.standby.lock(),
+            },
+        };
+        // maybe done by the reader we waited for
+        if let Some(cur) = self.current()? {
+            return Ok(cur);
+        }
+        let sig = signature(&self.marker_file).map_err(Follow::Gone)?;
+        let marker = read_marker(&self.primary).map_err(Follow::Gone)?;
+        let cur = self.serving.load_full();
+        let next = match cur {
+            Some(cur) if cur.marker == marker => cur,
+            Some(cur) if cur.marker.incarnation == marker.incarnation => {
+                let next = self.caught_up(standby.take(), &marker)?;
+                self.serving.store(Some(next.clone()));
+                *standby = Some(cur);
+                next
+            }
+            // a first read, or a new incarnation (the folder was restored): a fresh instance
+            _ => {
+                *standby = None;
+                let next = Arc::new(self.open(&marker)?);
+                self.serving.store(Some(next.clone()));
+                next
+            }
+        };
+        *self.seen.lock() = Some(Seen { signature: sig, at: Instant::now() });
+        Ok(next)
+    }
+
+    /// `standby` caught up with the primary's WAL (a fresh instance when it is still read,
+    /// or when catching up did not reach the marker's batch: seen after a flush and
+    /// checkpoint on a restored primary).
+    fn caught_up(&self, standby: Option<Arc<Instance>>, marker: &Marker) -> Result<Arc<Instance>, Follow> {
+        if let Some(s) = standby {
+            if let Ok(mut inst) = Arc::try_unwrap(s) {
+                inst.db.try_catch_up_with_primary()?;
+                inst.meta = read_meta(&inst.db)?;
+                inst.marker = marker.clone();
+                if inst.meta.last_batch >= marker.batch {
+                    return Ok(Arc::new(inst));
+                }
+            }
+        }
+        Ok(Arc::new(self.open(marker)?))
+    }
+
+    fn open(&self, marker: &Marker) -> Result<Instance, Follow> {
+        let n = self.opened.fetch_add(1, Ordering::Relaxed);
+        let dir = self.scratch.join(format!("i{n}"));
+        std::fs::create_dir_all(&dir).map_err(Follow::Gone)?;
+        let db = match DB::open_as_secondary(&self.opts, &self.primary, &dir) {
+            Ok(db) => db,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(e.into());
+            }
+        };
+        let meta = read_meta(&db)?;
+        Ok(Instance { db: std::mem::ManuallyDrop::new(db), meta, marker: marker.clone(), dir })
+    }
+}
+
+impl Drop for Partition {
+    fn drop(&mut self) {
+        self.serving.store(None);
+        *self.standby.get_mut() = None;
+        let _ = std::fs::remove_dir_all(&self.scratch);
+    }
+}
