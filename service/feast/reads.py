@@ -1,0 +1,160 @@
+"""One Feast read as qstate reads (docs/feast.md, one batch a call): the states of every
+feature view asked, one batch read per state (chunked by the caller at the router's batch-key
+cap), and every answer of one operator in one call at the same batch, so a feature vector
+never mixes two batches of an operator. (Per operator, not per job: a job in spark-state mode
+runs each operator as a query of its own, whose batches are numbered apart.)
+
+The rounds are written without I/O (``rounds`` yields the reads to make and is sent their
+answers), so the sync and the async store share them. A round's answers that name more than
+one batch of an operator are read again with ``min_batch`` set to the newest of them (the router
+waits until every partition has it: docs/architecture.md §5); a partition committing meanwhile
+costs one more round, at most ``max_rounds``. A closed window is placed by the watermark: the
+watermark last seen for its operator (or the operator's, from ``GET /v1/jobs/{job}``), checked
+against the answers' own: if the answers' watermark places it elsewhere, it is read again
+there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from feast.protos.feast.types.Value_pb2 import Value as ValueProto
+from feast.value_type import ValueType
+
+from qstate.core.answer import OperatorInfo, StateAnswer
+from qstate.core.errors import Unavailable, UnknownOperator
+from qstate.feast.config import WindowChoice
+from qstate.feast.mapping import closed_start, event_time, is_stale, value_proto
+
+__all__ = ["Ask", "Marks", "Row", "ViewRead", "rounds"]
+
+Row = tuple[datetime | None, dict[str, ValueProto] | None]
+
+
+@dataclass(frozen=True)
+class ViewRead:
+    """One feature view's part of a read: its keys (qstate keys, in Feast's order) and the
+    features asked, each with its state and declared type."""
+
+    job: str
+    operator: str
+    window: WindowChoice
+    features: tuple[tuple[str, str, ValueType], ...]  # (feature, state, declared type)
+    keys: tuple[str, ...]
+    ttl: timedelta | None = None
+
+
+@dataclass(frozen=True)
+class Ask:
+    """One batch read: ``keys`` of one state, their latest windows (``start`` None) or the
+    window starting at ``start``, as of ``min_batch`` or later."""
+
+    job: str
+    operator: str
+    state: str
+    keys: tuple[str, ...]
+    start: int | None
+    min_batch: int | None
+
+
+@dataclass
+class Marks:
+    """What the store learned of each operator, kept across calls: its window (described
+    once) and the (batch, watermark) of the newest answer seen."""
+
+    operators: dict[tuple[str, str], OperatorInfo] = field(default_factory=dict)
+    seen: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
+
+    def watermark(self, job: str, operator: str) -> int:
+        got = self.seen.get((job, operator))
+        if got is not None:
+            return got[1]
+        return self.operators[(job, operator)].watermark
+
+    def note(self, job: str, operator: str, batch: int, watermark: int) -> None:
+        if batch >= self.seen.get((job, operator), (-2, 0))[0]:
+            self.seen[(job, operator)] = (batch, watermark)
+
+
+def _start(v: ViewRead, marks: Marks, placed: dict[tuple[str, str], int]) -> int | None:
+    if v.window == "latest":
+        return None
+    op = marks.operators.get((v.job, v.operator))
+    if op is None:  # the job, described, has no such operator
+        raise UnknownOperator(f"job {v.job!r} has no operator {v.operator!r}: the router "
+                              f"serves {sorted(o for j, o in marks.operators if j == v.job)}")
+    return placed.setdefault((v.job, v.operator),
+                             closed_start(marks.watermark(v.job, v.operator), op))
+
+
+def plan(views: Sequence[ViewRead], marks: Marks, placed: dict[tuple[str, str], int],
+         floor: dict[tuple[str, str], int]) -> list[Ask]:
+    """The reads of one round: one per (state, window) whatever the views asking it, their keys
+    merged in order."""
+    keys: dict[tuple[str, str, str, int | None], dict[str, None]] = {}
+    for v in views:
+        if not v.keys:
+            continue
+        start = _start(v, marks, placed)
+        for _, state, _ in v.features:
+            keys.setdefault((v.job, v.operator, state, start), {}).update(
+                dict.fromkeys(v.keys))
+    return [Ask(job, op, state, tuple(ks), start, floor.get((job, op)))
+            for (job, op, state, start), ks in keys.items()]
+
+
+def rounds(views: Sequence[ViewRead], marks: Marks, max_rounds: int, now: datetime
+           ) -> Generator[list[Ask], list[list[StateAnswer]], list[list[Row]]]:
+    """Yields each round's reads, is sent their answers (one list per ask, one answer per key
+    in order), and returns each view's rows (one per key: Feast's online_read answer)."""
+    placed: dict[tuple[str, str], int] = {}
+    floor: dict[tuple[str, str], int] = {}
+    batches: dict[tuple[str, str], set[int]] = {}
+    for _ in range(max_rounds):
+        asks = plan(views, marks, placed, floor)
+        answers = yield asks
+        got: dict[tuple[str, str, str, int | None, str], StateAnswer] = {}
+        newest: dict[tuple[str, str], tuple[int, int]] = {}  # operator -> (batch, watermark)
+        batches = {}
+        for a, said in zip(asks, answers, strict=True):
+            for k, ans in zip(a.keys, said, strict=True):
+                got[(a.job, a.operator, a.state, a.start, k)] = ans
+                batches.setdefault((a.job, a.operator), set()).add(ans.batch)
+                if ans.batch >= newest.get((a.job, a.operator), (-2, 0))[0]:
+                    newest[(a.job, a.operator)] = (ans.batch, ans.watermark)
+        for (job, op), (batch, watermark) in newest.items():
+            marks.note(job, op, batch, watermark)
+        # a closed window placed by another watermark than the newest answer's: read again
+        moved = {op: s for op, start in placed.items() if op in newest
+                 and (s := closed_start(newest[op][1], marks.operators[op])) != start}
+        if all(len(b) == 1 for b in batches.values()) and not moved:
+            return [_rows(v, got, placed, now) for v in views]
+        floor = {op: max(b) for op, b in batches.items()}
+        placed.update(moved)
+    mixed = {"/".join(op): sorted(b) for op, b in batches.items() if len(b) > 1}
+    raise Unavailable(
+        f"could not read one batch of {sorted(mixed) or sorted('/'.join(p) for p in placed)} "
+        f"in {max_rounds} rounds (answers at batches {mixed}): the job commits faster than a "
+        "read goes round; retry, or raise max_rounds", reason="behind")
+
+
+def _rows(v: ViewRead, got: dict[tuple[str, str, str, int | None, str], StateAnswer],
+          placed: dict[tuple[str, str], int], now: datetime) -> list[Row]:
+    start = placed.get((v.job, v.operator)) if v.window == "closed" else None
+    out: list[Row] = []
+    for key in v.keys:
+        # the states of one operator share a record: a key has a window in all or in none
+        found = [(feature, kind, a, a.latest) for feature, state, kind in v.features
+                 if (a := got[(v.job, v.operator, state, start, key)]).found and a.windows]
+        if not found:
+            out.append((None, None))
+            continue
+        at = event_time(found[0][3], found[0][2].watermark)
+        if is_stale(at, v.ttl, now):
+            out.append((at, None))
+            continue
+        out.append((at, {f: value_proto(w.value if w else None, kind)
+                         for f, kind, _, w in found}))
+    return out
