@@ -25,6 +25,7 @@ from qstate.core.records import delta as deltas
 from qstate.core.records.operator import OperatorSpec, WindowSpec, save_spec
 from qstate.core.records.storage import Storage
 from qstate.core.transport.shard_client import ShardClients
+from qstate.embedded.ports import wait_for_port
 from qstate.embedded.procs import RouterProcess, ShardProcess
 from qstate.jobs.runtime.commit import Committer
 from tests.helpers import metric, shard_metrics_url, wait_until
@@ -152,8 +153,14 @@ def start_shop(tmp: Path, min_batch_wait_s: float = 0.05,
     # a memory budget other than the default: the metrics test reads it back
     shard_env = {**os.environ, "QSTATE_SHARD_MEMORY_MB": str(SHARD_MEMORY_MB),
                  **(shard_settings or {})}
+    # each process is started before any is waited for: their start-up (mostly imports) runs
+    # on both cores at once
     shards = [ShardProcess.make(f"shop{i}", tmp / "data", storage.uri, tmp / "logs",
-                                env=shard_env).start_and_wait() for i in range(2)]
+                                env=shard_env) for i in range(2)]
+    for s in shards:
+        s.start()
+    for s in shards:
+        wait_for_port(s.host, s.port, 30, s.proc)
     coord = Coordinator(storage, SPEC.job, [s.address for s in shards])
     coord.register(SPEC)
     # every shard has taken up its (empty) partitions before batch 0: a Commit that found one
@@ -162,18 +169,23 @@ def start_shop(tmp: Path, min_batch_wait_s: float = 0.05,
     plan = coord.assignment.partitions_of(SPEC.operator)
     wait_until(lambda: all(_ready(s.address) == set(plan.get(s.address, [])) for s in shards),
                30, "both shards serving their partitions")
+    # the routers start up while the batches commit (they follow the routing table as it is)
+    env = {**os.environ, "QSTATE_MIN_BATCH_WAIT_S": str(min_batch_wait_s)}
+    routers = {
+        "local": RouterProcess.make(storage.uri, tmp / "logs", "shop-local", env),
+        "grpc": RouterProcess.make(storage.uri, tmp / "logs", "shop-grpc", env,
+                                   "--no-local-reads"),
+    }
+    for r in routers.values():
+        r.start()
     for batch in range(BATCHES):
         commit_batch(storage, coord, batch)
     # Nothing more to commit: stop the heartbeats, so a test that kills a shard on purpose
     # sees its partitions stay where they are (no lease to race).
     coord.stop()
-    env = {**os.environ, "QSTATE_MIN_BATCH_WAIT_S": str(min_batch_wait_s)}
-    routers = {
-        "local": RouterProcess.make(storage.uri, tmp / "logs", "shop-local", env)
-        .start_and_wait(),
-        "grpc": RouterProcess.make(storage.uri, tmp / "logs", "shop-grpc", env,
-                                   "--no-local-reads").start_and_wait(),
-    }
+    for r in routers.values():
+        wait_for_port(r.host, r.http_port, 30, r.proc)
+        wait_for_port(r.host, r.grpc_port, 30, r.proc)
     shop = Shop(storage, shards, coord, routers)
     # the local router reads in-process once it has seen each shard report its partitions
     # ready; until then it asks over gRPC (correct, but not the path under test)

@@ -111,6 +111,8 @@ def resolve_variables(dashboard: dict, base: str, chosen: dict[str, str | list[s
     return values
 
 
+# the dashboards' panels over a shop of their own: `make soak` (CI; §9)
+@pytest.mark.long
 def test_infinity_panels_answer_what_was_committed(kit: Kit) -> None:
     d = dashboards()["qstate-live-counts.json"]
     router = kit.shop.routers["local"]

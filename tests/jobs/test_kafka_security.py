@@ -60,6 +60,8 @@ def test_a_properties_file_is_read_and_its_mistakes_named(tmp_path: Path) -> Non
 
 
 @pytest.mark.kafka
+# a SASL broker of its own and the job on it: `make soak` (CI; §9)
+@pytest.mark.long
 def test_the_tweets_job_on_a_cluster_with_sasl(spark, sasl_broker: KafkaBroker, tmp_path: Path,
                                                storage_uri: str, shards, router,
                                                monkeypatch: pytest.MonkeyPatch) -> None:

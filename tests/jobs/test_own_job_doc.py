@@ -15,6 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 import orjson
+import pytest
 from confluent_kafka import Producer
 
 from qstate.client import Client
@@ -65,6 +66,8 @@ def current_board(t0: int) -> tuple[int, list[tuple[str, int]]]:
     return start, sorted(views.items(), key=lambda kv: (-kv[1], kv[0]))[:3]
 
 
+# the page's job on Spark against truth: `make soak` (CI; §9)
+@pytest.mark.long
 def test_the_queryable_job_counts_what_it_says(spark, broker, topic: str, tmp_path: Path,
                                                storage_uri: str, shards, router) -> None:
     (tmp_path / "myads_doc.py").write_text(BLOCKS[1][1])

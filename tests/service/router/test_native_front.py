@@ -139,7 +139,8 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
                "QSTATE_MAX_BODY_BYTES": str(MAX_BODY), "QSTATE_MAX_WINDOWS": str(MAX_WINDOWS),
                "QSTATE_MAX_REQUEST_WINDOWS": str(MAX_REQUEST_WINDOWS)}
         logs = tmp / "logs"
-        with shop.router_with(logs, "front-native", **env) as native, \
+        with shop.router_with(logs, "front-native", QSTATE_NATIVE_FRONT="true",
+                              **env) as native, \
                 shop.router_with(logs, "front-python", QSTATE_NATIVE_FRONT="false",
                                  **env) as python:
             p = Pair(shop, native, python, tokens)
@@ -414,8 +415,18 @@ def batch_get(draw: st.DrawFn) -> Request:
                    draw(batch_body(usual)))
 
 
+# a request the HTTP parser refuses before any route sees it: uvicorn (httptools) answers
+# this, hyper closes the connection without an answer (status 0 here). Found by the long
+# property (a 3 KiB percent-encoded key with a forged principal header); either way nothing
+# is served, which is what this asserts of the native front then.
+PARSER_REFUSED = Answer(400, ((b"content-type", b"text/plain; charset=utf-8"),),
+                        b"Invalid HTTP request received.")
+
+
 def compare(p: Pair, r: Request) -> Answer:
     native, python = p.both(r.method, r.target, resolve(p, r.headers), r.body)
+    if python == PARSER_REFUSED and native.status in (0, 400):
+        return python
     assert native == python, f"{r!r:.2000}\nnative: {native!r:.1000}\npython: {python!r:.1000}"
     return native
 

@@ -140,6 +140,8 @@ def iso(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+# a headless Chromium over a shop of its own: `make soak` (CI; docs/architecture.md §9)
+@pytest.mark.long
 def test_the_page_shows_ground_truth_while_batches_commit(live: Shop, browser: Browser,
                                                           tmp_path: Path) -> None:
     url = live.routers["local"].url
@@ -275,6 +277,8 @@ def test_the_page_shows_ground_truth_while_batches_commit(live: Shop, browser: B
     wait_until(lambda: top_watchers(url) == 0, 10, "the board watch closed with the page")
 
 
+# a headless Chromium over a shop of its own: `make soak` (CI; docs/architecture.md §9)
+@pytest.mark.long
 def test_what_the_page_shows_is_text_never_markup(live: Shop, browser: Browser) -> None:
     w = Watched(browser, live.routers["local"].url)
     try:
@@ -290,6 +294,8 @@ def test_what_the_page_shows_is_text_never_markup(live: Shop, browser: Browser) 
         w.close()
 
 
+# a headless Chromium over a shop of its own: `make soak` (CI; docs/architecture.md §9)
+@pytest.mark.long
 def test_a_key_as_of_a_savepoint_beside_the_live_state(live: Shop, browser: Browser) -> None:
     """A savepoint typed in: the key and the leaderboard as of its batch (503s while its
     partitions open, then the answers); emptied: live again. The fragment keeps it, so the
