@@ -268,6 +268,7 @@ class WatchHub:
         self._tops: dict[TopQuery, _TopFeed] = {}
         self._watchers: set[Watcher] = set()
         self._loop: asyncio.Task[None] | None = None
+        self._stopping = False
 
     @classmethod
     def of(cls, query: QueryService, cfg: Settings) -> WatchHub:
@@ -287,7 +288,15 @@ class WatchHub:
     async def open(self, q: WatchQuery, protocol: str) -> Watcher:
         """A watcher whose first event (every key's value, or what changed after
         ``from_batch``; or the board) is ready at once. Raises Overloaded beyond
-        ``max_watchers``, the read's error when the first read fails."""
+        ``max_watchers`` or once the router is stopping, the read's error when the first
+        read fails."""
+        if self._stopping:
+            # a client whose watch just ended must not resume here, on the history of a
+            # router about to go: its resume is answered by the next one (docs/architecture.md
+            # §5, watch: a router that starts cannot tell what changed, so a snapshot)
+            raise Overloaded("this router is stopping: resume the watch on another router, "
+                             "or on this one once it is back",
+                             retry_after_s=self.query.reads.retry_after_s)
         if len(self._watchers) >= self.max_watchers:
             raise Overloaded(f"this router has {self.max_watchers} watches open "
                              "(QSTATE_MAX_WATCHERS); retry later or ask another router",
@@ -389,7 +398,8 @@ class WatchHub:
         w.end()
 
     async def stop(self) -> None:
-        """Ends every watch (the router is stopping) and the polling."""
+        """Ends every watch (the router is stopping) and the polling; refuses new ones."""
+        self._stopping = True
         for w in list(self._watchers):
             w.end()
         if self._loop is not None:

@@ -73,6 +73,8 @@ def test_get_exit_codes(shop: Shop, args: tuple[str, ...], code: int, says: str)
     assert len(r.stderr.strip().splitlines()) == 1  # one line, no traceback
 
 
+# `make soak` (CI), keeping make test under 10 min (docs/architecture.md §9)
+@pytest.mark.long
 def test_get_unavailable_shard_exits_3(shop: Shop) -> None:
     victim = shop.shards[0]
     with shop.shard_down(victim) as key:
@@ -131,6 +133,8 @@ def said(r: subprocess.CompletedProcess[str]) -> str:
 WIDE = {"COLUMNS": "400"}  # rich's boxes wrap at the terminal's width: no path cut in two
 
 
+# `make soak` (CI), keeping make test under 10 min (docs/architecture.md §9)
+@pytest.mark.long
 def test_state_rescale_refuses_a_count_that_is_not_a_multiple_and_a_running_job(
         tmp_path: Path) -> None:
     from qstate.core.records import paths
@@ -164,6 +168,8 @@ def test_state_rescale_refuses_a_count_that_is_not_a_multiple_and_a_running_job(
     assert r.returncode == 0 and "Exit codes: 0 done; 1 refused" in " ".join(r.stdout.split())
 
 
+# `make soak` (CI), keeping make test under 10 min (docs/architecture.md §9)
+@pytest.mark.long
 def test_job_finds_the_users_module_in_the_working_directory(tmp_path: Path) -> None:
     """`qstate job mymod:build` beside mymod.py finds it, as `python -m` would; each way of
     failing to load a job says what it looked for, where, and what to do (refused before
@@ -190,6 +196,8 @@ def test_job_finds_the_users_module_in_the_working_directory(tmp_path: Path) -> 
     assert "importing broken failed: RuntimeError: bad config" in said(broken)
 
 
+# `make soak` (CI), keeping make test under 10 min (docs/architecture.md §9)
+@pytest.mark.long
 def test_job_starting_offsets_are_checked_before_spark_starts(tmp_path: Path) -> None:
     for bad in ("soon", "{", '{"tweets": {"x": 1}}', '{"tweets": {"0": -3}}', "{}"):
         r = qstate("job", "tweets", "--starting-offsets", bad, "--no-live", cwd=tmp_path,
@@ -197,6 +205,8 @@ def test_job_starting_offsets_are_checked_before_spark_starts(tmp_path: Path) ->
         assert r.returncode == 2 and "earliest, latest, or JSON" in said(r), (bad, r.stderr)
 
 
+# `make soak` (CI), keeping make test under 10 min (docs/architecture.md §9)
+@pytest.mark.long
 def test_job_from_a_savepoint_is_checked_before_spark_starts(tmp_path: Path) -> None:
     """The savepoint named by --from-savepoint is read before Spark starts: none there, or
     none of that name, exits 1 saying which there are; --name takes one job."""

@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 import orjson
+import pytest
 
 from loadtest.rescale import JOB, OP, World
 from qstate.embedded.procs import qstate_command
@@ -61,6 +62,8 @@ def test_a_killed_servers_partitions_are_down(shop: Shop) -> None:
         assert alive["up"] and {p["state"] for p in alive["partitions"]} == {"ready"}
 
 
+# `make soak` (CI), keeping make test under 10 min (docs/architecture.md §9)
+@pytest.mark.long
 def test_followers_are_listed_under_the_servers_holding_the_copies(tmp_path: Path) -> None:
     """replicas=2 over two servers: /v1/cluster lists every partition once as owned and once
     as followed, by the other server, each as that server reports it; `qstate state

@@ -78,6 +78,8 @@ def cluster(tmp_path: Path):
         s.stop()
 
 
+# `make soak` (CI), keeping make test under 10 min (docs/architecture.md §9)
+@pytest.mark.long
 def test_disk_loss_restores_on_the_other_server_and_rejoin_rebalances(cluster, tmp_path):
     storage, shards, coord, router = cluster
     truth: dict = {}
