@@ -13,15 +13,21 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hypothesis import settings
+from hypothesis import HealthCheck, settings
 
 from qstate.embedded.kafka import KafkaBroker
 
 # Hypothesis runs randomized with its example database in use (.hypothesis/examples): a
 # failing example is saved and tried first by the next run, and printed with a
 # @reproduce_failure blob that replays it anywhere (docs/architecture.md §9). No seed is forced:
-# under --hypothesis-seed Hypothesis neither saves nor replays examples.
-settings.register_profile("qstate", print_blob=True)
+# under --hypothesis-seed Hypothesis neither saves nor replays examples. The parent is named:
+# with CI (or GITHUB_ACTIONS, ...) in the environment Hypothesis loads its own ``ci`` profile at
+# import (no database, derandomized), and a profile registered without a parent inherits it.
+# No deadline and no too_slow check: both are wall-clock bounds, which no test asserts here.
+settings.register_profile(
+    "qstate", parent=settings.get_profile("default"), print_blob=True,
+    database=settings.get_profile("default").database, derandomize=False, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow])
 
 
 @pytest.hookimpl(tryfirst=True)
