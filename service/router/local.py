@@ -49,13 +49,13 @@ class LocalReader:
         self.engine.set_ready(address, [(p.job, p.operator, p.partition) for p in partitions])
 
     def read_many(self, address: str, pid: PartitionId, state: str, keys: Sequence[str],
-                  rng: tuple[int, int] | None, limit: int, wait: bool = False
-                  ) -> list[Hit] | None:
+                  rng: tuple[int, int] | None, limit: int) -> list[Hit] | None:
         """The hits of keys of one partition from the owner's files, as of one batch, a range
-        cut at ``limit`` windows a key; None: ask the owner over gRPC. ``wait``: when another
-        read is catching the partition up, wait for it (reads that want the newest batch)."""
+        cut at ``limit`` windows a key; None: ask the owner over gRPC. The batch is the one
+        the partition's marker named when the read began, or a later one (docs/architecture.md
+        §5)."""
         got = self.engine.read_local(address, pid.job, pid.operator, pid.partition, state,
-                                     list(keys), rng, limit, wait)
+                                     list(keys), rng, limit)
         if got is None:
             return None
         return [Hit(found, batch, watermark, [Row(*w) for w in windows], next_from)

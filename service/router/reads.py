@@ -84,8 +84,7 @@ class PartitionReads:
         """``read_local`` of keys of one partition, as of one batch."""
         if self.local is None or owner is None or q.savepoint is not None:
             return None  # a savepoint is read by a shard server, not in its live files
-        hits = self.local.read_many(owner, pid, q.state, keys, q.range_ms, q.limit,
-                                    wait=q.min_batch is not None)
+        hits = self.local.read_many(owner, pid, q.state, keys, q.range_ms, q.limit)
         if hits is not None:
             LOCAL_READS.inc(len(keys))
         return hits

@@ -66,8 +66,8 @@ impl Engine {
     }
 
     /// Keys of one partition of `entry`'s operator from its owner's files on this host, as
-    /// of one batch, paged at `limit`; blocking (a catch-up may run). `wait`: wait for a
-    /// catch-up under way rather than read the batch before it. Not counted in `metrics`:
+    /// of one batch (the one its marker names when the read began, or a later one), paged at
+    /// `limit`; blocking (a catch-up may run, or be waited for). Not counted in `metrics`:
     /// whoever answers counts the keys it answered (the front and `grpc` what they send,
     /// Python what it reads through `LocalReader`), since a request handed over after a read
     /// is read again there, and the engine's counts join Python's series (`add_engine_counts`).
@@ -82,10 +82,9 @@ impl Engine {
         keys: &[&str],
         range: Option<(i64, i64)>,
         limit: usize,
-        wait: bool,
     ) -> Result<Vec<Hit>, Miss> {
         let pid = PartitionId { job: entry.op.spec.job.clone(), operator: entry.op.spec.operator.clone(), partition };
-        let inst = self.local.instance(owner, &pid, wait)?;
+        let inst = self.local.instance(owner, &pid)?;
         self.local.read(owner, &pid, &inst, &entry.op, state, keys, range, limit)
     }
 }

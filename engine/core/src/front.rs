@@ -212,7 +212,6 @@ async fn read_keys(
     ctx: &Arc<Ctx>,
     r: &Read,
     keys: &[usize],
-    wait: bool,
     tally: &mut Tally,
 ) -> Option<Result<Vec<Hit>, ErrorAnswer>> {
     let spec = &r.entry.op.spec;
@@ -253,13 +252,14 @@ async fn read_keys(
                 h
             }
             Ok(None) => {
-                // a catch-up (milliseconds of RocksDB work): off the threads that answer
+                // a catch-up, or a wait for the reader doing it (milliseconds of RocksDB
+                // work): off the threads that answer
                 let (c, entry, keys) =
                     (ctx.clone(), r.entry.clone(), ks.iter().map(|k| k.to_string()).collect::<Vec<_>>());
                 let (state, range, limit) = (r.state, r.range, r.limit);
                 let h = tokio::task::spawn_blocking(move || {
                     let ks: Vec<&str> = keys.iter().map(String::as_str).collect();
-                    c.engine.read_local(&owner, &entry, p, state, &ks, range, limit, wait)
+                    c.engine.read_local(&owner, &entry, p, state, &ks, range, limit)
                 })
                 .await
                 .ok()?;
@@ -335,7 +335,7 @@ async fn at_least(
         // it is made (docs/architecture.md §5), the reads before it with it
         tally.count(&ctx.engine);
         tokio::time::sleep(MIN_BATCH_POLL).await;
-        let again = match read_keys(ctx, r, &left, true, tally).await? {
+        let again = match read_keys(ctx, r, &left, tally).await? {
             Ok(h) => h,
             Err(e) => return Some(Err(e)),
         };
@@ -382,7 +382,7 @@ async fn native_get(
     let cfg = ctx.engine.settings.load();
     let p = params(query)?;
     let r = check_read(&ctx.engine, &cfg, parts[0], parts[1], parts[2], vec![parts[3].to_string()], &p)?;
-    let hits = match read_keys(ctx, &r, &[0], false, tally).await? {
+    let hits = match read_keys(ctx, &r, &[0], tally).await? {
         Ok(h) => h,
         Err(e) => return Some((e.status, answer_error(ctx, &e))),
     };
@@ -492,7 +492,7 @@ async fn native_batch(
     let p = params(query)?;
     let r = check_read(&ctx.engine, &cfg, parts[0], parts[1], state, keys, &p)?;
     let all: Vec<usize> = (0..r.keys.len()).collect();
-    let hits = match read_keys(ctx, &r, &all, false, tally).await? {
+    let hits = match read_keys(ctx, &r, &all, tally).await? {
         Ok(h) => h,
         Err(e) => return Some((e.status, answer_error(ctx, &e))),
     };

@@ -40,7 +40,7 @@ fn read(engine: &Engine, r: &Read) -> Option<Vec<Hit>> {
     for (p, idx) in groups {
         let owner = r.entry.owners.get(p as usize)?.clone()?;
         let keys: Vec<&str> = idx.iter().map(|&i| r.keys[i].as_str()).collect();
-        let found = engine.read_local(&owner, &r.entry, p, r.state, &keys, r.range, r.limit, false).ok()?;
+        let found = engine.read_local(&owner, &r.entry, p, r.state, &keys, r.range, r.limit).ok()?;
         for (i, h) in idx.into_iter().zip(found) {
             if r.min_batch.is_some_and(|m| h.batch < m) {
                 return None; // Python waits for it

@@ -154,13 +154,12 @@ impl Local {
     }
 
     /// The instance to read `pid` from, fresh as of its marker, or why not; may catch the
-    /// partition up (blocking). `wait`: when another reader is catching it up, wait for it
-    /// rather than read the batch before (reads that need the newest batch: min_batch).
-    pub fn instance(&self, owner: &str, pid: &PartitionId, wait: bool) -> Result<Arc<Instance>, Miss> {
+    /// partition up, or wait for the reader catching it up (blocking).
+    pub fn instance(&self, owner: &str, pid: &PartitionId) -> Result<Arc<Instance>, Miss> {
         let p = self.lookup(owner, pid).ok_or(Miss::NotHere)?;
         match p.current() {
             Ok(Some(inst)) => Ok(inst),
-            Ok(None) => p.follow(wait),
+            Ok(None) => p.follow(),
             Err(e) => Err(e),
         }
         .map_err(|e| self.missed(owner, pid, e))

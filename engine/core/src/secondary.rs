@@ -6,8 +6,9 @@
 //! An answer never mixes two batches: an instance is never caught up while it is read.
 //! Two instances take turns: readers hold the serving one (an `Arc`) while the other is
 //! caught up with the WAL, then the caught-up one serves and the old one waits for the next
-//! batch. The reader that notices the change does the catch-up (readers that need the new
-//! batch wait for it); the others go on reading the batch they had.
+//! batch. The reader that notices the change does the catch-up; a reader that finds it under
+//! way waits for it (milliseconds): a read begun after a commit's marker was written answers
+//! that batch or a later one, never the one before, as reads one at a time would.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -109,17 +110,12 @@ impl Partition {
         Ok(if fresh { self.serving.load_full() } else { None })
     }
 
-    /// The instance to read after `current` said None. `wait`: follow the marker even when
-    /// another reader is doing it (wait for it); else a reader finding the catch-up under way
-    /// reads the batch served until then.
-    pub fn follow(&self, wait: bool) -> Result<Arc<Instance>, Follow> {
-        let mut standby = match self.standby.try_lock() {
-            Some(g) => g,
-            None => match self.serving.load_full() {
-                Some(cur) if !wait => return Ok(cur),
-                _ => self.standby.lock(),
-            },
-        };
+    /// The instance to read after `current` said None: caught up with the marker, by this
+    /// reader or by the one it waits for. Never the instance served before the marker changed:
+    /// a reader that did not wait for a catch-up under way would answer the batch before a
+    /// commit it began after (tests/service/router/test_local.py).
+    pub fn follow(&self) -> Result<Arc<Instance>, Follow> {
+        let mut standby = self.standby.lock();
         // maybe done by the reader we waited for
         if let Some(cur) = self.current()? {
             return Ok(cur);

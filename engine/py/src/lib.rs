@@ -143,9 +143,9 @@ impl Engine {
     /// Keys of one partition from its owner's files on this host, as of one batch:
     /// (batch, watermark, per key (found, windows [(start, end, value)], next_from)), or None
     /// (ask the owner). `limit`: windows per key of a range (the answer says where the next
-    /// page starts). `wait`: wait for a catch-up under way.
+    /// page starts). The batch is the one the partition's marker named when the read began
+    /// or a later one (a catch-up under way is waited for).
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (owner, job, operator, partition, state, keys, range, limit, wait=false))]
     fn read_local<'py>(
         &self,
         py: Python<'py>,
@@ -157,7 +157,6 @@ impl Engine {
         keys: Vec<String>,
         range: Option<(i64, i64)>,
         limit: usize,
-        wait: bool,
     ) -> PyResult<Option<Bound<'py, PyList>>> {
         let table = self.core.table.load_full();
         let Some(entry) = table.get(job, operator).cloned() else { return Ok(None) };
@@ -166,7 +165,7 @@ impl Engine {
         let got = py.detach(|| {
             let ks: Vec<&str> = keys.iter().map(String::as_str).collect();
             // Python counts its reads (`qstate.router.reads`)
-            core.read_local(owner, &entry, partition, state, &ks, range, limit, wait)
+            core.read_local(owner, &entry, partition, state, &ks, range, limit)
         });
         let hits = match got {
             Ok(h) => h,

@@ -158,3 +158,45 @@ def test_an_answer_never_mixes_two_batches(world) -> None:
         assert [h.windows[-1].value for h in hits] == want, batch
     assert len(seen) > 5, seen  # the readers did see the batches move under them
     assert value(reader, "k0") == (last, last * 1000)
+
+
+def test_a_read_begun_after_a_commit_answers_that_commit(world) -> None:
+    """Readers read while batches commit: a read begun after the shard wrote a batch's marker
+    answers that batch or a later one, also while another reader is catching the partition up
+    (a reader finding a catch-up under way waits for it, rather than answer the batch before:
+    after a commit, no answer goes back to older state; docs/architecture.md §5)."""
+    store, reader, _ = world
+    keys = [f"k{i}" for i in range(20)]
+
+    def commit(b: int) -> None:
+        t = pa.concat_tables([delta(k, 0, 0) for k in keys])
+        store.apply(b, 0, 1, t.set_column(4, "n", pa.array([b] * len(keys), pa.int64())), None)
+
+    committed = [0]
+    commit(0)
+    older: list[tuple[int, int]] = []
+    reads = [0]
+    done = threading.Event()
+
+    def read() -> None:
+        while not done.is_set():
+            since = committed[0]  # the marker of this batch is written: read after it
+            hits = reader.read_many(ADDRESS, PID, "n", keys, None, 1)
+            assert hits is not None
+            reads[0] += 1
+            if hits[0].batch < since:
+                older.append((since, hits[0].batch))
+
+    readers = [threading.Thread(target=read) for _ in range(4)]
+    for t in readers:
+        t.start()
+    try:
+        for b in range(1, 151):
+            commit(b)
+            committed[0] = b
+    finally:
+        done.set()
+        for t in readers:
+            t.join()
+    assert reads[0] > 150
+    assert older == [], f"{len(older)} reads answered a batch before one committed: {older[:5]}"
