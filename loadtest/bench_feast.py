@@ -47,6 +47,7 @@ from qstate.core.address import PartitionId, partition_of
 from qstate.core.records import delta as deltas
 from qstate.core.records.operator import OperatorSpec, WindowSpec, save_spec
 from qstate.core.records.storage import Storage
+from qstate.embedded.guard import guarded
 from qstate.embedded.ports import free_port, wait_for_port
 from qstate.embedded.procs import Child, RouterProcess, ShardProcess
 from qstate.jobs.runtime.commit import Committer
@@ -171,9 +172,10 @@ def timed(fs: Any, batches: list[list[str]]) -> Result:
 def serve(repo: Path, logs: Path, cpus: str) -> tuple[Child, str]:
     port = free_port()
     feast = Path(sys.executable).parent / "feast"
-    child = Child(f"feast-serve-{repo.name}", pinned(
+    # under the guard: feast serve's gunicorn forks its worker, which no lifeline reaches
+    child = Child(f"feast-serve-{repo.name}", guarded(pinned(
         [str(feast), "-c", str(repo), "serve", "-h", "127.0.0.1", "-p", str(port),
-         "--no-access-log", "--max-requests", "0"], cpus), logs / f"serve-{repo.name}.log")
+         "--no-access-log", "--max-requests", "0"], cpus)), logs / f"serve-{repo.name}.log")
     child.start()
     wait_for_port("127.0.0.1", port, 120, child.proc)
     return child, f"http://127.0.0.1:{port}"

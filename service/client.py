@@ -26,6 +26,7 @@ network is protected otherwise (a service mesh).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import ssl
 import time
@@ -83,7 +84,7 @@ def _t(v: TimeArg) -> str | None:
     return str(v)
 
 
-def _params(from_: TimeArg, to: TimeArg, min_batch: int | None = None,
+def read_params(from_: TimeArg, to: TimeArg, min_batch: int | None = None,
             savepoint: str | None = None) -> dict[str, str]:
     """Query parameters; ``min_batch``: answer as of that batch or a later one (the router
     waits a while for it, then 503: retried like any other); ``savepoint``: as of that
@@ -96,12 +97,12 @@ def _params(from_: TimeArg, to: TimeArg, min_batch: int | None = None,
     return out
 
 
-def _state_path(job: str, operator: str, state: str) -> str:
+def state_path(job: str, operator: str, state: str) -> str:
     return f"/v1/state/{quote(job, safe='')}/{quote(operator, safe='')}/{quote(state, safe='')}"
 
 
 def _key_path(job: str, operator: str, state: str, key: str) -> str:
-    return f"{_state_path(job, operator, state)}/{quote(key, safe='')}"
+    return f"{state_path(job, operator, state)}/{quote(key, safe='')}"
 
 
 def _series_path(job: str, operator: str, state: str, key: str) -> str:
@@ -111,7 +112,7 @@ def _series_path(job: str, operator: str, state: str, key: str) -> str:
 
 def _series_params(from_: TimeArg, to: TimeArg, min_batch: int | None,
                    limit: int | None, savepoint: str | None = None) -> dict[str, str]:
-    params = _params(from_, to, min_batch, savepoint)
+    params = read_params(from_, to, min_batch, savepoint)
     if limit is not None:
         params["limit"] = str(limit)
     return params
@@ -130,7 +131,7 @@ def _top(job: str, operator: str, state: str, n: int, descending: bool, window: 
     path = f"/v1/top/{quote(job, safe='')}/{quote(operator, safe='')}/{quote(state, safe='')}"
     return path, {"n": str(n), "order": "desc" if descending else "asc",
                   "window": _t(window) or "current",
-                  **_params(None, None, min_batch, savepoint)}
+                  **read_params(None, None, min_batch, savepoint)}
 
 
 # A watch's stream is quiet between batches; the router sends a comment every 15 s, so a read
@@ -164,12 +165,13 @@ def _position(topic: str, partition: int, offset: int) -> dict[str, str]:
     return {"topic": topic, "partition": str(partition), "offset": str(offset)}
 
 
-def _connection(url: str | None, ca: str | None, token: str | None, token_file: str | None,
-                insecure_token: bool | None) -> dict[str, Any]:
-    """httpx client arguments: the router at ``url``, trusting ``ca`` (else the system's
-    CAs), sending ``token`` (else the content of ``token_file``), never in plain text off
-    loopback unless told so; what is None comes from the settings (QSTATE_ROUTER_URL,
-    QSTATE_TLS_CA, QSTATE_TOKEN, QSTATE_TOKEN_FILE, QSTATE_ALLOW_INSECURE)."""
+def connection_args(url: str | None, ca: str | None, token: str | None,
+                    token_file: str | None, insecure_token: bool | None) -> dict[str, Any]:
+    """httpx client arguments (``base_url``, ``verify``, ``headers``): the router at ``url``,
+    trusting ``ca`` (else the system's CAs), sending ``token`` (else the content of
+    ``token_file``), never in plain text off loopback unless told so; what is None comes
+    from the settings (QSTATE_ROUTER_URL, QSTATE_TLS_CA, QSTATE_TOKEN, QSTATE_TOKEN_FILE,
+    QSTATE_ALLOW_INSECURE)."""
     s = settings()
     url = url or s.router_url
     ca = (s.tls_ca or None) if ca is None else ca
@@ -199,22 +201,32 @@ def _connection(url: str | None, ca: str | None, token: str | None, token_file: 
     return kw
 
 
-def _raise(r: httpx.Response) -> None:
-    if r.status_code < 400:
-        return
+def answer_error(status: int, content: bytes) -> QStateError:
+    """The error an HTTP answer of ``status`` >= 400 carries (its body names the class)."""
     try:
-        body = r.json()
+        body = json.loads(content)
     except ValueError:
-        body = {"message": r.text}
-    raise from_http(r.status_code, body if isinstance(body, dict) else {"message": str(body)})
+        body = {"message": content.decode("utf-8", "replace")}
+    return from_http(status, body if isinstance(body, dict) else {"message": str(body)})
 
 
-def _delay(r: httpx.Response, attempt: int, backoff: float) -> float:
+def _raise(r: httpx.Response) -> None:
+    if r.status_code >= 400:
+        raise answer_error(r.status_code, r.content)
+
+
+def retry_delay(retry_after: str | None, attempt: int, backoff: float) -> float:
+    """Seconds before asking again after a 503 or 429 (``attempt`` from 0): ``backoff``
+    doubling, at least the answer's Retry-After the first time."""
     try:
-        hinted = float(r.headers.get("Retry-After", "0"))
+        hinted = float(retry_after or "0")
     except ValueError:
         hinted = 0.0
     return max(hinted if attempt == 0 else 0.0, backoff * (2 ** attempt))
+
+
+def _delay(r: httpx.Response, attempt: int, backoff: float) -> float:
+    return retry_delay(r.headers.get("Retry-After"), attempt, backoff)
 
 
 class _Base:
@@ -259,7 +271,7 @@ class Client(_Base):
         token (both None: QSTATE_TOKEN, QSTATE_TOKEN_FILE). ``insecure_token``: send it over
         http:// to another host (None: QSTATE_ALLOW_INSECURE)."""
         super().__init__(retries, backoff_s)
-        self._http = httpx.Client(timeout=timeout, **_connection(
+        self._http = httpx.Client(timeout=timeout, **connection_args(
             url, ca, token, token_file, insecure_token))
 
     def __enter__(self) -> Client:
@@ -293,7 +305,7 @@ class Client(_Base):
         when the key has no data (its ``detail`` names the batch) or the job, operator or
         state (or savepoint) is unknown."""
         r = self._request("GET", _key_path(job, operator, state, key),
-                          params=_params(from_, to, min_batch, savepoint))
+                          params=read_params(from_, to, min_batch, savepoint))
         return StateAnswer.model_validate_json(r.content)
 
     def history(self, job: str, operator: str, state: str, key: str, from_: TimeArg,
@@ -322,8 +334,8 @@ class Client(_Base):
         """``get`` of many keys of one state in one request, one answer per key in order
         (a key without data: ``found`` false, not an error). At most the router's
         QSTATE_MAX_BATCH_KEYS keys."""
-        r = self._request("POST", f"{_state_path(job, operator, state)}:batchGet",
-                          json={"keys": keys}, params=_params(from_, to, min_batch, savepoint))
+        r = self._request("POST", f"{state_path(job, operator, state)}:batchGet",
+                          json={"keys": keys}, params=read_params(from_, to, min_batch, savepoint))
         return BatchAnswer.model_validate_json(r.content).results
 
     def top(self, job: str, operator: str, state: str, n: int = 10, *,
@@ -396,7 +408,7 @@ class AsyncClient(_Base):
                  token_file: str | None = None, insecure_token: bool | None = None) -> None:
         """As ``Client``'s."""
         super().__init__(retries, backoff_s)
-        self._http = httpx.AsyncClient(timeout=timeout, **_connection(
+        self._http = httpx.AsyncClient(timeout=timeout, **connection_args(
             url, ca, token, token_file, insecure_token))
 
     async def __aenter__(self) -> AsyncClient:
@@ -424,7 +436,7 @@ class AsyncClient(_Base):
                   savepoint: str | None = None) -> StateAnswer:
         """``Client.get``."""
         r = await self._request("GET", _key_path(job, operator, state, key),
-                                params=_params(from_, to, min_batch, savepoint))
+                                params=read_params(from_, to, min_batch, savepoint))
         return StateAnswer.model_validate_json(r.content)
 
     async def history(self, job: str, operator: str, state: str, key: str, from_: TimeArg,
@@ -450,9 +462,9 @@ class AsyncClient(_Base):
                         min_batch: int | None = None,
                         savepoint: str | None = None) -> list[StateAnswer]:
         """``Client.multi_get``."""
-        r = await self._request("POST", f"{_state_path(job, operator, state)}:batchGet",
+        r = await self._request("POST", f"{state_path(job, operator, state)}:batchGet",
                                 json={"keys": keys},
-                                params=_params(from_, to, min_batch, savepoint))
+                                params=read_params(from_, to, min_batch, savepoint))
         return BatchAnswer.model_validate_json(r.content).results
 
     async def top(self, job: str, operator: str, state: str, n: int = 10, *,

@@ -21,11 +21,12 @@ from dataclasses import dataclass
 
 import psutil
 
-__all__ = ["Holder", "die_with_parent", "holders"]
+__all__ = ["Holder", "adopt_descendants", "die_with_parent", "holders"]
 
 log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
 # loaded here, in the parent: the child between fork and exec only calls it
 _prctl: Callable[..., int] | None = None
 if sys.platform.startswith("linux"):
@@ -50,6 +51,21 @@ def die_with_parent() -> Callable[[], None] | None:
             os._exit(1)
 
     return child
+
+
+def adopt_descendants(on_parent_death: int) -> bool:
+    """This process adopts its descendants whose parent dies (a child subreaper: they are
+    re-parented here, not to init) and gets signal ``on_parent_death`` when its own parent
+    dies (for ``qstate.embedded.guard``, which then stops them). False off Linux, or when
+    the parent is gone already."""
+    prctl = _prctl
+    if prctl is None:
+        return False
+    parent = os.getppid()
+    if prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) or prctl(
+            _PR_SET_PDEATHSIG, on_parent_death, 0, 0, 0):
+        return False
+    return os.getppid() == parent and parent != 1
 
 
 @dataclass(frozen=True)

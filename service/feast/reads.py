@@ -5,13 +5,13 @@ never mixes two batches of an operator. (Per operator, not per job: a job in spa
 runs each operator as a query of its own, whose batches are numbered apart.)
 
 The rounds are written without I/O (``rounds`` yields the reads to make and is sent their
-answers), so the sync and the async store share them. A round's answers that name more than
-one batch of an operator are read again with ``min_batch`` set to the newest of them (the router
-waits until every partition has it: docs/architecture.md §5); a partition committing meanwhile
-costs one more round, at most ``max_rounds``. A closed window is placed by the watermark: the
-watermark last seen for its operator (or the operator's, from ``GET /v1/jobs/{job}``), checked
-against the answers' own: if the answers' watermark places it elsewhere, it is read again
-there.
+answers): the store drives them over the wire, a test with answers of its own making. A
+round's answers that name more than one batch of an operator are read again with ``min_batch``
+set to the newest of them (the router waits until every partition has it:
+docs/architecture.md §5); a partition committing meanwhile costs one more round, at most
+``max_rounds``. A closed window is placed by the watermark: the watermark last seen for its
+operator (or the operator's, from ``GET /v1/jobs/{job}``), checked against the answers' own:
+if the answers' watermark places it elsewhere, it is read again there.
 """
 
 from __future__ import annotations

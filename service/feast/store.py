@@ -1,9 +1,9 @@
 """``QStateOnlineStore``: Feast's online store over a running streaming job's state
 (docs/feast.md). Feast asks it for feature views' values by entity key; it reads them from a
-qstate router through qstate's client (``:batchGet``, chunked at the batch-key cap), every
-answer of one job in one call at one batch (``qstate.feast.reads``). It writes nothing: the
-job writes the state, so ``feast materialize`` and push sources are refused, and ``teardown``
-removes nothing.
+qstate router (``:batchGet`` as qstate's client sends it, through ``qstate.feast.wire``,
+chunked at the batch-key cap), every answer of one operator in one call at one batch
+(``qstate.feast.reads``). It writes nothing: the job writes the state, so ``feast
+materialize`` and push sources are refused, and ``teardown`` removes nothing.
 
 Feast finds the store by the class path in ``feature_store.yaml`` (``type:
 qstate.feast.QStateOnlineStore``) and its configuration class beside it, by name.
@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Awaitable, Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -30,7 +30,7 @@ from feast.protos.feast.types.Value_pb2 import Value as ValueProto
 from feast.repo_config import FeastConfigBaseModel, RepoConfig
 from pydantic import Field, StrictStr
 
-from qstate.client import AsyncClient, Client
+from qstate.client import Client
 from qstate.core.answer import JobInfo, StateAnswer
 from qstate.core.config import settings
 from qstate.core.errors import InvalidRequest, QStateError, Unavailable
@@ -38,6 +38,7 @@ from qstate.feast.config import ViewSource
 from qstate.feast.errors import served
 from qstate.feast.mapping import key_of, problems
 from qstate.feast.reads import Ask, Marks, Row, ViewRead, rounds
+from qstate.feast.wire import Wire, unreachable
 
 __all__ = ["QStateOnlineStore", "QStateOnlineStoreConfig"]
 
@@ -133,24 +134,8 @@ def _drive(gen: Generator[list[Ask], list[list[StateAnswer]], list[list[Row]]],
             return done.value  # type: ignore[no-any-return]
 
 
-async def _adrive(gen: Generator[list[Ask], list[list[StateAnswer]], list[list[Row]]],
-                  fetch: Callable[[list[Ask]], Awaitable[list[list[StateAnswer]]]]
-                  ) -> list[list[Row]]:
-    asks = next(gen)
-    while True:
-        try:
-            asks = gen.send(await fetch(asks))
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
-
-
-def _unreachable(cfg: QStateOnlineStoreConfig, exc: httpx.TransportError) -> Unavailable:
-    """A router that did not answer, as qstate's error (never a Feast row of nothing)."""
-    if isinstance(exc, httpx.TimeoutException):
-        return Unavailable(f"the qstate router at {cfg.router()} did not answer within "
-                           f"{cfg.timeout_s} s (timeout_s): {exc!r}", reason="router-timeout")
-    return Unavailable(f"the qstate router at {cfg.router()} cannot be reached: {exc!r}",
-                       reason="router-unreachable")
+def _unreachable(cfg: QStateOnlineStoreConfig, exc: Exception) -> Unavailable:
+    return unreachable(cfg.router(), cfg.timeout_s, exc)
 
 
 class QStateOnlineStore(OnlineStore):
@@ -159,46 +144,40 @@ class QStateOnlineStore(OnlineStore):
     def __init__(self) -> None:
         self._marks = Marks()
         self._lock = threading.Lock()
-        self._client: Client | None = None
-        self._pool: ThreadPoolExecutor | None = None
-        self._aclient: tuple[asyncio.AbstractEventLoop, AsyncClient] | None = None
+        self._client: Client | None = None  # describe, jobs: a few calls, not per read
+        self._wire: Wire | None = None
+        self._pool: ThreadPoolExecutor | None = None  # a read's requests beyond its first
+        self._hop: ThreadPoolExecutor | None = None  # online_read_async's reads
 
     @property
     def async_supported(self) -> SupportedAsyncMethods:
-        # feast serve reads through online_read_async on its own loop when this says so
+        # feast serve reads through online_read_async on its own loop when this says so; the
+        # read itself runs on a thread (``_aread``), which keeps the loop free
         return SupportedAsyncMethods(read=True, write=False)
 
     # -- clients -------------------------------------------------------------------------
 
-    def _sync(self, cfg: QStateOnlineStoreConfig) -> Client:
+    def _sync(self, cfg: QStateOnlineStoreConfig) -> tuple[Client, Wire, ThreadPoolExecutor]:
         with self._lock:  # feast serve's sync path reads from a thread pool
-            if self._client is None:
+            if self._client is None or self._wire is None or self._pool is None:
                 self._client = Client(**cfg.client_args())
+                self._wire = Wire(cfg.url, cfg.timeout_s, cfg.retries, cfg.ca, cfg.token,
+                                  cfg.token_file)
                 self._pool = ThreadPoolExecutor(4, thread_name_prefix="qstate-feast")
-            return self._client
-
-    def _async(self, cfg: QStateOnlineStoreConfig) -> AsyncClient:
-        """One AsyncClient per event loop: an httpx.AsyncClient belongs to the loop it first
-        ran on, and each asyncio.run() is a new one."""
-        loop = asyncio.get_running_loop()
-        if self._aclient is None or self._aclient[0] is not loop:
-            self._aclient = (loop, AsyncClient(**cfg.client_args()))
-        return self._aclient[1]
+            return self._client, self._wire, self._pool
 
     # -- reads ---------------------------------------------------------------------------
 
     def _read(self, config: RepoConfig, views: list[ViewRead]) -> list[list[Row]]:
         cfg = _cfg(config)
-        client = self._sync(cfg)
-        pool = self._pool
-        assert pool is not None
+        client, wire, pool = self._sync(cfg)
         try:
             for job in self._undescribed(views):
                 self._learn(client.describe(job))
 
             def one(call: Call) -> list[StateAnswer]:
                 _, a, chunk = call
-                return client.multi_get(a.job, a.operator, a.state, chunk, **_range(a))
+                return wire.multi_get(a.job, a.operator, a.state, chunk, **_range(a))
 
             def fetch(asks: list[Ask]) -> list[list[StateAnswer]]:
                 # a round's requests at once (each state is a request of its own): all but
@@ -216,26 +195,13 @@ class QStateOnlineStore(OnlineStore):
             raise served(exc) from exc
 
     async def _aread(self, config: RepoConfig, views: list[ViewRead]) -> list[list[Row]]:
-        cfg = _cfg(config)
-        client = self._async(cfg)
-        try:
-            for info in await asyncio.gather(*(client.describe(job)
-                                               for job in self._undescribed(views))):
-                self._learn(info)
-
-            async def fetch(asks: list[Ask]) -> list[list[StateAnswer]]:
-                calls = _calls(asks, cfg.cap())
-                got = await asyncio.gather(*(
-                    client.multi_get(a.job, a.operator, a.state, chunk, **_range(a))
-                    for _, a, chunk in calls))
-                return _regroup(asks, calls, list(got))
-
-            return await _adrive(rounds(views, self._marks, cfg.max_rounds,
-                                        datetime.now(UTC)), fetch)
-        except httpx.TransportError as exc:
-            raise served(_unreachable(cfg, exc)) from exc
-        except QStateError as exc:
-            raise served(exc) from exc
+        """``_read`` on a thread of its own: the caller's loop (feast serve's) goes on
+        answering while the reads wait on the router."""
+        with self._lock:
+            if self._hop is None:
+                self._hop = ThreadPoolExecutor(8, thread_name_prefix="qstate-feast-read")
+            hop = self._hop
+        return await asyncio.get_running_loop().run_in_executor(hop, self._read, config, views)
 
     def _undescribed(self, views: list[ViewRead]) -> set[str]:
         """Jobs with a closed window whose operator's window is not known yet."""
@@ -344,7 +310,7 @@ class QStateOnlineStore(OnlineStore):
         refused, naming each problem, otherwise. Creates nothing."""
         cfg = _cfg(config)
         tables = [t for t in tables_to_keep if getattr(t, "online", True)]
-        client = self._sync(cfg)
+        client = self._sync(cfg)[0]
         try:
             served_jobs = {j.name for j in client.jobs().jobs}
             wanted = {s.job for t in tables if (s := cfg.feature_views.get(t.name))}
@@ -372,12 +338,12 @@ class QStateOnlineStore(OnlineStore):
                  sorted({s.job for s in _cfg(config).feature_views.values()}))
 
     async def close(self) -> None:
-        if self._aclient is not None and self._aclient[0] is asyncio.get_running_loop():
-            await self._aclient[1].aclose()
-        self._aclient = None
         with self._lock:
             if self._client is not None:
                 self._client.close()
-            if self._pool is not None:
-                self._pool.shutdown(wait=False)
-            self._client, self._pool = None, None
+            if self._wire is not None:
+                self._wire.close()
+            for pool in (self._pool, self._hop):
+                if pool is not None:
+                    pool.shutdown(wait=False)
+            self._client, self._wire, self._pool, self._hop = None, None, None, None

@@ -32,6 +32,7 @@ from confluent_kafka import Producer
 
 from loadtest.truth import window_counts
 from qstate.client import Client
+from qstate.embedded.guard import guarded
 from qstate.embedded.ports import free_port, wait_for_port
 from qstate.embedded.procs import Child, RouterProcess
 from qstate.errors import Unavailable
@@ -278,7 +279,8 @@ def serve(run: Run, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     line = BLOCKS[4][1].split("\n", 1)[0]
     port = free_port()
     line = line.rstrip(" &").replace("6566", str(port)).replace("feast ", f"{BIN}/feast ", 1)
-    server = Child("feast-serve", ["bash", "-c", f"cd {run.repo} && exec {line}"],
+    # under the guard: feast serve's gunicorn forks its worker, which no lifeline reaches
+    server = Child("feast-serve", guarded(["bash", "-c", f"cd {run.repo} && exec {line}"]),
                    tmp_path_factory.mktemp("serve") / "serve.log").start()
     try:
         wait_for_port("127.0.0.1", port, 120, server.proc)
