@@ -11,7 +11,7 @@ every descendant left. SIGTERM or SIGINT to the guard stops the command the same
     python -m qstate.embedded.guard [--grace SECONDS] -- COMMAND [ARG...]
 
 Exit codes: the command's (128 + N when signal N ended it); 2: no command, or not on Linux
-(no way to adopt descendants there) .
+(no way to adopt descendants there).
 """
 
 from __future__ import annotations
