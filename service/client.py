@@ -201,7 +201,7 @@ def connection_args(url: str | None, ca: str | None, token: str | None,
     return kw
 
 
-def answer_error(status: int, content: bytes) -> QStateError:
+def _answer_error(status: int, content: bytes) -> QStateError:
     """The error an HTTP answer of ``status`` >= 400 carries (its body names the class)."""
     try:
         body = json.loads(content)
@@ -212,10 +212,14 @@ def answer_error(status: int, content: bytes) -> QStateError:
 
 def _raise(r: httpx.Response) -> None:
     if r.status_code >= 400:
-        raise answer_error(r.status_code, r.content)
+        raise _answer_error(r.status_code, r.content)
 
 
-def retry_delay(retry_after: str | None, attempt: int, backoff: float) -> float:
+# the answers asked again (`retries` times): a shard or router that is busy or recovering
+RETRIED = (429, 503)
+
+
+def _retry_delay(retry_after: str | None, attempt: int, backoff: float) -> float:
     """Seconds before asking again after a 503 or 429 (``attempt`` from 0): ``backoff``
     doubling, at least the answer's Retry-After the first time."""
     try:
@@ -226,7 +230,20 @@ def retry_delay(retry_after: str | None, attempt: int, backoff: float) -> float:
 
 
 def _delay(r: httpx.Response, attempt: int, backoff: float) -> float:
-    return retry_delay(r.headers.get("Retry-After"), attempt, backoff)
+    return _retry_delay(r.headers.get("Retry-After"), attempt, backoff)
+
+
+def retry_in(status: int, content: bytes, retry_after: str | None, attempt: int,
+             retries: int, backoff: float) -> float | None:
+    """After answer ``attempt`` (from 0) of a request: None when it is the answer (below
+    400), the seconds to wait before asking again (a 503 or 429 with retries left), else
+    raises the error the answer carries. What every client call of this module follows, and
+    ``qstate.feast.wire``'s batch reads."""
+    if status in RETRIED and attempt < retries:
+        return _retry_delay(retry_after, attempt, backoff)
+    if status >= 400:
+        raise _answer_error(status, content)
+    return None
 
 
 class _Base:
@@ -238,7 +255,7 @@ class _Base:
                       max_reconnects: int | None) -> float:
         """Seconds before a watch connects again after ``r`` (None: the connection dropped
         or the stream ended), or the error: a 4xx other than 429 is the answer."""
-        if r is not None and r.status_code not in (429, 503):
+        if r is not None and r.status_code not in RETRIED:
             _raise(r)
         if max_reconnects is not None and attempt >= max_reconnects:
             if r is not None:
@@ -252,10 +269,8 @@ class _Base:
 
     def _retry(self, r: httpx.Response, attempt: int) -> float | None:
         """Seconds to wait before asking again, or None: this is the answer."""
-        if r.status_code not in (429, 503) or attempt == self.retries:
-            _raise(r)
-            return None
-        return _delay(r, attempt, self.backoff_s)
+        return retry_in(r.status_code, r.content, r.headers.get("Retry-After"), attempt,
+                        self.retries, self.backoff_s)
 
 
 class Client(_Base):

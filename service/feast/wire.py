@@ -6,9 +6,9 @@ against the same router (2026-11-27, this machine). What the client's other call
 (watch streams, an event loop of their own) a batch read does not.
 
 The rules are the client's, from ``qstate.client``: the router's URL, CA and token
-(``connection_args``), the path and query, an error answer as its qstate class
-(``answer_error``), a 503 or 429 asked again after Retry-After up to ``retries`` times
-(``retry_delay``); a router that does not answer is ``Unavailable`` (``unreachable``).
+(``connection_args``), the path and query, an error answer as its qstate class, a 503 or
+429 asked again after Retry-After up to ``retries`` times (``retry_in``); a router that does
+not answer is ``Unavailable`` (``unreachable``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from urllib.parse import urlencode
 import httpx
 import urllib3
 
-from qstate.client import answer_error, connection_args, read_params, retry_delay, state_path
+from qstate.client import connection_args, read_params, retry_in, state_path
 from qstate.core.answer import BatchAnswer, StateAnswer
 from qstate.core.errors import Unavailable
 
@@ -73,11 +73,11 @@ class Wire:
                 r = self.pool.request("POST", url, body=body, headers=self.headers)
             except urllib3.exceptions.HTTPError as exc:
                 raise unreachable(self.url, self.timeout_s, exc) from exc
-            if r.status < 400:
+            wait = retry_in(r.status, r.data, r.headers.get("Retry-After"), attempt,
+                            self.retries, self.backoff_s)
+            if wait is None:
                 return BatchAnswer.model_validate_json(r.data).results
-            if r.status not in (429, 503) or attempt == self.retries:
-                raise answer_error(r.status, r.data)
-            time.sleep(retry_delay(r.headers.get("Retry-After"), attempt, self.backoff_s))
+            time.sleep(wait)
             attempt += 1
 
     def close(self) -> None:
