@@ -223,8 +223,12 @@ class Codec:
                 elif a.kind == "sum":
                     acc[name] = vals.sum()
                 elif len(vals):
-                    # Spark orders NaN above every number: min skips it, max keeps it
-                    acc[name] = (np.fmin if a.kind == "min" else np.maximum).reduce(vals)
+                    # Spark orders NaN above every number: min skips it, max keeps it. A zero
+                    # is +0.0: which of 0.0 and -0.0 numpy's reduce keeps depends on its SIMD
+                    # blocking (9+ panes), so the engine could not answer the same sign
+                    # (docs/architecture.md §5, one format; the engine's fold does the same)
+                    x = (np.fmin if a.kind == "min" else np.maximum).reduce(vals)
+                    acc[name] = x + 0.0 if a.type == "double" else x
         out_blobs: list[bytes | None] = []
         for s, b in zip(self.sketches, blobs, strict=True):
             merged = b[0]

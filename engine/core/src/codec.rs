@@ -214,7 +214,9 @@ impl Codec {
                     (AggKind::Min | AggKind::Max, false) => {
                         let vals: Vec<f64> = with.iter().map(|f| f64_at(f, v)).collect();
                         let x = if agg.kind == AggKind::Min { fmin_reduce(&vals) } else { maximum_reduce(&vals) };
-                        typed_double(agg, x)?
+                        // a zero is +0.0, as the shard's fold answers it (numpy's reduce keeps
+                        // either zero, by its SIMD blocking): -0.0 + 0.0 == +0.0
+                        typed_double(agg, x + 0.0)?
                     }
                     _ => return Err(Unsupported("a Spark-state value in panes")),
                 }
