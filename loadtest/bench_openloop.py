@@ -9,11 +9,13 @@ Issue 45; docs/architecture.md §5 and §8.
 and ads jobs and their generators at 5K + 1K ev/s) runs in a fresh home; its router has the
 native front (the engine's, the default). Once every operator has committed, a second router
 on the same storage and shards is started with ``QSTATE_NATIVE_FRONT=false`` (the Python
-front: uvicorn, the raw-ASGI fast path, FastAPI; the "before"), ``--keys`` tweet keys that
-answer are picked at random, and a ``redis-server`` gets each one's answer (the JSON bytes the
-router sends) under ``tw:<key>`` (for qstate-openloop) and ``tw:<12 digits>`` (the i-th key,
-for redis-benchmark's ``-r``). The raw ASGI server of ``bench_router`` (uvicorn answering
-from a dict: Python with no work) holds as many keys. Then, while the demo ingests:
+front: uvicorn, the raw-ASGI fast path, FastAPI; the "before"; with ``--unfollowed`` two
+more, alike but for the read engine's follower, QSTATE_ROUTER_FOLLOW_MS), ``--keys`` tweet
+keys that answer are picked at random, and a ``redis-server`` gets each one's answer (the
+JSON bytes the router sends) under ``tw:<key>`` (for qstate-openloop) and ``tw:<12 digits>``
+(the i-th key, for redis-benchmark's ``-r``). The raw ASGI server of ``bench_router``
+(uvicorn answering from a dict: Python with no work) holds as many keys. Then, while the
+demo ingests:
 
 0. ``--warmup`` s of ingest alone (the start-up backlog's batches);
 1. quiet: ``--duration`` s without reads (the job's ingest and commits without them);
@@ -75,8 +77,11 @@ RAW_STATE = "/v1/state/shop/views_1m/views/"
 PREFIX = "tw:"
 NATIVE = "router, native front"
 PYTHON = "router, Python front (before)"
+UNFOLLOWED = "router, native front, no follower (QSTATE_ROUTER_FOLLOW_MS=0)"
+FOLLOWED = "router, native front, follower (QSTATE_ROUTER_FOLLOW_MS=20)"
 RAW = "raw ASGI dict server (uvicorn)"
 REDIS = "Redis 7 GET, same keys and bytes"
+ROUTERS = (NATIVE, UNFOLLOWED, FOLLOWED, PYTHON)
 Result = dict[str, float]
 
 
@@ -306,11 +311,11 @@ def goals(run: Run) -> list[str]:
     rps = {t.label: r["rps"] for t, r, _ in run.closed}
     if REDIS in rps:
         out += [f"- closed loop: {label} **{rps[label] / rps[REDIS]:.2f}x Redis** (goal ≥ 0.5)"
-                for label in (NATIVE, PYTHON) if label in rps]
+                for label in ROUTERS if label in rps]
     p99 = {(rate, t.label): r for rate, t, r, _ in run.open}
     for rate in sorted({rate for rate, _ in p99}):
         redis = p99.get((rate, REDIS))
-        for label in (NATIVE, PYTHON):
+        for label in ROUTERS:
             r = p99.get((rate, label))
             if r is None or redis is None:
                 continue
@@ -322,7 +327,7 @@ def goals(run: Run) -> list[str]:
         commits = sum(w["commit_ms"] * w["commits"] for w in run.quiet)
         commit = commits / max(1.0, sum(w["commits"] for w in run.quiet))
         for rate, t, _, w in run.open:
-            if t.label in (NATIVE, PYTHON) and rate == max(r for r, *_ in run.open):
+            if t.label in ROUTERS and rate == max(r for r, *_ in run.open):
                 out.append(f"- {rate:,} GET/s through {t.label}: tweets ingest "
                            f"**{w['ev_s'] / ev:.2f}x** of quiet ({w['ev_s']:,.0f} vs {ev:,.0f} "
                            f"ev/s), commit time **{commit / w['commit_ms']:.2f}x** (quiet mean "
@@ -377,6 +382,10 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--no-python", action="store_true",
                     help="no Python-front router (no before figures)")
     ap.add_argument("--no-raw", action="store_true", help="no raw ASGI server in the open loop")
+    ap.add_argument("--unfollowed", action="store_true",
+                    help="two more routers, native front, alike but for the read engine's "
+                    "follower: without it (QSTATE_ROUTER_FOLLOW_MS=0: the first read after a "
+                    "commit catches its partition up), then with it (the default)")
     ap.add_argument("--warmup", type=int, default=60,
                     help="seconds of ingest after every operator's first commit, before "
                     "anything is measured (the start-up backlog's batches) (default: "
@@ -396,12 +405,12 @@ def parse_args() -> argparse.Namespace:
     return ap.parse_args()
 
 
-def start_python_router(demo: DemoRun, cpus: str) -> RouterProcess:
-    """A router with the Python front on the demo's storage and shards (its host token, in
-    the demo's home)."""
+def start_router(demo: DemoRun, cpus: str, name: str, **settings: str) -> RouterProcess:
+    """One more router on the demo's storage and shards (its host token, in the demo's
+    home), with ``settings`` (QSTATE_ names)."""
     home = demo.home / "home"
-    env = {**os.environ, "QSTATE_HOME": str(home), "QSTATE_NATIVE_FRONT": "false"}
-    r = RouterProcess.make(str(home / "storage"), demo.home / "logs", "router-python", env)
+    env = {**os.environ, "QSTATE_HOME": str(home), **settings}
+    r = RouterProcess.make(str(home / "storage"), demo.home / "logs", name, env)
     r.args = pinned(r.args, cpus)
     return r.start_and_wait()
 
@@ -428,7 +437,8 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="qstate-openloop-"))
     demo = DemoRun(tmp / "demo").start()
     soak = Soak(demo)
-    redis_proc, raw, python = None, None, None
+    redis_proc, raw = None, None
+    routers: list[RouterProcess] = []
     bench = None
     try:
         say(f"qstate run starting in {tmp} ...")
@@ -447,10 +457,16 @@ def main() -> None:
         pin(redis_proc.pid, args.server_cpus)
         load_redis(port, answers)
         targets = [Target(NATIVE, demo.url + STATE, keys, router_pid)]
-        if not args.no_python:
-            python = start_python_router(demo, args.server_cpus)
-            wait_answers(python.url, next(iter(answers)))
-            targets.append(Target(PYTHON, python.url + STATE, keys, python.pid))
+        more = [(PYTHON, "router-python", {"QSTATE_NATIVE_FRONT": "false"})] * (
+            not args.no_python) + [
+            (UNFOLLOWED, "router-unfollowed", {"QSTATE_ROUTER_FOLLOW_MS": "0"}),
+            (FOLLOWED, "router-followed", {"QSTATE_ROUTER_FOLLOW_MS": "20"}),
+        ] * args.unfollowed
+        for label, name, settings in more:
+            r = start_router(demo, args.server_cpus, name, **settings)
+            routers.append(r)
+            wait_answers(r.url, next(iter(answers)))
+            targets.append(Target(label, r.url + STATE, keys, r.pid))
         open_targets = list(targets)
         if not args.no_raw:
             raw, raw_base = start_raw(tmp, args.keys, args.server_cpus)
@@ -474,8 +490,8 @@ def main() -> None:
         bench.quiet()
     finally:
         soak.close()
-        if python is not None:
-            python.stop()
+        for r in routers:
+            r.stop()
         demo.ctrl_c()
         if raw is not None:
             raw.stop()

@@ -173,6 +173,11 @@ class Settings(BaseSettings):
     router_cache_mb: int = Field(
         64, ge=8, description="Router: the block cache in MiB of the RocksDB secondaries it "
         "reads co-located partitions with (one, shared).")
+    router_follow_ms: int = Field(
+        20, ge=0, description="Router: how often in ms the read engine looks at the commit "
+        "markers of co-located partitions read in the last 10 s and catches up those whose "
+        "shard committed, so that reads need not (docs/architecture.md §5). 0: no follower, "
+        "the first read after a commit catches its partition up.")
     routing_refresh_s: float = Field(
         1.0, gt=0, description="Router: how often it re-reads assignments and specs.")
     routing_min_interval_s: float = Field(

@@ -37,6 +37,8 @@ class EngineLink:
         self.engine.set_settings(cfg.max_batch_keys, cfg.max_windows, cfg.max_request_windows,
                                  cfg.min_batch_wait_s, cfg.retry_after_s, cfg.max_body_bytes,
                                  cfg.max_concurrent_requests, cfg.metrics_public)
+        if cfg.router_follow_ms:
+            self.engine.start_follower(cfg.router_follow_ms / 1000)
         self._callers: Callers | None = None
         self._book: TokenBook | None = None
 

@@ -25,8 +25,8 @@ from qstate.core.errors import (
     Unavailable,
 )
 
-__all__ = ["BOARD_ANSWERS", "FOLLOWER_READS", "GRPC_LATENCY", "GRPC_REQUESTS", "HTTP_LATENCY",
-           "HTTP_REQUESTS",
+__all__ = ["BOARD_ANSWERS", "CATCHUPS", "FOLLOWER_READS", "GRPC_LATENCY", "GRPC_REQUESTS",
+           "HTTP_LATENCY", "HTTP_REQUESTS",
            "LOCAL_READS", "METHODS", "REFUSED", "REMOTE_READS", "SHARD_READS", "UNAVAILABLE",
            "UNAVAILABLE_REASONS", "WATCHERS", "WATCH_COALESCED", "WATCH_DELAY", "WATCH_EVENTS",
            "WATCH_FAILURES", "count_error", "exposition", "http_method"]
@@ -49,6 +49,11 @@ SHARD_READS = Counter("qstate_router_shard_reads_total",
                       "coalesced) or follower (a copy's gRPC API, when the owner is down or "
                       "restoring)", ["path"])
 LOCAL_READS, REMOTE_READS = SHARD_READS.labels("local"), SHARD_READS.labels("remote")
+CATCHUPS = Histogram("qstate_router_catchup_seconds",
+                     "Co-located partitions caught up with their shard's commits (or opened) "
+                     "by the read engine, by who did it: read (a read waited for it) or "
+                     "follower (off the read path, QSTATE_ROUTER_FOLLOW_MS)", ["by"],
+                     buckets=_BUCKETS)
 FOLLOWER_READS = SHARD_READS.labels("follower")
 # every reason a router answers 503 for (``Unavailable.reason``), each a series from the start
 UNAVAILABLE_REASONS = ("no-owner", "shard-down", "shard-timeout", "restoring", "moving",
@@ -152,16 +157,21 @@ def add_engine_counts(taken: dict[str, Any]) -> None:
     for route, method, status, n in taken["requests"]:
         HTTP_REQUESTS.labels(route, method, str(status)).inc(n)
     for route, buckets, total in taken["latency"]:
-        child = HTTP_LATENCY.labels(route)
-        # prometheus_client keeps a histogram's buckets apart (not cumulative) and its sum:
-        # the engine counts them the same way, on the same bounds (_BUCKETS, then +Inf)
-        for bucket, n in zip(child._buckets, buckets, strict=True):
-            if n:
-                bucket.inc(n)
-        child._sum.inc(total)
+        _add_histogram(HTTP_LATENCY.labels(route), buckets, total)
+    for by, buckets, total in taken["catchups"]:
+        _add_histogram(CATCHUPS.labels(by), buckets, total)
     for path, n in taken["reads"]:
         SHARD_READS.labels(path).inc(n)
     for reason, n in taken["unavailable"]:
         UNAVAILABLE.labels(reason).inc(n)
     for reason, n in taken["refused"]:
         REFUSED.labels(reason).inc(n)
+
+
+def _add_histogram(child: Any, buckets: list[int], total: float) -> None:
+    # prometheus_client keeps a histogram's buckets apart (not cumulative) and its sum: the
+    # engine counts them the same way, on the same bounds (_BUCKETS, then +Inf)
+    for bucket, n in zip(child._buckets, buckets, strict=True):
+        if n:
+            bucket.inc(n)
+    child._sum.inc(total)

@@ -4,9 +4,13 @@
 //! reads (`qstate.router.reads`) read through it (docs/architecture.md §5).
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
 
 use arc_swap::{ArcSwap, ArcSwapOption};
+use parking_lot::Mutex;
 
 use crate::address::PartitionId;
 use crate::local::{Hit, Local, Miss};
@@ -51,7 +55,17 @@ pub struct Engine {
     pub metrics: Metrics,
     /// the owners of partitions elsewhere, over gRPC (None: every such read is Python's)
     pub remote: ArcSwapOption<Remote>,
+    follower: Mutex<Option<Follower>>,
 }
+
+/// The thread that keeps partitions read lately caught up (`Local::keep_up`).
+struct Follower {
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<()>,
+}
+
+/// A partition not read for this long is no longer kept up: its next read catches it up.
+pub const FOLLOW_IDLE: Duration = Duration::from_secs(10);
 
 impl Engine {
     pub fn new(scratch: PathBuf, cache_bytes: usize) -> Engine {
@@ -62,6 +76,44 @@ impl Engine {
             settings: ArcSwap::from_pointee(Settings::default()),
             metrics: Metrics::default(),
             remote: ArcSwapOption::empty(),
+            follower: Mutex::new(None),
+        }
+    }
+
+    /// Every `every`, catch up the partitions read within `FOLLOW_IDLE` whose shard
+    /// committed (docs/architecture.md §5): a read then rarely waits for a catch-up. The
+    /// thread holds the engine only during a pass; it ends at `stop_follower` or when the
+    /// engine is dropped.
+    pub fn start_follower(self: &Arc<Self>, every: Duration) -> std::io::Result<()> {
+        let mut slot = self.follower.lock();
+        if slot.is_some() {
+            return Ok(());
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let (weak, flag) = (Arc::downgrade(self), stop.clone());
+        let thread = std::thread::Builder::new().name("qstate-follow".into()).spawn(move || {
+            while !flag.load(Ordering::Acquire) {
+                std::thread::park_timeout(every);
+                let Some(engine) = weak.upgrade() else { break };
+                if flag.load(Ordering::Acquire) {
+                    break;
+                }
+                for took in engine.local.keep_up(FOLLOW_IDLE) {
+                    engine.metrics.catchup("follower", took);
+                }
+            }
+        })?;
+        *slot = Some(Follower { stop, thread });
+        Ok(())
+    }
+
+    /// End the follower (after its pass under way), before the partitions close.
+    pub fn stop_follower(&self) {
+        let follower = self.follower.lock().take();
+        if let Some(f) = follower {
+            f.stop.store(true, Ordering::Release);
+            f.thread.thread().unpark();
+            let _ = f.thread.join();
         }
     }
 
@@ -84,7 +136,10 @@ impl Engine {
         limit: usize,
     ) -> Result<Vec<Hit>, Miss> {
         let pid = PartitionId { job: entry.op.spec.job.clone(), operator: entry.op.spec.operator.clone(), partition };
-        let inst = self.local.instance(owner, &pid)?;
+        let (inst, took) = self.local.instance(owner, &pid)?;
+        if let Some(d) = took {
+            self.metrics.catchup("read", d);
+        }
         self.local.read(owner, &pid, &inst, &entry.op, state, keys, range, limit)
     }
 }

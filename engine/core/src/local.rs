@@ -5,7 +5,9 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use parking_lot::RwLock;
 use rocksdb::{BlockBasedOptions, Cache, Options};
@@ -57,6 +59,7 @@ struct State {
 
 pub struct Local {
     scratch: PathBuf,
+    opened: AtomicU64,
     opts: Arc<Options>,
     state: RwLock<State>,
 }
@@ -86,7 +89,7 @@ impl Local {
         let mut table = BlockBasedOptions::default();
         table.set_block_cache(&Cache::new_lru_cache(cache_bytes));
         opts.set_block_based_table_factory(&table);
-        Local { scratch, opts: Arc::new(opts), state: RwLock::new(State::default()) }
+        Local { scratch, opened: AtomicU64::new(0), opts: Arc::new(opts), state: RwLock::new(State::default()) }
     }
 
     /// The co-located servers (their partitions close when a server goes or restarts).
@@ -128,8 +131,11 @@ impl Local {
         let mut st = self.state.write();
         let server = st.servers.get(owner)?;
         let primary = partition_dir(&server.data_dir, &pid.job, &pid.operator, pid.partition);
+        // a folder of its own: a partition closed while a reader or the follower still holds
+        // it removes its folder when dropped, after a new one for the same key was opened
         let scratch =
-            partition_dir(&self.scratch.join(owner.replace(':', "_")), &pid.job, &pid.operator, pid.partition);
+            partition_dir(&self.scratch.join(owner.replace(':', "_")), &pid.job, &pid.operator, pid.partition)
+                .join(format!("g{}", self.opened.fetch_add(1, Ordering::Relaxed)));
         let p =
             st.open.entry(key).or_insert_with(|| Arc::new(Partition::new(primary, scratch, self.opts.clone()))).clone();
         Some(p)
@@ -154,15 +160,35 @@ impl Local {
     }
 
     /// The instance to read `pid` from, fresh as of its marker, or why not; may catch the
-    /// partition up, or wait for the reader catching it up (blocking).
-    pub fn instance(&self, owner: &str, pid: &PartitionId) -> Result<Arc<Instance>, Miss> {
+    /// partition up (how long it took: `Partition::follow`), or wait for the one catching it
+    /// up (blocking).
+    pub fn instance(&self, owner: &str, pid: &PartitionId) -> Result<(Arc<Instance>, Option<Duration>), Miss> {
         let p = self.lookup(owner, pid).ok_or(Miss::NotHere)?;
         match p.current() {
-            Ok(Some(inst)) => Ok(inst),
+            Ok(Some(inst)) => Ok((inst, None)),
             Ok(None) => p.follow(),
             Err(e) => Err(e),
         }
         .map_err(|e| self.missed(owner, pid, e))
+    }
+
+    /// The follower's pass (`Engine::start_follower`): every open partition read within
+    /// `idle` caught up with its marker now, off the read path; how long each catch-up took.
+    /// A partition whose marker is gone or whose files fail closes, as a read would close it.
+    pub fn keep_up(&self, idle: Duration) -> Vec<Duration> {
+        let open: Vec<((String, PartitionId), Arc<Partition>)> =
+            self.state.read().open.iter().map(|(k, p)| (k.clone(), p.clone())).collect();
+        let mut took = Vec::new();
+        for ((owner, pid), p) in open {
+            match p.keep_up(idle) {
+                Ok(Some(d)) => took.push(d),
+                Ok(None) => {}
+                Err(e) => {
+                    self.missed(&owner, &pid, e);
+                }
+            }
+        }
+        took
     }
 
     /// Whether `pid` would be read here (without opening it): for a caller that must choose
@@ -208,5 +234,26 @@ impl Local {
                 Err(Miss::Failed(m))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_partition_opened_again_gets_a_folder_of_its_own() {
+        let tmp = std::env::temp_dir().join(format!("qstate-local-{}", std::process::id()));
+        let local = Local::new(tmp.join("scratch"), 1 << 20);
+        let server = LocalServer { address: "a:1".into(), data_dir: tmp.join("data"), pid: std::process::id() as i32 };
+        local.set_servers(vec![server]);
+        let pid = PartitionId { job: "j".into(), operator: "op".into(), partition: 3 };
+        local.set_ready("a:1", HashSet::from([pid.clone()]));
+        let first = local.lookup("a:1", &pid).expect("here");
+        local.drop_partition("a:1", &pid); // closed while `first` is still held
+        let second = local.lookup("a:1", &pid).expect("here");
+        assert_ne!(first.scratch(), second.scratch());
+        assert_eq!(first.primary(), second.primary());
+        local.close();
     }
 }

@@ -34,6 +34,9 @@ pub struct Taken {
     pub reads: Vec<(&'static str, u64)>,
     pub unavailable: Vec<(&'static str, u64)>,
     pub refused: Vec<(&'static str, u64)>,
+    /// partitions caught up with their shard's commits, by who did it: "read" (a read
+    /// waited for it) or "follower" (off the read path)
+    pub catchups: Vec<(&'static str, Histogram)>,
 }
 
 #[derive(Default)]
@@ -42,6 +45,7 @@ struct Counts {
     latency: HashMap<&'static str, Histogram>,
     unavailable: HashMap<&'static str, u64>,
     refused: HashMap<&'static str, u64>,
+    catchups: HashMap<&'static str, Histogram>,
 }
 
 #[derive(Default)]
@@ -66,6 +70,11 @@ impl Metrics {
 
     pub fn unavailable(&self, reason: &'static str) {
         *self.counts.lock().unavailable.entry(reason).or_default() += 1;
+    }
+
+    /// One partition caught up (or opened) by `by` ("read", "follower"), taking `took`.
+    pub fn catchup(&self, by: &'static str, took: std::time::Duration) {
+        self.counts.lock().catchups.entry(by).or_default().observe(took.as_secs_f64());
     }
 
     pub fn local_reads(&self, n: u64) {
@@ -93,6 +102,7 @@ impl Metrics {
             reads: reads.into_iter().filter(|(_, n)| *n > 0).collect(),
             unavailable: c.unavailable.into_iter().collect(),
             refused: c.refused.into_iter().collect(),
+            catchups: c.catchups.into_iter().collect(),
         }
     }
 }

@@ -9,6 +9,10 @@
 //! batch. The reader that notices the change does the catch-up; a reader that finds it under
 //! way waits for it (milliseconds): a read begun after a commit's marker was written answers
 //! that batch or a later one, never the one before, as reads one at a time would.
+//!
+//! So that reads rarely do that catch-up themselves, the engine's follower (`Local::keep_up`)
+//! checks the markers of partitions read lately every few milliseconds and catches them up
+//! off the read path; a read then finds its partition current (one `stat`).
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,6 +28,12 @@ use crate::marker::{read_marker, signature, Marker, Signature, MARKER};
 use crate::meta::Meta;
 
 pub const MARKER_RECHECK: Duration = Duration::from_millis(100);
+
+/// Milliseconds since the first call: the clock of `Partition::read_at`.
+fn now_ms() -> u64 {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_millis() as u64
+}
 
 /// One secondary instance and the batch it holds (it changes only while nobody reads it).
 pub struct Instance {
@@ -75,6 +85,8 @@ pub struct Partition {
     standby: Mutex<Option<Arc<Instance>>>,
     seen: Mutex<Option<Seen>>,
     opened: AtomicU64,
+    // when it was last asked for (now_ms): the follower keeps up only partitions read lately
+    read_at: AtomicU64,
 }
 
 fn read_meta(db: &DB) -> Result<Meta, Follow> {
@@ -94,6 +106,7 @@ impl Partition {
             standby: Mutex::new(None),
             seen: Mutex::new(None),
             opened: AtomicU64::new(0),
+            read_at: AtomicU64::new(now_ms()),
         }
     }
 
@@ -101,9 +114,20 @@ impl Partition {
         &self.primary
     }
 
+    /// The folder of this partition's own instances (removed when it is dropped).
+    pub fn scratch(&self) -> &Path {
+        &self.scratch
+    }
+
     /// The serving instance when it is current as of the marker (one `stat`), else None:
     /// call `follow`. Err: the marker is gone.
     pub fn current(&self) -> Result<Option<Arc<Instance>>, Follow> {
+        self.read_at.store(now_ms(), Ordering::Relaxed);
+        self.fresh()
+    }
+
+    /// `current` without counting as a read (the follower's check).
+    fn fresh(&self) -> Result<Option<Arc<Instance>>, Follow> {
         let sig = signature(&self.marker_file).map_err(Follow::Gone)?;
         let fresh = matches!(&*self.seen.lock(),
             Some(s) if s.signature == sig && s.at.elapsed() <= MARKER_RECHECK);
@@ -114,33 +138,48 @@ impl Partition {
     /// reader or by the one it waits for. Never the instance served before the marker changed:
     /// a reader that did not wait for a catch-up under way would answer the batch before a
     /// commit it began after (tests/service/router/test_local.py).
-    pub fn follow(&self) -> Result<Arc<Instance>, Follow> {
+    ///
+    /// With the instance, how long this caller spent catching up or opening one (None: done
+    /// by the one it waited for, or nothing to do): the catch-up histogram.
+    pub fn follow(&self) -> Result<(Arc<Instance>, Option<Duration>), Follow> {
         let mut standby = self.standby.lock();
         // maybe done by the reader we waited for
-        if let Some(cur) = self.current()? {
-            return Ok(cur);
+        if let Some(cur) = self.fresh()? {
+            return Ok((cur, None));
         }
+        let began = Instant::now();
         let sig = signature(&self.marker_file).map_err(Follow::Gone)?;
         let marker = read_marker(&self.primary).map_err(Follow::Gone)?;
         let cur = self.serving.load_full();
-        let next = match cur {
-            Some(cur) if cur.marker == marker => cur,
+        let (next, took) = match cur {
+            Some(cur) if cur.marker == marker => (cur, None),
             Some(cur) if cur.marker.incarnation == marker.incarnation => {
                 let next = self.caught_up(standby.take(), &marker)?;
                 self.serving.store(Some(next.clone()));
                 *standby = Some(cur);
-                next
+                (next, Some(began.elapsed()))
             }
             // a first read, or a new incarnation (the folder was restored): a fresh instance
             _ => {
                 *standby = None;
                 let next = Arc::new(self.open(&marker)?);
                 self.serving.store(Some(next.clone()));
-                next
+                (next, Some(began.elapsed()))
             }
         };
         *self.seen.lock() = Some(Seen { signature: sig, at: Instant::now() });
-        Ok(next)
+        Ok((next, took))
+    }
+
+    /// The follower's turn: when the partition was read within `idle` and its marker moved
+    /// (or was not looked at for `MARKER_RECHECK`), follow it now, so the next read need
+    /// not. Ok(None): nothing to do, or another did it.
+    pub fn keep_up(&self, idle: Duration) -> Result<Option<Duration>, Follow> {
+        let since = now_ms().saturating_sub(self.read_at.load(Ordering::Relaxed));
+        if self.serving.load().is_none() || since > idle.as_millis() as u64 || self.fresh()?.is_some() {
+            return Ok(None);
+        }
+        Ok(self.follow()?.1)
     }
 
     /// `standby` caught up with the primary's WAL (a fresh instance when it is still read,

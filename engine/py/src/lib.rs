@@ -248,7 +248,18 @@ impl Engine {
         d.set_item("reads", t.reads)?;
         d.set_item("unavailable", t.unavailable)?;
         d.set_item("refused", t.refused)?;
+        d.set_item("catchups", t.catchups.into_iter().map(|(b, h)| (b, h.counts.to_vec(), h.sum)).collect::<Vec<_>>())?;
         Ok(d)
+    }
+
+    /// Start the follower: every `every_s`, the partitions read lately are caught up with
+    /// their shard's commits off the read path (docs/architecture.md §5).
+    fn start_follower(&self, every_s: f64) -> PyResult<()> {
+        let every = Duration::try_from_secs_f64(every_s)
+            .ok()
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| PyValueError::new_err("every_s must be a positive number of seconds"))?;
+        self.core.start_follower(every).map_err(|e| PyOSError::new_err(e.to_string()))
     }
 
     /// Whether the engine has a routing table to answer by.
@@ -259,7 +270,10 @@ impl Engine {
     /// Close every partition and remove the scratch folder.
     fn close(&self, py: Python<'_>) {
         self.stop(py, 0.0);
-        py.detach(|| self.core.local.close());
+        py.detach(|| {
+            self.core.stop_follower();
+            self.core.local.close()
+        });
     }
 }
 

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import threading
+from collections import Counter
 from pathlib import Path
 
 import pyarrow as pa
@@ -24,6 +25,7 @@ from qstate.core.records.operator import OperatorSpec, WindowSpec
 from qstate.partition.files import partition_dir
 from qstate.router.local import LocalReader
 from qstate.shard.store import PartitionStore
+from tests.helpers import wait_until
 
 PID = PartitionId("j", "op", 3)
 ADDRESS = "127.0.0.1:7999"
@@ -200,3 +202,31 @@ def test_a_read_begun_after_a_commit_answers_that_commit(world) -> None:
             t.join()
     assert reads[0] > 150
     assert older == [], f"{len(older)} reads answered a batch before one committed: {older[:5]}"
+
+
+def catchups(engine: Engine) -> Counter[str]:
+    """Partitions caught up since the last call, by who did it (the engine's counts)."""
+    return Counter({by: sum(buckets) for by, buckets, _ in engine.take_metrics()["catchups"]})
+
+
+def test_the_follower_catches_a_partition_up_before_its_next_read(world) -> None:
+    """With the follower on, each commit to a partition read lately is caught up off the read
+    path: the next read answers the new batch without catching up itself."""
+    store, reader, _ = world
+    engine = reader.engine
+    store.apply(0, 0, 1, delta("k", 0, 1), None)
+    assert value(reader) == (0, 1)
+    assert catchups(engine) == Counter(read=1)  # the first read opens the partition
+    engine.start_follower(0.005)
+    for b in range(1, 6):
+        store.apply(b, 0, 1, delta("k", 0, b + 1), None)
+        seen: Counter[str] = Counter()
+
+        def by_follower(seen: Counter[str] = seen) -> bool:
+            seen.update(catchups(engine))
+            return seen["follower"] >= 1
+
+        wait_until(by_follower, 10, f"the follower catching up to batch {b}")
+        assert value(reader) == (b, b + 1)
+        seen.update(catchups(engine))
+        assert seen == Counter(follower=1), seen

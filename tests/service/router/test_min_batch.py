@@ -16,6 +16,7 @@ import pytest
 from qstate.client import Client
 from qstate.proto import qstate_pb2 as qpb
 from qstate.proto import qstate_pb2_grpc as qpb_grpc
+from tests.helpers import metric, wait_until
 from tests.shop import BATCHES, KEYS, Shop, held_until_commit, own_shop, views, window
 
 KEY = KEYS[3]
@@ -95,3 +96,23 @@ def test_past_the_wait_a_503_names_the_batch_the_partition_has(own: Shop,
                 job="shop", operator="views_1m", state="views", key=KEY, min_batch=far),
                 timeout=10)
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE  # type: ignore[attr-defined]
+
+
+def test_the_router_catches_a_partition_read_lately_up_off_the_read_path(own: Shop) -> None:
+    """After a commit the read engine's follower (QSTATE_ROUTER_FOLLOW_MS, on by default)
+    catches a partition read lately up with its shard before a read has to: the router's
+    ``qstate_router_catchup_seconds{by="follower"}`` counts it, and the next read answers
+    the new batch (docs/architecture.md §5)."""
+    url = own.routers["local"].url
+    now = httpx.get(f"{url}{OP}/{KEY}", timeout=10)
+    assert now.status_code == 200, now.text
+    b = now.json()["batch"] + 1
+
+    def by_follower() -> float:
+        return metric(url, "qstate_router_catchup_seconds_count", by="follower")
+
+    before = by_follower()
+    own.commit(b)
+    wait_until(lambda: by_follower() > before, 30, f"the follower catching up to batch {b}")
+    after = httpx.get(f"{url}{OP}/{KEY}", timeout=10).json()
+    assert after["batch"] >= b and after["windows"][-1]["value"] == views(KEY, b)
