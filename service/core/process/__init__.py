@@ -1,2 +1,2 @@
-"""A process's own plumbing: starting children (start), readiness probes, the JVM, planted
-faults (docs/architecture.md §1)."""
+"""A process's own plumbing: starting children (start), how it forks (forks), readiness
+probes, the JVM, planted faults (docs/architecture.md §1)."""
