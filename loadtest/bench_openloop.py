@@ -457,11 +457,12 @@ def main() -> None:
         pin(redis_proc.pid, args.server_cpus)
         load_redis(port, answers)
         targets = [Target(NATIVE, demo.url + STATE, keys, router_pid)]
-        more = [(PYTHON, "router-python", {"QSTATE_NATIVE_FRONT": "false"})] * (
-            not args.no_python) + [
-            (UNFOLLOWED, "router-unfollowed", {"QSTATE_ROUTER_FOLLOW_MS": "0"}),
-            (FOLLOWED, "router-followed", {"QSTATE_ROUTER_FOLLOW_MS": "20"}),
-        ] * args.unfollowed
+        more = []
+        if not args.no_python:
+            more.append((PYTHON, "router-python", {"QSTATE_NATIVE_FRONT": "false"}))
+        if args.unfollowed:
+            more += [(UNFOLLOWED, "router-unfollowed", {"QSTATE_ROUTER_FOLLOW_MS": "0"}),
+                     (FOLLOWED, "router-followed", {"QSTATE_ROUTER_FOLLOW_MS": "20"})]
         for label, name, settings in more:
             r = start_router(demo, args.server_cpus, name, **settings)
             routers.append(r)

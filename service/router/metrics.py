@@ -49,12 +49,12 @@ SHARD_READS = Counter("qstate_router_shard_reads_total",
                       "coalesced) or follower (a copy's gRPC API, when the owner is down or "
                       "restoring)", ["path"])
 LOCAL_READS, REMOTE_READS = SHARD_READS.labels("local"), SHARD_READS.labels("remote")
+FOLLOWER_READS = SHARD_READS.labels("follower")
 CATCHUPS = Histogram("qstate_router_catchup_seconds",
                      "Co-located partitions caught up with their shard's commits (or opened) "
                      "by the read engine, by who did it: read (a read waited for it) or "
                      "follower (off the read path, QSTATE_ROUTER_FOLLOW_MS)", ["by"],
                      buckets=_BUCKETS)
-FOLLOWER_READS = SHARD_READS.labels("follower")
 # every reason a router answers 503 for (``Unavailable.reason``), each a series from the start
 UNAVAILABLE_REASONS = ("no-owner", "shard-down", "shard-timeout", "restoring", "moving",
                        "shard-refused", "behind")

@@ -91,16 +91,14 @@ impl Engine {
         }
         let stop = Arc::new(AtomicBool::new(false));
         let (weak, flag) = (Arc::downgrade(self), stop.clone());
-        let thread = std::thread::Builder::new().name("qstate-follow".into()).spawn(move || {
-            while !flag.load(Ordering::Acquire) {
-                std::thread::park_timeout(every);
-                let Some(engine) = weak.upgrade() else { break };
-                if flag.load(Ordering::Acquire) {
-                    break;
-                }
-                for took in engine.local.keep_up(FOLLOW_IDLE) {
-                    engine.metrics.catchup("follower", took);
-                }
+        let thread = std::thread::Builder::new().name("qstate-follow".into()).spawn(move || loop {
+            std::thread::park_timeout(every);
+            if flag.load(Ordering::Acquire) {
+                break;
+            }
+            let Some(engine) = weak.upgrade() else { break };
+            for took in engine.local.keep_up(FOLLOW_IDLE) {
+                engine.metrics.catchup("follower", took);
             }
         })?;
         *slot = Some(Follower { stop, thread });

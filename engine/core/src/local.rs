@@ -59,7 +59,8 @@ struct State {
 
 pub struct Local {
     scratch: PathBuf,
-    opened: AtomicU64,
+    // partitions opened so far: each one's scratch folder is its own (`lookup`)
+    partitions_opened: AtomicU64,
     opts: Arc<Options>,
     state: RwLock<State>,
 }
@@ -89,7 +90,12 @@ impl Local {
         let mut table = BlockBasedOptions::default();
         table.set_block_cache(&Cache::new_lru_cache(cache_bytes));
         opts.set_block_based_table_factory(&table);
-        Local { scratch, opened: AtomicU64::new(0), opts: Arc::new(opts), state: RwLock::new(State::default()) }
+        Local {
+            scratch,
+            partitions_opened: AtomicU64::new(0),
+            opts: Arc::new(opts),
+            state: RwLock::new(State::default()),
+        }
     }
 
     /// The co-located servers (their partitions close when a server goes or restarts).
@@ -135,7 +141,7 @@ impl Local {
         // it removes its folder when dropped, after a new one for the same key was opened
         let scratch =
             partition_dir(&self.scratch.join(owner.replace(':', "_")), &pid.job, &pid.operator, pid.partition)
-                .join(format!("g{}", self.opened.fetch_add(1, Ordering::Relaxed)));
+                .join(format!("g{}", self.partitions_opened.fetch_add(1, Ordering::Relaxed)));
         let p =
             st.open.entry(key).or_insert_with(|| Arc::new(Partition::new(primary, scratch, self.opts.clone()))).clone();
         Some(p)

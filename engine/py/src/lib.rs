@@ -21,6 +21,7 @@ use qstate_engine_core::codec::Value;
 use qstate_engine_core::engine::{Engine as Core, Settings};
 use qstate_engine_core::front::{Front, FrontConfig};
 use qstate_engine_core::local::{LocalServer, Miss, Operator};
+use qstate_engine_core::metrics::Histogram;
 use qstate_engine_core::remote::{Callers, Remote};
 use qstate_engine_core::spec::OperatorSpec;
 use qstate_engine_core::table::{Entry, Table};
@@ -244,11 +245,11 @@ impl Engine {
         let t = self.core.metrics.take();
         let d = PyDict::new(py);
         d.set_item("requests", t.requests)?;
-        d.set_item("latency", t.latency.into_iter().map(|(r, h)| (r, h.counts.to_vec(), h.sum)).collect::<Vec<_>>())?;
+        d.set_item("latency", histograms(t.latency))?;
         d.set_item("reads", t.reads)?;
         d.set_item("unavailable", t.unavailable)?;
         d.set_item("refused", t.refused)?;
-        d.set_item("catchups", t.catchups.into_iter().map(|(b, h)| (b, h.counts.to_vec(), h.sum)).collect::<Vec<_>>())?;
+        d.set_item("catchups", histograms(t.catchups))?;
         Ok(d)
     }
 
@@ -275,6 +276,12 @@ impl Engine {
             self.core.local.close()
         });
     }
+}
+
+/// Histograms by label as `qstate.router.metrics.add_engine_counts` takes them: the label,
+/// each bucket's count (not cumulative, +Inf last) and the sum.
+fn histograms(by: Vec<(&'static str, Histogram)>) -> Vec<(&'static str, Vec<u64>, f64)> {
+    by.into_iter().map(|(label, h)| (label, h.counts.to_vec(), h.sum)).collect()
 }
 
 fn libc_dup(fd: i32) -> PyResult<i32> {
