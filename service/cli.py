@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+import qstate.core.process.forks  # noqa: F401  (first: before anything imports gRPC)
 from qstate.cli_options import S, given, option
-from qstate.core.process.forks import exec_only_forks
 from qstate.exit_codes import HELP as EXIT_CODES
 
 if TYPE_CHECKING:  # imported by the commands that use them: `qstate --help` stays quick
@@ -765,7 +765,6 @@ for _cmd in _commands(app):
 
 
 def main() -> None:
-    exec_only_forks()
     try:
         app()
     except ModuleNotFoundError as exc:  # a command of the server install on a client-only one

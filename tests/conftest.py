@@ -15,10 +15,8 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-from qstate.core.process.forks import exec_only_forks
+import qstate.core.process.forks  # noqa: F401  (first: this session forks only to exec)
 from qstate.embedded.kafka import KafkaBroker
-
-exec_only_forks()  # before this session starts gRPC: it forks only to exec the processes it runs
 
 # Hypothesis runs randomized with its example database in use (.hypothesis/examples): a
 # failing example is saved and tried first by the next run, and printed with a
