@@ -178,10 +178,14 @@ class QueryService:
         if q.min_batch is not None:
             behind = [(i, h) for i, h in enumerate(hits)
                       if h is not None and h.batch < q.min_batch]
+            # every key waits its own way; the answer names the first key still behind in
+            # the request's order (as the native front does), not the wait that ended first
             later = await asyncio.gather(*(self._at_least(q, spec, pids[parts[i]], keys[i], h)
-                                           for i, h in behind))
-            for (i, _), h in zip(behind, later, strict=True):
-                hits[i] = h
+                                           for i, h in behind), return_exceptions=True)
+            for (i, _), got in zip(behind, later, strict=True):
+                if isinstance(got, BaseException):
+                    raise got
+                hits[i] = got
         return spec, [(k, h) for k, h in zip(keys, hits, strict=True) if h is not None]
 
     async def serving(self, ops: Iterable[tuple[str, str]], max_age_s: float = 0.0
