@@ -92,9 +92,9 @@ class Tally:
 class Reader(threading.Thread):
     """``batchGet`` of every key from one router, again and again, each answer checked."""
 
-    def __init__(self, url: str, keys: list[str], tally: Tally) -> None:
-        super().__init__(name=f"reader-{url}", daemon=True)
-        self.url, self.keys, self.tally = url, keys, tally
+    def __init__(self, router: str, url: str, keys: list[str], tally: Tally) -> None:
+        super().__init__(name=f"reader-{router}", daemon=True)
+        self.router, self.url, self.keys, self.tally = router, url, keys, tally
         self.stop = threading.Event()
         self.seen: dict[str, int] = {}
 
@@ -112,13 +112,13 @@ class Reader(threading.Thread):
             with t.lock:
                 t.requests += 1
                 t.refused[0] += 1
-                t.note(f"no answer: {exc!r}")
+                t.note(f"{self.router}: no answer: {exc!r}")
             return
         with t.lock:
             t.requests += 1
             if r.status_code != 200:
                 t.refused[r.status_code] += 1
-                t.note(f"{r.status_code}: {r.text}")
+                t.note(f"{self.router}: {r.status_code}: {r.text}")
                 return
             for item in r.json()["results"]:
                 t.reads += 1
@@ -126,7 +126,8 @@ class Reader(threading.Thread):
                 if not (item["found"] and len(ws) == 1 and ws[0]["start"] == b * WINDOW
                         and ws[0]["value"] == views(key, b)):
                     t.wrong += 1
-                    t.note(f"wrong: {key} at batch {b}: {ws} (truth {views(key, b)})")
+                    t.note(f"{self.router}: wrong: {key} at batch {b}: {ws} "
+                           f"(truth {views(key, b)})")
                 if b < self.seen.get(key, -1):
                     t.older += 1
                 self.seen[key] = max(b, self.seen.get(key, -1))
@@ -249,6 +250,13 @@ class World:
             time.sleep(0.1)
         return time.monotonic() - t0
 
+    def logs(self, lines: int = 40) -> str:
+        """The last ``lines`` of each server's log: what a failed run leaves to read once
+        its folder is gone (a CI machine's)."""
+        return "\n".join(f"--- {f.name}\n" + "\n".join(f.read_text(errors="replace")
+                                                       .splitlines()[-lines:])
+                         for f in sorted((self.root / "logs").glob("*.log")))
+
     def follower_reads(self) -> float:
         total = 0.0
         for r in self.routers:
@@ -261,7 +269,7 @@ class World:
     @contextlib.contextmanager
     def hammered(self, tally: Tally) -> Iterator[None]:
         """Readers on every router for the block's length."""
-        readers = [Reader(r.url, self.names, tally) for r in self.routers]
+        readers = [Reader(r.name, r.url, self.names, tally) for r in self.routers]
         for r in readers:
             r.start()
         try:
@@ -320,6 +328,7 @@ class Outcome:
     batches: int
     steps: dict[str, float]  # what happened -> seconds it took
     epochs: int
+    logs: str = ""  # the servers' logs when a reader was refused or answered wrong
 
     def row(self) -> str:
         t = self.tally
@@ -344,7 +353,8 @@ def _scenario(name: str, world: World, servers: int, hold_s: float,
             steps(world, took)
             time.sleep(hold_s)
         return Outcome(name, tally, world.follower_reads(), world.exact(),
-                       world.committed + 1, took, world.assignment().epoch - epoch0)
+                       world.committed + 1, took, world.assignment().epoch - epoch0,
+                       world.logs() if tally.refused or tally.wrong else "")
     finally:
         world.stop()
 

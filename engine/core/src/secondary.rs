@@ -28,6 +28,8 @@ use crate::marker::{read_marker, signature, Marker, Signature, MARKER};
 use crate::meta::Meta;
 
 pub const MARKER_RECHECK: Duration = Duration::from_millis(100);
+/// Fresh opens tried before a read goes to the owner instead (`Partition::open`).
+const OPEN_TRIES: usize = 4;
 
 /// Milliseconds since the first call: the clock of `Partition::read_at`.
 fn now_ms() -> u64 {
@@ -199,7 +201,38 @@ impl Partition {
         Ok(Arc::new(self.open(marker)?))
     }
 
+    /// A fresh instance that holds the marker's batch. An open that straddles a flush of the
+    /// primary can read the MANIFEST before the flush's table file is in it and list the WALs
+    /// after the flushed one is deleted, and hold neither (facebook/rocksdb#5323): an empty
+    /// or older state served as the marker's batch. So each open is caught up once at once;
+    /// one whose table files changed meanwhile, or that holds an older batch than the marker,
+    /// is dropped and opened again. Err after `OPEN_TRIES`: the read asks the owner.
     fn open(&self, marker: &Marker) -> Result<Instance, Follow> {
+        let mut seen = Vec::new();
+        for n in 0..OPEN_TRIES {
+            if n > 0 {
+                std::thread::sleep(Duration::from_millis(n as u64)); // the flush under way ends
+            }
+            let mut inst = self.open_once(marker)?;
+            let before = table_files(inst.db())?;
+            inst.db.try_catch_up_with_primary()?;
+            if table_files(inst.db())? == before {
+                inst.meta = read_meta(inst.db())?;
+                if inst.meta.last_batch >= marker.batch {
+                    return Ok(inst);
+                }
+            }
+            seen.push(inst.meta.last_batch);
+        }
+        Err(Follow::Db(format!(
+            "{}: {OPEN_TRIES} secondary instances opened while its files moved held batches {seen:?}, \
+             not the marker's {}",
+            self.primary.display(),
+            marker.batch
+        )))
+    }
+
+    fn open_once(&self, marker: &Marker) -> Result<Instance, Follow> {
         let n = self.opened.fetch_add(1, Ordering::Relaxed);
         let dir = self.scratch.join(format!("i{n}"));
         std::fs::create_dir_all(&dir).map_err(Follow::Gone)?;
@@ -210,9 +243,19 @@ impl Partition {
                 return Err(e.into());
             }
         };
-        let meta = read_meta(&db)?;
-        Ok(Instance { db: std::mem::ManuallyDrop::new(db), meta, marker: marker.clone(), dir })
+        // its folder goes with it from here on, whatever fails next
+        let mut inst =
+            Instance { db: std::mem::ManuallyDrop::new(db), meta: Meta::default(), marker: marker.clone(), dir };
+        inst.meta = read_meta(inst.db())?;
+        Ok(inst)
     }
+}
+
+/// The table files an instance reads: they change when the primary flushes or compacts.
+fn table_files(db: &DB) -> Result<Vec<String>, Follow> {
+    let mut names: Vec<String> = db.live_files()?.into_iter().map(|f| f.name).collect();
+    names.sort_unstable();
+    Ok(names)
 }
 
 impl Drop for Partition {
@@ -220,5 +263,119 @@ impl Drop for Partition {
         self.serving.store(None);
         *self.standby.get_mut() = None;
         let _ = std::fs::remove_dir_all(&self.scratch);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use rocksdb::{WriteBatch, DB};
+
+    use super::*;
+
+    /// One batch as a shard commits it: its puts and META in one write, then the marker.
+    fn commit(db: &DB, dir: &Path, batch: i64, puts: &[(&[u8], &[u8])]) {
+        let mut wb = WriteBatch::default();
+        for (k, v) in puts {
+            wb.put(k, v);
+        }
+        wb.put(META, format!(r#"{{"last_batch":{batch}}}"#));
+        db.write(wb).expect("write");
+        let tmp = dir.join(".marker.tmp");
+        std::fs::write(&tmp, format!("tok {batch}")).expect("marker");
+        std::fs::rename(&tmp, dir.join(MARKER)).expect("marker");
+    }
+
+    fn value(inst: &Instance, key: &[u8]) -> Option<Vec<u8>> {
+        inst.db().get(key).expect("get")
+    }
+
+    /// A secondary caught up across a flush of the primary (a snapshot's checkpoint does
+    /// one) reads the flushed values, not what it had replayed from the WAL before
+    /// (facebook/rocksdb#14444: a caught-up memtable shadows them).
+    #[test]
+    fn a_catch_up_across_a_flush_reads_the_flushed_values() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let primary = tmp.path().join("p");
+        let mut po = Options::default();
+        po.create_if_missing(true);
+        let db = DB::open(&po, &primary).expect("open");
+        let mut so = Options::default();
+        so.set_max_open_files(-1);
+        let p = Partition::new(primary.clone(), tmp.path().join("s"), Arc::new(so));
+        commit(&db, &primary, 1, &[(b"k", b"v1")]);
+        let (a, _) = p.follow().expect("first instance");
+        assert_eq!(value(&a, b"k").as_deref(), Some(&b"v1"[..]));
+        drop(a);
+        commit(&db, &primary, 2, &[(b"j", b"w2")]);
+        let (b, _) = p.follow().expect("second instance"); // the first waits as standby
+        drop(b);
+        commit(&db, &primary, 3, &[(b"k", b"v3")]);
+        db.flush().expect("flush");
+        commit(&db, &primary, 4, &[(b"j", b"w4")]);
+        let (c, _) = p.follow().expect("the first, caught up");
+        assert_eq!(c.meta.last_batch, 4);
+        assert_eq!(value(&c, b"k").as_deref(), Some(&b"v3"[..]));
+        assert_eq!(value(&c, b"j").as_deref(), Some(&b"w4"[..]));
+    }
+
+    /// An instance read while the primary commits and flushes (deleting the WAL it flushed)
+    /// holds the batch of the marker read before, never an older one, and its values are
+    /// those of its META's batch: an open can list the files between a flush's two steps
+    /// and see neither (`Partition::open`).
+    #[test]
+    fn an_instance_read_during_flushes_holds_the_markers_batch() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let primary = tmp.path().join("p");
+        let mut po = Options::default();
+        po.create_if_missing(true);
+        po.set_max_manifest_file_size(16 << 10); // a new MANIFEST often: opens stay quick
+        let db = Arc::new(DB::open(&po, &primary).expect("open"));
+        commit(&db, &primary, 0, &[(b"k", b"0")]);
+        let mut so = Options::default();
+        so.set_max_open_files(-1);
+        let p = Partition::new(primary.clone(), tmp.path().join("s"), Arc::new(so));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writer = {
+            let (db, primary, stop) = (db.clone(), primary.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut b = 1;
+                while !stop.load(Ordering::Relaxed) {
+                    let v = b.to_string();
+                    commit(&db, &primary, b, &[(b"k", v.as_bytes())]);
+                    db.flush().expect("flush");
+                    b += 1;
+                    std::thread::sleep(Duration::from_micros(500));
+                }
+            })
+        };
+        let (mut short, mut torn) = (Vec::new(), Vec::new());
+        let began = Instant::now();
+        let (mut reads, mut failed) = (0, 0);
+        while began.elapsed() < Duration::from_secs(2) {
+            reads += 1;
+            let marker = read_marker(&primary).expect("marker");
+            // a fresh open, or the standby caught up: both must hold the marker's batch
+            match p.follow() {
+                Ok((inst, _)) => {
+                    if inst.meta.last_batch < marker.batch {
+                        short.push((inst.meta.last_batch, marker.batch));
+                    }
+                    let k = value(&inst, b"k").map(|v| String::from_utf8(v).expect("utf-8"));
+                    if k != Some(inst.meta.last_batch.to_string()) {
+                        torn.push((inst.meta.last_batch, k)); // k is written with each META
+                    }
+                }
+                Err(_) => failed += 1,
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        writer.join().expect("writer");
+        assert!(
+            short.is_empty(),
+            "of {reads} reads ({failed} gave up), these held an older batch than the marker (held, marker): {short:?}"
+        );
+        assert!(torn.is_empty(), "a value of another batch than META's (META, value): {torn:?}");
     }
 }

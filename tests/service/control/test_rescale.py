@@ -16,7 +16,7 @@ def no_503_nor_wrong_answer(o: Outcome, reads: int) -> None:
     print(o.row())
     t = o.tally
     assert t.reads > reads, o  # the readers read throughout
-    assert not t.refused and t.wrong == 0, t.examples
+    assert not t.refused and t.wrong == 0, f"{t.examples}\n{o.logs}"
     assert o.mismatches == 0  # every window of every batch, read at the end
 
 
