@@ -29,7 +29,7 @@ class GetRequest(_message.Message):
     def __init__(self, job: _Optional[str] = ..., operator: _Optional[str] = ..., state: _Optional[str] = ..., key: _Optional[str] = ..., from_ms: _Optional[int] = ..., to_ms: _Optional[int] = ..., limit: _Optional[int] = ..., min_batch: _Optional[int] = ..., savepoint: _Optional[str] = ...) -> None: ...
 
 class MultiGetRequest(_message.Message):
-    __slots__ = ("job", "operator", "state", "keys", "from_ms", "to_ms", "limit", "min_batch", "savepoint")
+    __slots__ = ("job", "operator", "state", "keys", "from_ms", "to_ms", "limit", "min_batch", "savepoint", "states")
     JOB_FIELD_NUMBER: _ClassVar[int]
     OPERATOR_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -39,6 +39,7 @@ class MultiGetRequest(_message.Message):
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     MIN_BATCH_FIELD_NUMBER: _ClassVar[int]
     SAVEPOINT_FIELD_NUMBER: _ClassVar[int]
+    STATES_FIELD_NUMBER: _ClassVar[int]
     job: str
     operator: str
     state: str
@@ -48,7 +49,8 @@ class MultiGetRequest(_message.Message):
     limit: int
     min_batch: int
     savepoint: str
-    def __init__(self, job: _Optional[str] = ..., operator: _Optional[str] = ..., state: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., from_ms: _Optional[int] = ..., to_ms: _Optional[int] = ..., limit: _Optional[int] = ..., min_batch: _Optional[int] = ..., savepoint: _Optional[str] = ...) -> None: ...
+    states: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, job: _Optional[str] = ..., operator: _Optional[str] = ..., state: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., from_ms: _Optional[int] = ..., to_ms: _Optional[int] = ..., limit: _Optional[int] = ..., min_batch: _Optional[int] = ..., savepoint: _Optional[str] = ..., states: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Window(_message.Message):
     __slots__ = ("start_ms", "end_ms", "int_value", "double_value")

@@ -81,7 +81,8 @@ class QueryableStateServicer:
         raise NotImplementedError('Method not implemented!')
 
     def MultiGet(self, request, context):
-        """Many keys of one state; misses are marked, not errors.
+        """Many keys of one state, or of several states of one operator (`states`); misses are
+        marked, not errors.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

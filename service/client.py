@@ -97,8 +97,24 @@ def read_params(from_: TimeArg, to: TimeArg, min_batch: int | None = None,
     return out
 
 
+def operator_path(job: str, operator: str) -> str:
+    return f"/v1/state/{quote(job, safe='')}/{quote(operator, safe='')}"
+
+
 def state_path(job: str, operator: str, state: str) -> str:
-    return f"/v1/state/{quote(job, safe='')}/{quote(operator, safe='')}/{quote(state, safe='')}"
+    return f"{operator_path(job, operator)}/{quote(state, safe='')}"
+
+
+def by_key(keys: Sequence[str], states: Sequence[str],
+           answers: list[StateAnswer]) -> list[dict[str, StateAnswer]]:
+    """A several-state batch's answers (key by key, each key's states in the order asked) as
+    one ``{state: answer}`` per key, in the keys' order."""
+    n = len(states)
+    if len(answers) != len(keys) * n:
+        raise QStateError(f"the router answered {len(answers)} of {len(keys)} keys × {n} "
+                          "states")
+    return [dict(zip(states, answers[i * n:(i + 1) * n], strict=True))
+            for i in range(len(keys))]
 
 
 def _key_path(job: str, operator: str, state: str, key: str) -> str:
@@ -353,6 +369,19 @@ class Client(_Base):
                           json={"keys": keys}, params=read_params(from_, to, min_batch, savepoint))
         return BatchAnswer.model_validate_json(r.content).results
 
+    def multi_get_states(self, job: str, operator: str, states: list[str], keys: list[str], *,
+                         from_: TimeArg = None, to: TimeArg = None,
+                         min_batch: int | None = None,
+                         savepoint: str | None = None) -> list[dict[str, StateAnswer]]:
+        """``multi_get`` of several states of one operator in one request: one
+        ``{state: answer}`` per key in order, **a key's states as of one batch** (the router
+        reads them again when a commit lands between them). At most the router's
+        QSTATE_MAX_BATCH_KEYS answers (keys × states)."""
+        r = self._request("POST", f"{operator_path(job, operator)}:batchGet",
+                          json={"keys": keys, "states": states},
+                          params=read_params(from_, to, min_batch, savepoint))
+        return by_key(keys, states, BatchAnswer.model_validate_json(r.content).results)
+
     def top(self, job: str, operator: str, state: str, n: int = 10, *,
             descending: bool = True, window: TimeArg = None,
             min_batch: int | None = None, savepoint: str | None = None) -> TopAnswer:
@@ -481,6 +510,16 @@ class AsyncClient(_Base):
                                 json={"keys": keys},
                                 params=read_params(from_, to, min_batch, savepoint))
         return BatchAnswer.model_validate_json(r.content).results
+
+    async def multi_get_states(self, job: str, operator: str, states: list[str],
+                               keys: list[str], *, from_: TimeArg = None, to: TimeArg = None,
+                               min_batch: int | None = None,
+                               savepoint: str | None = None) -> list[dict[str, StateAnswer]]:
+        """``Client.multi_get_states``."""
+        r = await self._request("POST", f"{operator_path(job, operator)}:batchGet",
+                                json={"keys": keys, "states": states},
+                                params=read_params(from_, to, min_batch, savepoint))
+        return by_key(keys, states, BatchAnswer.model_validate_json(r.content).results)
 
     async def top(self, job: str, operator: str, state: str, n: int = 10, *,
                   descending: bool = True, window: TimeArg = None,

@@ -1,8 +1,10 @@
 """One Feast read as qstate reads (docs/feast.md, one batch a call): the states of every
-feature view asked, one batch read per state (chunked by the caller at the router's batch-key
-cap), and every answer of one operator in one call at the same batch, so a feature vector
-never mixes two batches of an operator. (Per operator, not per job: a job in spark-state mode
-runs each operator as a query of its own, whose batches are numbered apart.)
+feature view asked, one batch read of several states per operator and window (chunked by the
+caller at the router's batch-key cap), and every answer of one operator in one call at the
+same batch, so a feature vector never mixes two batches of an operator (the router answers
+a key's states as of one batch; keys of other partitions may be at others). Per operator,
+not per job: a job in spark-state mode runs each operator as a query of its own, whose
+batches are numbered apart.
 
 The rounds are written without I/O (``rounds`` yields the reads to make and is sent their
 answers): the store drives them over the wire, a test with answers of its own making. A
@@ -48,12 +50,13 @@ class ViewRead:
 
 @dataclass(frozen=True)
 class Ask:
-    """One batch read: ``keys`` of one state, their latest windows (``start`` None) or the
-    window starting at ``start``, as of ``min_batch`` or later."""
+    """One batch read: ``keys`` in each of ``states`` of one operator, their latest windows
+    (``start`` None) or the window starting at ``start``, as of ``min_batch`` or later; its
+    answers come key by key, each key's states in order."""
 
     job: str
     operator: str
-    state: str
+    states: tuple[str, ...]
     keys: tuple[str, ...]
     start: int | None
     min_batch: int | None
@@ -91,24 +94,26 @@ def _start(v: ViewRead, marks: Marks, placed: dict[tuple[str, str], int]) -> int
 
 def plan(views: Sequence[ViewRead], marks: Marks, placed: dict[tuple[str, str], int],
          floor: dict[tuple[str, str], int]) -> list[Ask]:
-    """The reads of one round: one per (state, window) whatever the views asking it, their keys
-    merged in order."""
-    keys: dict[tuple[str, str, str, int | None], dict[str, None]] = {}
+    """The reads of one round: one per operator and window whatever the views asking it, their
+    states and keys merged in order."""
+    states: dict[tuple[str, str, int | None], dict[str, None]] = {}
+    keys: dict[tuple[str, str, int | None], dict[str, None]] = {}
     for v in views:
         if not v.keys:
             continue
         start = _start(v, marks, placed)
-        for _, state, _ in v.features:
-            keys.setdefault((v.job, v.operator, state, start), {}).update(
-                dict.fromkeys(v.keys))
-    return [Ask(job, op, state, tuple(ks), start, floor.get((job, op)))
-            for (job, op, state, start), ks in keys.items()]
+        states.setdefault((v.job, v.operator, start), {}).update(
+            dict.fromkeys(state for _, state, _ in v.features))
+        keys.setdefault((v.job, v.operator, start), {}).update(dict.fromkeys(v.keys))
+    return [Ask(job, op, tuple(states[(job, op, start)]), tuple(ks), start,
+                floor.get((job, op))) for (job, op, start), ks in keys.items()]
 
 
 def rounds(views: Sequence[ViewRead], marks: Marks, max_rounds: int, now: datetime
            ) -> Generator[list[Ask], list[list[StateAnswer]], list[list[Row]]]:
     """Yields each round's reads, is sent their answers (one list per ask, one answer per key
-    in order), and returns each view's rows (one per key: Feast's online_read answer)."""
+    and state, key by key), and returns each view's rows (one per key: Feast's online_read
+    answer)."""
     placed: dict[tuple[str, str], int] = {}
     floor: dict[tuple[str, str], int] = {}
     batches: dict[tuple[str, str], set[int]] = {}
@@ -119,8 +124,9 @@ def rounds(views: Sequence[ViewRead], marks: Marks, max_rounds: int, now: dateti
         newest: dict[tuple[str, str], tuple[int, int]] = {}  # operator -> (batch, watermark)
         batches = {}
         for a, said in zip(asks, answers, strict=True):
-            for k, ans in zip(a.keys, said, strict=True):
-                got[(a.job, a.operator, a.state, a.start, k)] = ans
+            pairs = [(k, state) for k in a.keys for state in a.states]
+            for (k, state), ans in zip(pairs, said, strict=True):
+                got[(a.job, a.operator, state, a.start, k)] = ans
                 batches.setdefault((a.job, a.operator), set()).add(ans.batch)
                 if ans.batch >= newest.get((a.job, a.operator), (-2, 0))[0]:
                     newest[(a.job, a.operator)] = (ans.batch, ans.watermark)

@@ -1,8 +1,8 @@
 """``QStateOnlineStore``: Feast's online store over a running streaming job's state
 (docs/feast.md). Feast asks it for feature views' values by entity key; it reads them from a
-qstate router (``:batchGet`` as qstate's client sends it, through ``qstate.feast.wire``,
-chunked at the batch-key cap), every answer of one operator in one call at one batch
-(``qstate.feast.reads``). It writes nothing: the job writes the state, so ``feast
+qstate router (a ``:batchGet`` of an operator's states as qstate's client sends it, through
+``qstate.feast.wire``, chunked at the batch-key cap), every answer of one operator in one call
+at one batch (``qstate.feast.reads``). It writes nothing: the job writes the state, so ``feast
 materialize`` and push sources are refused, and ``teardown`` removes nothing.
 
 Feast finds the store by the class path in ``feature_store.yaml`` (``type:
@@ -58,8 +58,8 @@ class QStateOnlineStoreConfig(FeastConfigBaseModel):
     ca: StrictStr | None = Field(None, description="CA bundle of an https:// router")
     timeout_s: float = Field(5.0, gt=0, description="Seconds per request to the router")
     retries: int = Field(3, ge=0, description="Times a 503 or 429 is asked again")
-    batch_keys: int | None = Field(None, ge=1, description="Keys per batch read (the "
-                                   "router's QSTATE_MAX_BATCH_KEYS)")
+    batch_keys: int | None = Field(None, ge=1, description="Answers (keys × states) per "
+                                   "batch read (the router's QSTATE_MAX_BATCH_KEYS)")
     max_rounds: int = Field(8, ge=1, description="Reads of one call before giving up on "
                             "answering it at one batch")
     feature_views: dict[StrictStr, ViewSource] = Field(
@@ -111,8 +111,10 @@ Call = tuple[int, Ask, list[str]]  # (the ask's index, the ask, one chunk of its
 
 
 def _calls(asks: list[Ask], cap: int) -> list[Call]:
-    """A round's requests: each ask's keys in chunks of at most ``cap``."""
-    return [(i, a, chunk) for i, a in enumerate(asks) for chunk in _chunks(a.keys, cap)]
+    """A round's requests: each ask's keys in chunks of at most ``cap`` answers (keys ×
+    states)."""
+    return [(i, a, chunk) for i, a in enumerate(asks)
+            for chunk in _chunks(a.keys, max(1, cap // len(a.states)))]
 
 
 def _regroup(asks: list[Ask], calls: list[Call], got: list[list[StateAnswer]]
@@ -177,11 +179,11 @@ class QStateOnlineStore(OnlineStore):
 
             def one(call: Call) -> list[StateAnswer]:
                 _, a, chunk = call
-                return wire.multi_get(a.job, a.operator, a.state, chunk, **_range(a))
+                return wire.multi_get_states(a.job, a.operator, a.states, chunk, **_range(a))
 
             def fetch(asks: list[Ask]) -> list[list[StateAnswer]]:
-                # a round's requests at once (each state is a request of its own): all but
-                # the first on the pool, the first here; answers in the order asked
+                # a round's requests at once (one per operator and window, and per chunk):
+                # all but the first on the pool, the first here; answers in the order asked
                 calls = _calls(asks, cfg.cap())
                 later = [pool.submit(one, c) for c in calls[1:]]
                 got = [one(calls[0]), *(f.result() for f in later)] if calls else []

@@ -36,10 +36,16 @@ def _open(path: str, metrics_public: bool) -> bool:
         (metrics_public and path == "/metrics")
 
 
+_BATCH = ":batchGet"
+
+
 def target_of(path: str) -> tuple[str, str | None] | None:
-    """The job and operator a data path asks for: /v1/state|series|top|watch/{job}/{op}/..., or
-    /v1/jobs/{job}[/position] (operator None); None for paths that name no job."""
+    """The job and operator a data path asks for: /v1/state|series|top|watch/{job}/{op}/...,
+    /v1/state/{job}/{op}:batchGet, or /v1/jobs/{job}[/position] (operator None); None for
+    paths that name no job."""
     parts = path.split("/", 5)
+    if len(parts) == 5 and parts[1:3] == ["v1", "state"] and parts[4].endswith(_BATCH):
+        return parts[3], parts[4].removesuffix(_BATCH)  # several states of one operator
     if len(parts) >= 5 and parts[1] == "v1" and parts[2] in ("state", "series", "top", "watch"):
         return parts[3], parts[4]
     if len(parts) in (4, 5) and parts[1] == "v1" and parts[2] == "jobs" and parts[3] and \

@@ -10,7 +10,7 @@ import grpc
 
 from qstate._engine import Engine
 from qstate.core.config import DEFAULTS
-from qstate.core.errors import QStateError, grpc_trailers
+from qstate.core.errors import InvalidRequest, QStateError, grpc_trailers
 from qstate.core.records.operator import OperatorSpec
 from qstate.core.transport.values import set_value
 from qstate.proto import qstate_pb2 as pb
@@ -126,15 +126,26 @@ class QueryableStateService(pb_grpc.QueryableStateServicer):
         t0 = time.perf_counter()
         try:
             self.auth.check(context, request.job, request.operator)
-            q = self.query.batch(request.job, request.operator, request.state, request.keys,
-                                 _range(request), _limit(request), _min_batch(request),
-                                 _savepoint(request))
-            spec, hits = await self.query.multi_lookup(q)
+            if request.states:  # several states of one operator
+                if request.state:
+                    raise InvalidRequest("name the states in 'states', or one in 'state': "
+                                         "not both")
+                qs = self.query.states_batch(
+                    request.job, request.operator, list(request.states), request.keys,
+                    _range(request), _limit(request), _min_batch(request), _savepoint(request))
+                spec, several = await self.query.multi_states(qs)
+                results = [_value(spec, s, k, h) for k, s, h in several]
+            else:
+                q = self.query.batch(request.job, request.operator, request.state,
+                                     request.keys, _range(request), _limit(request),
+                                     _min_batch(request), _savepoint(request))
+                spec, hits = await self.query.multi_lookup(q)
+                results = [_value(spec, q.state, k, h) for k, h in hits]
         except QStateError as exc:
             await _fail(context, "MultiGet", exc)
         RPCS.labels("MultiGet", "OK").inc()
         RPC_LATENCY.labels("MultiGet").observe(time.perf_counter() - t0)
-        return pb.MultiGetResponse(results=[_value(spec, q.state, k, h) for k, h in hits])
+        return pb.MultiGetResponse(results=results)
 
     async def Top(self, request: pb.TopRequest, context: grpc.aio.ServicerContext
                   ) -> pb.TopResponse:

@@ -88,6 +88,15 @@ class BatchGetIn(BaseModel):
                     "json_schema_extra": {"examples": [{"keys": ["tw-1", "tw-2", "tw-404"]}]}}
 
 
+class StatesBatchGetIn(BaseModel):
+    # keys × states is bounded by this router's max_batch_keys, checked by the query core
+    keys: list[KeyItem] = Field(description=f"Each 1 to {MAX_KEY_BYTES} bytes of UTF-8")
+    states: list[str] = Field(description="States of the operator, each named once; every "
+                              "key is answered in each, in this order")
+    model_config = {"extra": "forbid", "json_schema_extra": {"examples": [
+        {"keys": ["tw-1", "tw-404"], "states": ["impressions", "clicks"]}]}}
+
+
 def json_response(model: BaseModel) -> Response:
     return Response(model.model_dump_json(), media_type=JSON)
 
@@ -282,6 +291,22 @@ def create_app(query: QueryService, ready: Callable[[], bool] = lambda: True,
             answer_fields(spec.job, spec.operator, q.state, k, h.found, h.batch,
                           h.watermark_ms, h.windows, h.next_from) for k, h in hits),
             media_type=JSON)
+
+    @app.post("/v1/state/{job}/{operator}:batchGet", response_model=BatchAnswer,
+              responses=error_responses(body=True),
+              summary="Many keys of several states of one operator: each key's states as of "
+                      "one batch, key by key in the states' order; misses are marked")
+    async def batch_get_states(job: Name, operator: Name,
+                               body: Annotated[StatesBatchGetIn, Body()], from_: From = None,
+                               to: To = None, limit: int | None = limit_param,
+                               min_batch: int | None = min_batch_param,
+                               savepoint: str | None = savepoint_param) -> Any:
+        qs = query.states_batch(job, operator, body.states, body.keys, time_range(from_, to),
+                                limit, min_batch, savepoint)
+        spec, hits = await query.multi_states(qs)
+        return Response(batch_answer_json(
+            answer_fields(spec.job, spec.operator, s, k, h.found, h.batch, h.watermark_ms,
+                          h.windows, h.next_from) for k, s, h in hits), media_type=JSON)
 
     @app.get("/v1/series/{job}/{operator}/{state}/{key:path}", response_model=Series,
              responses={**errors, 200: {"headers": {NEXT_FROM: {

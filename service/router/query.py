@@ -7,12 +7,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from qstate.core.address import PartitionId, check_name, partition_of
 from qstate.core.answer import StateAnswer, Window
 from qstate.core.config import DEFAULTS
-from qstate.core.errors import NotFound, UnknownOperator
+from qstate.core.errors import InvalidRequest, NotFound, Unavailable, UnknownOperator
 from qstate.core.records.operator import OperatorSpec
 from qstate.proto import shard_pb2 as pb
 from qstate.router.describer import Describer
@@ -22,7 +22,11 @@ from qstate.router.request import StateQuery, TopQuery
 from qstate.router.routing import RoutingTable
 from qstate.router.top import TopReads, TopResult
 
-__all__ = ["OperatorStatus", "QueryService", "absent", "absent_key"]
+__all__ = ["STATE_ROUNDS", "OperatorStatus", "QueryService", "absent", "absent_key"]
+
+# reads of a several-state batch before it answers 503: each round after the first asks every
+# state again with min_batch at the newest batch the round before saw (``multi_states``)
+STATE_ROUNDS = 3
 
 
 @dataclass
@@ -82,6 +86,60 @@ class QueryService:
                              max_windows=self.max_windows, max_keys=self.max_batch_keys,
                              max_request_windows=self.max_request_windows, min_batch=min_batch,
                              savepoint=savepoint)
+
+    def states_batch(self, job: str, operator: str, states: Sequence[str], keys: Sequence[str],
+                     rng: tuple[int, int] | None = None, limit: int | None = None,
+                     min_batch: int | None = None, savepoint: str | None = None
+                     ) -> list[StateQuery]:
+        """A read of several states of one operator (``multi_states``), one query per state:
+        each state named once, at most ``max_batch_keys`` answers (keys × states), and the
+        request's windows (QSTATE_MAX_REQUEST_WINDOWS) shared evenly between its states."""
+        if not states:
+            raise InvalidRequest("'states' is empty: name at least one state of the operator")
+        twice = [s for i, s in enumerate(states) if s in states[:i]]
+        if twice:
+            raise InvalidRequest(f"'states' names {twice[0][:80]!r} twice: name each once")
+        if len(keys) * len(states) > self.max_batch_keys:
+            raise InvalidRequest(
+                f"{len(keys)} keys × {len(states)} states = {len(keys) * len(states)} answers: "
+                f"at most {self.max_batch_keys} per request (QSTATE_MAX_BATCH_KEYS)")
+        return [StateQuery.of(job, operator, s, keys, rng, limit, max_windows=self.max_windows,
+                              max_keys=self.max_batch_keys,
+                              max_request_windows=self.max_request_windows // len(states),
+                              min_batch=min_batch, savepoint=savepoint) for s in states]
+
+    async def multi_states(self, queries: Sequence[StateQuery]
+                           ) -> tuple[OperatorSpec, list[tuple[str, str, Hit]]]:
+        """Every key of ``queries`` (``states_batch``: the same keys, one query per state)
+        in every state, key by key and each key's states in the order asked, **a key's
+        states as of one batch** (a feature vector never mixes two: docs/feast.md). The
+        states are read side by side; a key whose states a commit landed between is read
+        again, every state with ``min_batch`` at the newest batch seen, at most
+        ``STATE_ROUNDS`` times, then 503 (reason ``behind``). An error is the first
+        state's in the order asked, as the native front answers it."""
+        keys = queries[0].keys
+        floor = queries[0].min_batch
+        for _ in range(STATE_ROUNDS):
+            got = await asyncio.gather(*(self.multi_lookup(replace(q, min_batch=floor))
+                                         for q in queries), return_exceptions=True)
+            per_state: list[list[Hit]] = []
+            spec = None
+            for g in got:
+                if isinstance(g, BaseException):
+                    raise g
+                spec = g[0]
+                per_state.append([h for _, h in g[1]])
+            assert spec is not None
+            mixed = [i for i in range(len(keys)) if len({hs[i].batch for hs in per_state}) > 1]
+            if not mixed:
+                return spec, [(k, q.state, hs[i]) for i, k in enumerate(keys)
+                              for q, hs in zip(queries, per_state, strict=True)]
+            floor = max(h.batch for hs in per_state for h in hs)
+        seen = sorted({hs[mixed[0]].batch for hs in per_state})
+        raise Unavailable(
+            f"the states of key {keys[mixed[0]][:200]!r} answered at batches {seen} in each of "
+            f"{STATE_ROUNDS} reads: the job commits faster than a read goes round; retry",
+            self.reads.retry_after_s, reason="behind")
 
     def top_query(self, job: str, operator: str, state: str, n: int | None = None,
                   descending: bool = True, start_ms: int | None = None,

@@ -15,7 +15,7 @@ import pytest
 
 from tests.clients.test_node_client import node  # noqa: F401 - a fixture
 from tests.helpers import json_documents
-from tests.shop import BATCHES, KEYS, MANY, SPEC, WINDOW, P, Shop, views, window
+from tests.shop import BATCHES, KEYS, MANY, SPEC, WINDOW, P, Shop, avg_ms, views, window
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = (ROOT / "docs" / "querying.md").read_text()
@@ -29,6 +29,7 @@ def _as_shop(code: str, shop: Shop, node_path: str) -> str:
                        ("127.0.0.1:50051", router.grpc_address),
                        ("node clients/node/query.mjs", f"{node_path} clients/node/query.mjs"),
                        ("per_tweet_1h", "views_1m"), ("impressions", "views"),
+                       ("clicks", "avg_ms"),
                        ("tw-none", "never-written"), ("now-6h", "0")]:
         code = code.replace(demo, ours)
     code = re.sub(r"\btw-1\b", KEYS[3], re.sub(r"\btw-2\b", KEYS[4], code))
@@ -60,7 +61,7 @@ LATEST = range(LAST, BATCHES)
 
 def _tour(out: str, top3: list[str]) -> None:
     """The curl tour's answers, each against what the shop wrote."""
-    jobs, job, one, many, both, board, series = json_documents(out)
+    jobs, job, one, many, both, states, board, series = json_documents(out)
     assert jobs == {"jobs": [{"name": SPEC.job, "operators": [SPEC.operator]}]}
     [op] = job["operators"]
     assert (job["name"], op["name"], op["key"], op["window"]["kind"], op["window"]["size_ms"],
@@ -74,7 +75,13 @@ def _tour(out: str, top3: list[str]) -> None:
     assert [(a["key"], a["found"], a["windows"]) for a in both["results"]] == [
         (KEYS[3], True, _windows(KEYS[3], LATEST)), (KEYS[4], True, _windows(KEYS[4], LATEST)),
         ("never-written", False, [])]
-    assert board["window"] == {"start": window(LAST)[0], "end": window(LAST)[1]}
+    last = {"start": window(LAST)[0], "end": window(LAST)[1]}
+    assert [(a["key"], a["state"], a["found"], a["batch"], a["windows"])
+            for a in states["results"]] == [
+        (KEYS[3], "views", True, LAST, _windows(KEYS[3], LATEST)),
+        (KEYS[3], "avg_ms", True, LAST, [{**last, "value": avg_ms(LAST)}]),
+        ("never-written", "views", False, LAST, []), ("never-written", "avg_ms", False, LAST, [])]
+    assert board["window"] == last
     assert [(e["key"], e["value"]) for e in board["entries"]] == [
         (k, views(k, LAST)) for k in top3]
     assert series == [{"time": window(b)[0], "value": views(KEYS[3], b)}
@@ -114,6 +121,7 @@ def test_every_block_runs_and_prints_what_it_says(i: int, shop: Shop, node: str)
         assert out.splitlines() == [
             f"{views(KEYS[3], LAST)} views as of batch {LAST}",  # renamed too
             f"{KEYS[3]} True", "never-written False",
+            str({"views": views(KEYS[3], LAST), "avg_ms": avg_ms(LAST)}),
             str([(k, views(k, LAST)) for k in top3]),
             f"{BATCHES} points",  # one a batch, from 0 (the page: now-6h)
             f"no data as of batch {LAST}"]

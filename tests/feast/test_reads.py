@@ -166,12 +166,12 @@ def test_update_refuses_more_than_one_join_key_and_keys_of_other_types() -> None
 # -- rounds ------------------------------------------------------------------------------
 
 
-def test_one_batch_read_per_state_asked_and_a_missing_key_is_none_none() -> None:
+def test_one_batch_read_of_an_operators_states_and_a_missing_key_is_none_none() -> None:
     store = {("impressions", "a"): [(HOUR, 3)], ("clicks", "a"): [(HOUR, 1)]}
     rows, seen = drive([view(keys=("a", "nope"))], lambda a: [
-        answer(a.state, k, 7, HOUR, store.get((a.state, k), [])) for k in a.keys])
-    assert [[(x.state, x.keys, x.start, x.min_batch) for x in r] for r in seen] == [[
-        ("impressions", ("a", "nope"), None, None), ("clicks", ("a", "nope"), None, None)]]
+        answer(s, k, 7, HOUR, store.get((s, k), [])) for k in a.keys for s in a.states])
+    assert [[(x.states, x.keys, x.start, x.min_batch) for x in r] for r in seen] == [[
+        (("impressions", "clicks"), ("a", "nope"), None, None)]]
     at = datetime(1970, 1, 1, 2, tzinfo=UTC)  # the window's end
     assert rows == [[(at, {"impressions": ValueProto(int64_val=3),
                            "clicks": ValueProto(int64_val=1)}), (None, None)]]
@@ -179,29 +179,31 @@ def test_one_batch_read_per_state_asked_and_a_missing_key_is_none_none() -> None
 
 def test_requested_features_limit_the_states_read_and_views_share_a_states_read() -> None:
     views = [view(features=("clicks",), keys=("a",)), view(features=("clicks",), keys=("b",))]
-    rows, seen = drive(views, lambda a: [answer(a.state, k, 1, 0, [(0, 5)]) for k in a.keys])
-    assert [(x.state, x.keys) for x in seen[0]] == [("clicks", ("a", "b"))]
+    rows, seen = drive(views, lambda a: [answer(s, k, 1, 0, [(0, 5)]) for k in a.keys
+                                         for s in a.states])
+    assert [(x.states, x.keys) for x in seen[0]] == [(("clicks",), ("a", "b"))]
     assert [list(r[0][1] or {}) for r in rows] == [["clicks"], ["clicks"]]
 
 
 def test_answers_of_two_batches_are_read_again_at_the_newest() -> None:
-    batch = {"impressions": 7, "clicks": 8}  # a commit landed between the two reads
+    batch = {"a": 7, "b": 8}  # two partitions, one a commit ahead of the other
 
     def store(a: Ask) -> list[StateAnswer]:
-        b = max(batch[a.state], a.min_batch or 0)
-        return [answer(a.state, k, b, 0, [(0, b)]) for k in a.keys]
+        return [answer(s, k, b, 0, [(0, b)]) for k in a.keys
+                for b in [max(batch[k], a.min_batch or 0)] for s in a.states]
 
-    rows, seen = drive([view(keys=("a",))], store)
-    assert [[x.min_batch for x in r] for r in seen] == [[None, None], [8, 8]]
-    assert rows[0][0][1] == {"impressions": ValueProto(int64_val=8),
-                             "clicks": ValueProto(int64_val=8)}
+    rows, seen = drive([view(keys=("a", "b"))], store)
+    assert [[x.min_batch for x in r] for r in seen] == [[None], [8]]
+    assert [r[1] for r in rows[0]] == [{"impressions": ValueProto(int64_val=8),
+                                        "clicks": ValueProto(int64_val=8)}] * 2
 
 
 def test_a_job_that_never_settles_is_unavailable_not_a_mixed_vector() -> None:
     tick = iter(range(100))
     with pytest.raises(Unavailable, match="could not read one batch of"):
-        drive([view(keys=("a",))], lambda a: [
-            answer(a.state, k, next(tick), 0, [(0, 1)]) for k in a.keys], max_rounds=3)
+        drive([view(keys=("a", "b"))], lambda a: [
+            answer(s, k, b, 0, [(0, 1)]) for k in a.keys for b in [next(tick)]
+            for s in a.states], max_rounds=3)
 
 
 def test_a_closed_window_is_read_where_the_answers_watermark_places_it() -> None:
@@ -210,12 +212,11 @@ def test_a_closed_window_is_read_where_the_answers_watermark_places_it() -> None
 
     def store(a: Ask) -> list[StateAnswer]:
         assert a.start is not None
-        return [answer(a.state, k, now_at["batch"], now_at["watermark"], [(a.start, 9)])
-                for k in a.keys]
+        return [answer(s, k, now_at["batch"], now_at["watermark"], [(a.start, 9)])
+                for k in a.keys for s in a.states]
 
     rows, seen = drive([view("closed", keys=("a",))], store, marks)
-    assert [[(x.start, x.min_batch) for x in r] for r in seen] == [
-        [(0, None), (0, None)], [(HOUR, 3), (HOUR, 3)]]
+    assert [[(x.start, x.min_batch) for x in r] for r in seen] == [[(0, None)], [(HOUR, 3)]]
     assert rows[0][0][0] == datetime(1970, 1, 1, 2, tzinfo=UTC)
     assert marks.seen[("tweets", "per_tweet_1h")] == (3, 2 * HOUR + 5)
     # the next call places it by what it saw: one round
@@ -227,7 +228,8 @@ def test_a_window_older_than_the_ttl_is_no_value_with_its_timestamp() -> None:
     end = NOW_MS - 2 * HOUR  # ended two hours before NOW
     rows, _ = drive([view(keys=("a",), ttl=timedelta(hours=1)),
                      view(keys=("a",), ttl=timedelta(hours=3))],
-                    lambda a: [answer(a.state, k, 1, 0, [(end - HOUR, 4)]) for k in a.keys])
+                    lambda a: [answer(s, k, 1, 0, [(end - HOUR, 4)]) for k in a.keys
+                               for s in a.states])
     at = datetime.fromtimestamp(end / 1000, UTC)
     assert rows[0] == [(at, None)]
     assert rows[1][0][0] == at and rows[1][0][1] is not None
@@ -235,7 +237,8 @@ def test_a_window_older_than_the_ttl_is_no_value_with_its_timestamp() -> None:
 
 def test_a_state_without_a_value_is_an_empty_value() -> None:
     rows, _ = drive([view(keys=("a",), features=("ctr",))],
-                    lambda a: [answer(a.state, k, 1, 0, [(0, None)]) for k in a.keys])
+                    lambda a: [answer(s, k, 1, 0, [(0, None)]) for k in a.keys
+                               for s in a.states])
     assert rows[0][0][1] == {"ctr": ValueProto()}
 
 
@@ -246,7 +249,8 @@ def test_operators_are_each_read_at_one_batch_of_their_own() -> None:
                      ("a",))
     batch = {"per_tweet_1h": 40, "per_tweet_1m": 3}
     rows, seen = drive([view(keys=("a",)), other], lambda a: [
-        answer(a.state, k, batch[a.operator], 0, [(0, batch[a.operator])]) for k in a.keys])
+        answer(s, k, batch[a.operator], 0, [(0, batch[a.operator])]) for k in a.keys
+        for s in a.states])
     assert len(seen) == 1
     assert [r[0][1] for r in rows] == [
         {"impressions": ValueProto(int64_val=40), "clicks": ValueProto(int64_val=40)},

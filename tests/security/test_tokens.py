@@ -87,6 +87,10 @@ MATRIX = [
     ("shop", "POST", "/v1/state/shop/views_1m/views:batchGet", 200),
     ("other_op", "POST", "/v1/state/shop/views_1m/views:batchGet", 403),
     ("nobody", "POST", "/v1/state/shop/views_1m/views:batchGet", 401),
+    # several states of one operator: its scope is the operator's
+    ("views", "POST", "/v1/state/shop/views_1m:batchGet", 200),
+    ("other_op", "POST", "/v1/state/shop/views_1m:batchGet", 403),
+    ("nobody", "POST", "/v1/state/shop/views_1m:batchGet", 401),
     ("views", "GET", "/v1/jobs/shop", 200),
     ("other", "GET", "/v1/jobs/shop", 403),
     ("other_op", "GET", "/v1/jobs/shop", 200),  # sees the job, lists only its operator
@@ -120,6 +124,8 @@ MATRIX = [
 def test_the_auth_matrix_over_http(guarded: Guarded, who: str, method: str, path: str,
                                    expected: int) -> None:
     body = {"keys": [KEY, KEYS[5]]} if method == "POST" else None
+    if path.endswith("views_1m:batchGet"):
+        body = {**(body or {}), "states": ["views"]}
     if path.startswith("/v1/watch/") and expected == 200:  # a stream: its first event
         with httpx.Client(timeout=10) as c, connect_sse(
                 c, method, guarded.router.url + path, headers=guarded.headers(who)) as es:

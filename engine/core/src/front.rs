@@ -39,6 +39,7 @@ use crate::upstream::Upstream;
 
 pub const STATE_ROUTE: &str = "/v1/state/{job}/{operator}/{state}/{key}";
 pub const BATCH_ROUTE: &str = "/v1/state/{job}/{operator}/{state}:batchGet";
+pub const STATES_BATCH_ROUTE: &str = "/v1/state/{job}/{operator}:batchGet";
 /// How the principal a request was let in with travels to Python (never from outside: the
 /// front removes it from every request it is sent).
 pub const PRINCIPAL_HEADER: &str = "x-qstate-principal";
@@ -514,6 +515,89 @@ async fn native_batch(
     Some((200, full(200, out)))
 }
 
+/// `{"keys": [str, ...], "states": [str, ...]}` and nothing else (`StatesBatchGetIn`);
+/// None for any other body (Python words its 400).
+fn states_batch_body(body: &[u8]) -> Option<(Vec<String>, Vec<String>)> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct In {
+        keys: Vec<String>,
+        states: Vec<String>,
+    }
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let obj = v.as_object()?;
+    if obj.len() != 2 || !obj.contains_key("keys") || !obj.contains_key("states") {
+        return None;
+    }
+    let parsed: In = serde_json::from_value(v).ok()?;
+    parsed.keys.iter().all(|k| !k.is_empty() && k.chars().count() <= 1024).then_some((parsed.keys, parsed.states))
+}
+
+/// Several states of one operator (`QueryService.multi_states`): every key in each state,
+/// key by key in the states' order, a key's states as of one batch. Python answers what
+/// this does not: a request `states_batch` refuses, and a key whose states a commit landed
+/// between (Python reads them again at the newest batch).
+async fn native_states_batch(
+    ctx: &Arc<Ctx>,
+    path: &str,
+    query: Option<&str>,
+    body: &[u8],
+    tally: &mut Tally,
+) -> Option<(u16, Response<Full<Bytes>>)> {
+    let rest = path.strip_prefix("/v1/state/")?;
+    let parts: Vec<&str> = rest.split('/').collect();
+    if parts.len() != 2 {
+        return None;
+    }
+    let operator = parts[1].strip_suffix(":batchGet")?;
+    let cfg = ctx.engine.settings.load();
+    let (keys, states) = states_batch_body(body)?;
+    let n = states.len();
+    if n == 0
+        || keys.len().saturating_mul(n) > cfg.max_batch_keys
+        || states.iter().enumerate().any(|(i, s)| states[..i].contains(s))
+    {
+        return None;
+    }
+    let p = params(query)?;
+    // the request's windows shared evenly between its states, as `states_batch` shares them
+    let shared = Settings { max_request_windows: cfg.max_request_windows / n, ..Settings::clone(&cfg) };
+    let reads = states
+        .iter()
+        .map(|s| check_read(&ctx.engine, &shared, parts[0], operator, s, keys.clone(), &p))
+        .collect::<Option<Vec<Read>>>()?;
+    let all: Vec<usize> = (0..keys.len()).collect();
+    let mut per_state = Vec::with_capacity(n);
+    for r in &reads {
+        let hits = match read_keys(ctx, r, &all, tally).await? {
+            Ok(h) => h,
+            Err(e) => return Some((e.status, answer_error(ctx, &e))),
+        };
+        let hits = match at_least(ctx, r, &cfg, hits, tally).await? {
+            Ok(h) => h,
+            Err(e) => return Some((e.status, answer_error(ctx, &e))),
+        };
+        per_state.push(hits);
+    }
+    if (0..keys.len()).any(|i| per_state.iter().any(|h| h[i].batch != per_state[0][i].batch)) {
+        return None;
+    }
+    let spec = &reads[0].entry.op.spec;
+    let mut out = Vec::with_capacity(64 + 200 * keys.len() * n);
+    out.extend_from_slice(b"{\"results\":[");
+    for (i, k) in keys.iter().enumerate() {
+        for (j, (r, hits)) in reads.iter().zip(&per_state).enumerate() {
+            if i + j > 0 {
+                out.push(b',');
+            }
+            let state = spec.states.get_index(r.state).expect("state").0;
+            push_answer(&mut out, &spec.job, &spec.operator, state, k, &hits[i]);
+        }
+    }
+    out.extend_from_slice(b"]}");
+    Some((200, full(200, out)))
+}
+
 /// `unquote(raw_path)` as uvicorn gives it to the app; None where that could differ (bytes
 /// beyond ASCII, an escape that is not UTF-8): such a request is Python's.
 fn decoded_path(raw: &str) -> Option<Cow<'_, str>> {
@@ -680,7 +764,11 @@ async fn handle(ctx: Arc<Ctx>, req: Request<Incoming>) -> Result<Answer, Infalli
                     && p.ends_with(":batchGet")
                     && read_as_fastapi(parts.headers.get(CONTENT_TYPE).map(HeaderValue::as_bytes), query) =>
             {
-                native_batch(&ctx, p, query, &data, &mut tally).await.map(|a| (BATCH_ROUTE, a))
+                if p.matches('/').count() == 4 {
+                    native_states_batch(&ctx, p, query, &data, &mut tally).await.map(|a| (STATES_BATCH_ROUTE, a))
+                } else {
+                    native_batch(&ctx, p, query, &data, &mut tally).await.map(|a| (BATCH_ROUTE, a))
+                }
             }
             _ => None,
         };
@@ -844,5 +932,18 @@ mod tests {
         assert_eq!(batch_keys(br#"{"keys": [1]}"#), None);
         assert_eq!(batch_keys(br#"{"keys": [""]}"#), None);
         assert_eq!(batch_keys(br#"["a"]"#), None);
+    }
+
+    #[test]
+    fn states_batch_bodies() {
+        let both = |k: &[&str], s: &[&str]| {
+            Some((k.iter().map(|x| x.to_string()).collect(), s.iter().map(|x| x.to_string()).collect()))
+        };
+        assert_eq!(states_batch_body(br#"{"keys": ["a"], "states": ["v", "w"]}"#), both(&["a"], &["v", "w"]));
+        assert_eq!(states_batch_body(br#"{"states": [], "keys": []}"#), both(&[], &[]));
+        assert_eq!(states_batch_body(br#"{"keys": ["a"]}"#), None);
+        assert_eq!(states_batch_body(br#"{"keys": ["a"], "states": "v"}"#), None);
+        assert_eq!(states_batch_body(br#"{"keys": ["a"], "states": ["v"], "x": 1}"#), None);
+        assert_eq!(states_batch_body(br#"{"keys": [""], "states": ["v"]}"#), None);
     }
 }

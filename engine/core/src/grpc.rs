@@ -109,7 +109,8 @@ pub fn get(engine: &Engine, raw: &[u8]) -> Option<Vec<u8>> {
 pub fn multi_get(engine: &Engine, raw: &[u8]) -> Option<Vec<u8>> {
     let req = MultiGetRequest::decode(raw).ok()?;
     let cfg = engine.settings.load();
-    if req.savepoint.is_some() || req.keys.len() > cfg.max_batch_keys {
+    // several states of one operator: Python's rounds keep a key's states at one batch
+    if req.savepoint.is_some() || req.keys.len() > cfg.max_batch_keys || !req.states.is_empty() {
         return None;
     }
     let limit = req.limit.map(i64::from);

@@ -133,6 +133,11 @@ pub fn is_open(path: &str, metrics_public: bool) -> bool {
 /// `target_of`: the job and operator a data path asks for.
 pub fn target_of(path: &str) -> Option<(&str, Option<&str>)> {
     let parts: Vec<&str> = path.splitn(6, '/').collect();
+    if parts.len() == 5 && parts[1] == "v1" && parts[2] == "state" {
+        if let Some(op) = parts[4].strip_suffix(":batchGet") {
+            return Some((parts[3], Some(op))); // several states of one operator
+        }
+    }
     if parts.len() >= 5 && parts[1] == "v1" && ["state", "series", "top", "watch"].contains(&parts[2]) {
         return Some((parts[3], Some(parts[4])));
     }
@@ -169,6 +174,8 @@ mod tests {
     fn targets() {
         assert_eq!(target_of("/v1/state/j/o/s/k"), Some(("j", Some("o"))));
         assert_eq!(target_of("/v1/top/j/o/s"), Some(("j", Some("o"))));
+        assert_eq!(target_of("/v1/state/j/o:batchGet"), Some(("j", Some("o"))));
+        assert_eq!(target_of("/v1/state/j/o/s:batchGet"), Some(("j", Some("o"))));
         assert_eq!(target_of("/v1/jobs/j"), Some(("j", None)));
         assert_eq!(target_of("/v1/jobs/j/position"), Some(("j", None)));
         assert_eq!(target_of("/v1/jobs/j/other"), None);

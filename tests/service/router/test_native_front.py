@@ -415,6 +415,48 @@ def batch_get(draw: st.DrawFn) -> Request:
                    draw(batch_body(usual)))
 
 
+STATES = st.sampled_from(["views", "avg_ms"])
+ODD_STATE_BODIES = [b'{"keys": ["page-1"]}', b'{"states": ["views"]}', b'{"keys": ["page-1"], '
+                    b'"states": []}', b'{"keys": ["page-1"], "states": "views"}',
+                    b'{"keys": ["page-1"], "states": ["views", "views"]}',
+                    b'{"keys": ["page-1"], "states": ["views"], "x": 1}',
+                    b'{"keys": [], "states": ["views"]}', b'{"keys": ["page-1"], "states": [1]}',
+                    b'{"states": ["avg_ms"], "keys": ["page-1"], "states": ["views"]}']
+
+
+@st.composite
+def states_body(draw: st.DrawFn, usual: int) -> bytes:
+    """``{"keys": ..., "states": ...}``: known or odd states (once, twice, none, unknown),
+    and as many answers as allowed (keys × states), one more, or over the body limit."""
+    if draw(st.integers(0, 99)) < usual:
+        keys = draw(st.lists(st.one_of(KEY, KEY, KEY, ODD_KEYS), max_size=6))
+        state = STATES if draw(st.integers(0, 99)) < usual else st.one_of(STATES, ODD_NAMES)
+        states = draw(st.lists(state, min_size=1, max_size=3))
+    else:
+        kind = draw(st.integers(0, 2))
+        if kind == 0:
+            return draw(st.sampled_from(ODD_STATE_BODIES))
+        n = draw(st.sampled_from([499, 500, 501, 1000]))
+        keys, states = MANY_KEYS[:n], draw(st.sampled_from([["views"], ["views", "avg_ms"]]))
+    return json.dumps({"keys": keys, "states": states},
+                      ensure_ascii=draw(st.booleans())).encode()
+
+
+@st.composite
+def states_batch_get(draw: st.DrawFn) -> Request:
+    """A read of several states of one operator: ``/v1/state/{job}/{operator}:batchGet``."""
+    usual = draw(st.sampled_from([97, 75]))
+    names = (either(draw, usual, st.just("shop"), ODD_NAMES),
+             either(draw, usual, st.just("views_1m"), ODD_NAMES))
+    safe = draw(SAFE)
+    target = b"/v1/state/" + b"/".join(segment(n, safe) for n in names) + b":batchGet"
+    ctype = either(draw, usual, st.just(b"application/json"), CONTENT_TYPES)
+    headers = draw(credentials(usual)) + ([] if ctype is None else [(b"content-type", ctype)])
+    method = either(draw, usual, st.just(b"POST"), st.one_of(METHODS, st.just(b"GET")))
+    return Request(method, with_query(target, draw(query(usual))), headers,
+                   draw(states_body(usual)))
+
+
 # a request the HTTP parser refuses before any route sees it: uvicorn (httptools) answers
 # this, hyper closes the connection without an answer (status 0 here). Found by the long
 # property (a 3 KiB percent-encoded key with a forged principal header); either way nothing
@@ -448,9 +490,15 @@ def test_batch_gets_answer_alike(pair: Pair, r: Request) -> None:
     event(f"{r.method.decode()} {compare(pair, r).status}")
 
 
+@settings(QUICK, max_examples=EXAMPLES)
+@given(r=states_batch_get())
+def test_states_batch_gets_answer_alike(pair: Pair, r: Request) -> None:
+    event(f"{r.method.decode()} {compare(pair, r).status}")
+
+
 @pytest.mark.long
 @settings(QUICK, max_examples=LONG)
-@given(r=st.one_of(point_get(), batch_get()))
+@given(r=st.one_of(point_get(), batch_get(), states_batch_get()))
 def test_reads_answer_alike_long(pair: Pair, r: Request) -> None:
     event(f"{r.method.decode()} {compare(pair, r).status}")
 
@@ -482,7 +530,8 @@ def test_both_count_the_same_series(pair: Pair) -> None:
     # no min_batch: how many times a read that waits for a batch polls is the timers' (an
     # asyncio timer may wake a little before its time and poll once more), not a rule
     @settings(QUICK, max_examples=60, database=None)
-    @given(r=st.one_of(point_get(), batch_get()).filter(lambda r: b"min_batch" not in r.target))
+    @given(r=st.one_of(point_get(), batch_get(), states_batch_get()).filter(
+        lambda r: b"min_batch" not in r.target))
     def send(r: Request) -> None:
         compare(pair, r)
 
@@ -496,6 +545,11 @@ def test_both_count_the_same_series(pair: Pair) -> None:
         target = b"/v1/state/shop/views_1m/views/" + segment(key, "")
         assert compare(pair, Request(b"GET", target, [(b"authorization", b"{admin}")])).status \
             == 404
+    # several states, each key's from one partition read of each
+    states = Request(b"POST", b"/v1/state/shop/views_1m:batchGet",
+                     [(b"authorization", b"{admin}"), (b"content-type", b"application/json")],
+                     json.dumps({"keys": KEYS[:3], "states": ["views", "avg_ms"]}).encode())
+    assert compare(pair, states).status == 200
     moved = {}
     for r in (pair.native, pair.python):
         after = counts(pair, r)
@@ -503,8 +557,10 @@ def test_both_count_the_same_series(pair: Pair) -> None:
                          if v != before[r.name].get(k, 0.0)}
     assert moved["front-native"] == moved["front-python"]
     # the native front's own answers are among them
-    assert moved["front-native"][("qstate_router_http_requests_total",
-                                  "/v1/state/{job}/{operator}/{state}/{key}", "GET", "200")] > 0
+    for route, method in (("/v1/state/{job}/{operator}/{state}/{key}", "GET"),
+                          ("/v1/state/{job}/{operator}:batchGet", "POST")):
+        assert moved["front-native"][("qstate_router_http_requests_total", route, method,
+                                      "200")] > 0
 
 
 # ---- the routes the front hands over --------------------------------------------------------

@@ -14,6 +14,7 @@ from tests.shop import KEYS, ROUTES, Shop
 
 STATE = "/v1/state/{job}/{operator}/{state}/{key}"
 BATCH = "/v1/state/{job}/{operator}/{state}:batchGet"
+STATES = "/v1/state/{job}/{operator}:batchGet"
 JOBS = "/v1/jobs"
 JOB = "/v1/jobs/{job}"
 CLUSTER = "/v1/cluster"
@@ -63,6 +64,11 @@ def test_every_answer_matches_its_documented_schema(shop: Shop, doc: dict[str, A
             check(doc, BATCH, "post", c.post(f"{state}:batchGet", json=body))
         check(doc, BATCH, "post", c.post(f"{state}:batchGet", content=b"{not json",
                                          headers={"content-type": "application/json"}))
+        for body in ({"keys": [KEYS[0], "nope"], "states": ["views", "avg_ms"]},
+                     {"keys": [KEYS[0]], "states": []}, {"keys": [KEYS[0]], "states": ["no"]},
+                     {"keys": [KEYS[0]]}):
+            check(doc, STATES, "post", c.post(f"{url}/v1/state/shop/views_1m:batchGet",
+                                              json=body))
         check(doc, JOBS, "get", c.get(f"{url}/v1/jobs"))
         check(doc, JOB, "get", c.get(f"{url}/v1/jobs/shop"))
         check(doc, JOB, "get", c.get(f"{url}/v1/jobs/nope"))
@@ -80,3 +86,7 @@ def test_503_matches_its_documented_schema_and_header(shop: Shop, doc: dict[str,
             b = httpx.post(f"{url}:batchGet", json={"keys": [key]}, timeout=10)
             assert b.status_code == 503
             check(doc, BATCH, "post", b)
+            several = httpx.post(f"{router.url}/v1/state/shop/views_1m:batchGet",
+                                 json={"keys": [key], "states": ["views", "avg_ms"]}, timeout=10)
+            assert several.status_code == 503
+            check(doc, STATES, "post", several)
