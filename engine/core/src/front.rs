@@ -33,6 +33,7 @@ use crate::local::{Hit, Miss};
 use crate::query::{self, Read};
 use crate::remote::{Ask, Failed};
 use crate::shardpb::KeyQuery;
+use crate::spec::OperatorSpec;
 use crate::timeparse::{parse_count, py_g, py_strip, time_range};
 use crate::tokens::{authorize, is_open};
 use crate::upstream::Upstream;
@@ -369,6 +370,21 @@ async fn at_least(
     )))
 }
 
+/// Every key of `r`, at or past its `min_batch` (`read_keys`, then `at_least`): the hits, or
+/// the error to answer; None: Python answers.
+async fn read_all(
+    ctx: &Arc<Ctx>,
+    r: &Read,
+    cfg: &Settings,
+    tally: &mut Tally,
+) -> Option<Result<Vec<Hit>, ErrorAnswer>> {
+    let all: Vec<usize> = (0..r.keys.len()).collect();
+    match read_keys(ctx, r, &all, tally).await? {
+        Ok(hits) => at_least(ctx, r, cfg, hits, tally).await,
+        Err(e) => Some(Err(e)),
+    }
+}
+
 async fn native_get(
     ctx: &Arc<Ctx>,
     path: &str,
@@ -383,11 +399,7 @@ async fn native_get(
     let cfg = ctx.engine.settings.load();
     let p = params(query)?;
     let r = check_read(&ctx.engine, &cfg, parts[0], parts[1], parts[2], vec![parts[3].to_string()], &p)?;
-    let hits = match read_keys(ctx, &r, &[0], tally).await? {
-        Ok(h) => h,
-        Err(e) => return Some((e.status, answer_error(ctx, &e))),
-    };
-    let hits = match at_least(ctx, &r, &cfg, hits, tally).await? {
+    let hits = match read_all(ctx, &r, &cfg, tally).await? {
         Ok(h) => h,
         Err(e) => return Some((e.status, answer_error(ctx, &e))),
     };
@@ -419,22 +431,45 @@ fn answer_error(ctx: &Arc<Ctx>, e: &ErrorAnswer) -> Response<Full<Bytes>> {
     error(e)
 }
 
-/// `{"keys": [str, ...]}` and nothing else (`BatchGetIn`, extra fields forbidden); None for
-/// any other body (Python words its 400).
+/// `body` as `T` when it is a JSON object of exactly `fields` (FastAPI's body models forbid
+/// others); None for any other body (Python words its 400).
+fn body_of<T: serde::de::DeserializeOwned>(body: &[u8], fields: &[&str]) -> Option<T> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let obj = v.as_object()?;
+    if obj.len() != fields.len() || !fields.iter().all(|f| obj.contains_key(*f)) {
+        return None;
+    }
+    serde_json::from_value(v).ok()
+}
+
+/// Every key 1 to 1024 characters: pydantic counts characters (max_length 1024), check_key
+/// counts bytes; both hold.
+fn keys_fit(keys: &[String]) -> bool {
+    keys.iter().all(|k| !k.is_empty() && k.chars().count() <= 1024)
+}
+
+/// `{"keys": [str, ...]}` and nothing else (`BatchGetIn`); None for any other body.
 fn batch_keys(body: &[u8]) -> Option<Vec<String>> {
     #[derive(serde::Deserialize)]
     #[serde(deny_unknown_fields)]
     struct In {
         keys: Vec<String>,
     }
-    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
-    let obj = v.as_object()?;
-    if obj.len() != 1 || !obj.contains_key("keys") {
-        return None;
+    let In { keys } = body_of(body, &["keys"])?;
+    keys_fit(&keys).then_some(keys)
+}
+
+/// `{"keys": [str, ...], "states": [str, ...]}` and nothing else (`StatesBatchGetIn`); None
+/// for any other body.
+fn states_batch_body(body: &[u8]) -> Option<(Vec<String>, Vec<String>)> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct In {
+        keys: Vec<String>,
+        states: Vec<String>,
     }
-    let parsed: In = serde_json::from_value(v).ok()?;
-    // pydantic counts characters (max_length 1024); check_key counts bytes: both hold
-    parsed.keys.iter().all(|k| !k.is_empty() && k.chars().count() <= 1024).then_some(parsed.keys)
+    let In { keys, states } = body_of(body, &["keys", "states"])?;
+    keys_fit(&keys).then_some((keys, states))
 }
 
 /// Whether FastAPI, which answers `:batchGet` in Python (the fast path serves only the point
@@ -472,65 +507,49 @@ fn read_as_fastapi(content_type: Option<&[u8]>, query: Option<&str>) -> bool {
     })
 }
 
-async fn native_batch(
-    ctx: &Arc<Ctx>,
-    path: &str,
-    query: Option<&str>,
-    body: &[u8],
-    tally: &mut Tally,
-) -> Option<(u16, Response<Full<Bytes>>)> {
-    let rest = path.strip_prefix("/v1/state/")?;
-    let parts: Vec<&str> = rest.split('/').collect();
-    if parts.len() != 3 {
-        return None;
-    }
-    let state = parts[2].strip_suffix(":batchGet")?;
-    let cfg = ctx.engine.settings.load();
-    let keys = batch_keys(body)?;
-    if keys.len() > cfg.max_batch_keys {
-        return None;
-    }
-    let p = params(query)?;
-    let r = check_read(&ctx.engine, &cfg, parts[0], parts[1], state, keys, &p)?;
-    let all: Vec<usize> = (0..r.keys.len()).collect();
-    let hits = match read_keys(ctx, &r, &all, tally).await? {
-        Ok(h) => h,
-        Err(e) => return Some((e.status, answer_error(ctx, &e))),
-    };
-    let hits = match at_least(ctx, &r, &cfg, hits, tally).await? {
-        Ok(h) => h,
-        Err(e) => return Some((e.status, answer_error(ctx, &e))),
-    };
-    let spec = &r.entry.op.spec;
-    let state = spec.states.get_index(r.state).expect("state").0;
-    let mut out = Vec::with_capacity(64 + 200 * hits.len());
+/// The names of a batch read's path, `/v1/state/{job}/{operator}/{state}:batchGet` (three)
+/// or `/v1/state/{job}/{operator}:batchGet` (several states: two); None for any other path.
+fn batch_names(path: &str) -> Option<Vec<&str>> {
+    let names: Vec<&str> = path.strip_prefix("/v1/state/")?.strip_suffix(":batchGet")?.split('/').collect();
+    matches!(names.len(), 2 | 3).then_some(names)
+}
+
+/// `{"results": [...]}` of `answers` (state, key, hit) in order, as `batch_answer_json`.
+fn results<'a>(spec: &OperatorSpec, answers: impl ExactSizeIterator<Item = (&'a str, &'a str, &'a Hit)>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64 + 200 * answers.len());
     out.extend_from_slice(b"{\"results\":[");
-    for (i, (k, h)) in r.keys.iter().zip(&hits).enumerate() {
+    for (i, (state, k, h)) in answers.enumerate() {
         if i > 0 {
             out.push(b',');
         }
         push_answer(&mut out, &spec.job, &spec.operator, state, k, h);
     }
     out.extend_from_slice(b"]}");
-    Some((200, full(200, out)))
+    out
 }
 
-/// `{"keys": [str, ...], "states": [str, ...]}` and nothing else (`StatesBatchGetIn`);
-/// None for any other body (Python words its 400).
-fn states_batch_body(body: &[u8]) -> Option<(Vec<String>, Vec<String>)> {
-    #[derive(serde::Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct In {
-        keys: Vec<String>,
-        states: Vec<String>,
-    }
-    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
-    let obj = v.as_object()?;
-    if obj.len() != 2 || !obj.contains_key("keys") || !obj.contains_key("states") {
+async fn native_batch(
+    ctx: &Arc<Ctx>,
+    (job, operator, state): (&str, &str, &str),
+    query: Option<&str>,
+    body: &[u8],
+    tally: &mut Tally,
+) -> Option<(u16, Response<Full<Bytes>>)> {
+    let cfg = ctx.engine.settings.load();
+    let keys = batch_keys(body)?;
+    if keys.len() > cfg.max_batch_keys {
         return None;
     }
-    let parsed: In = serde_json::from_value(v).ok()?;
-    parsed.keys.iter().all(|k| !k.is_empty() && k.chars().count() <= 1024).then_some((parsed.keys, parsed.states))
+    let p = params(query)?;
+    let r = check_read(&ctx.engine, &cfg, job, operator, state, keys, &p)?;
+    let hits = match read_all(ctx, &r, &cfg, tally).await? {
+        Ok(h) => h,
+        Err(e) => return Some((e.status, answer_error(ctx, &e))),
+    };
+    let spec = &r.entry.op.spec;
+    let state = spec.states.get_index(r.state).expect("state").0.as_str();
+    let answers = r.keys.iter().zip(&hits).map(|(k, h)| (state, k.as_str(), h));
+    Some((200, full(200, results(spec, answers))))
 }
 
 /// Several states of one operator (`QueryService.multi_states`): every key in each state,
@@ -539,17 +558,11 @@ fn states_batch_body(body: &[u8]) -> Option<(Vec<String>, Vec<String>)> {
 /// between (Python reads them again at the newest batch).
 async fn native_states_batch(
     ctx: &Arc<Ctx>,
-    path: &str,
+    (job, operator): (&str, &str),
     query: Option<&str>,
     body: &[u8],
     tally: &mut Tally,
 ) -> Option<(u16, Response<Full<Bytes>>)> {
-    let rest = path.strip_prefix("/v1/state/")?;
-    let parts: Vec<&str> = rest.split('/').collect();
-    if parts.len() != 2 {
-        return None;
-    }
-    let operator = parts[1].strip_suffix(":batchGet")?;
     let cfg = ctx.engine.settings.load();
     let (keys, states) = states_batch_body(body)?;
     let n = states.len();
@@ -564,38 +577,26 @@ async fn native_states_batch(
     let shared = Settings { max_request_windows: cfg.max_request_windows / n, ..Settings::clone(&cfg) };
     let reads = states
         .iter()
-        .map(|s| check_read(&ctx.engine, &shared, parts[0], operator, s, keys.clone(), &p))
+        .map(|s| check_read(&ctx.engine, &shared, job, operator, s, keys.clone(), &p))
         .collect::<Option<Vec<Read>>>()?;
-    let all: Vec<usize> = (0..keys.len()).collect();
     let mut per_state = Vec::with_capacity(n);
     for r in &reads {
-        let hits = match read_keys(ctx, r, &all, tally).await? {
-            Ok(h) => h,
+        match read_all(ctx, r, &cfg, tally).await? {
+            Ok(h) => per_state.push(h),
             Err(e) => return Some((e.status, answer_error(ctx, &e))),
-        };
-        let hits = match at_least(ctx, r, &cfg, hits, tally).await? {
-            Ok(h) => h,
-            Err(e) => return Some((e.status, answer_error(ctx, &e))),
-        };
-        per_state.push(hits);
+        }
     }
     if (0..keys.len()).any(|i| per_state.iter().any(|h| h[i].batch != per_state[0][i].batch)) {
         return None;
     }
     let spec = &reads[0].entry.op.spec;
-    let mut out = Vec::with_capacity(64 + 200 * keys.len() * n);
-    out.extend_from_slice(b"{\"results\":[");
-    for (i, k) in keys.iter().enumerate() {
-        for (j, (r, hits)) in reads.iter().zip(&per_state).enumerate() {
-            if i + j > 0 {
-                out.push(b',');
-            }
-            let state = spec.states.get_index(r.state).expect("state").0;
-            push_answer(&mut out, &spec.job, &spec.operator, state, k, &hits[i]);
-        }
-    }
-    out.extend_from_slice(b"]}");
-    Some((200, full(200, out)))
+    let named: Vec<&str> = reads.iter().map(|r| spec.states.get_index(r.state).expect("state").0.as_str()).collect();
+    // key by key, each key's states in the order asked
+    let answer = |a: usize| {
+        let (key, state) = (a / n, a % n);
+        (named[state], keys[key].as_str(), &per_state[state][key])
+    };
+    Some((200, full(200, results(spec, (0..keys.len() * n).map(answer)))))
 }
 
 /// `unquote(raw_path)` as uvicorn gives it to the app; None where that could differ (bytes
@@ -759,15 +760,18 @@ async fn handle(ctx: Arc<Ctx>, req: Request<Incoming>) -> Result<Answer, Infalli
             Method::GET if p.starts_with("/v1/state/") => {
                 native_get(&ctx, p, query, &mut tally).await.map(|a| (STATE_ROUTE, a))
             }
-            Method::POST
-                if p.starts_with("/v1/state/")
-                    && p.ends_with(":batchGet")
-                    && read_as_fastapi(parts.headers.get(CONTENT_TYPE).map(HeaderValue::as_bytes), query) =>
-            {
-                if p.matches('/').count() == 4 {
-                    native_states_batch(&ctx, p, query, &data, &mut tally).await.map(|a| (STATES_BATCH_ROUTE, a))
-                } else {
-                    native_batch(&ctx, p, query, &data, &mut tally).await.map(|a| (BATCH_ROUTE, a))
+            // a POST handed over reads its content type and query here too: microseconds
+            Method::POST if read_as_fastapi(parts.headers.get(CONTENT_TYPE).map(HeaderValue::as_bytes), query) => {
+                match batch_names(p).as_deref() {
+                    Some(&[job, operator, state]) => {
+                        native_batch(&ctx, (job, operator, state), query, &data, &mut tally)
+                            .await
+                            .map(|a| (BATCH_ROUTE, a))
+                    }
+                    Some(&[job, operator]) => native_states_batch(&ctx, (job, operator), query, &data, &mut tally)
+                        .await
+                        .map(|a| (STATES_BATCH_ROUTE, a)),
+                    _ => None,
                 }
             }
             _ => None,

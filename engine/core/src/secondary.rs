@@ -268,8 +268,6 @@ impl Drop for Partition {
 
 #[cfg(test)]
 mod tests {
-    use std::path::Path;
-
     use rocksdb::{WriteBatch, DB};
 
     use super::*;
@@ -291,19 +289,26 @@ mod tests {
         inst.db().get(key).expect("get")
     }
 
+    /// A shard's primary in `tmp` and the engine's partition over it.
+    fn primary_and_partition(tmp: &Path) -> (PathBuf, Arc<DB>, Partition) {
+        let primary = tmp.join("p");
+        let mut po = Options::default();
+        po.create_if_missing(true);
+        po.set_max_manifest_file_size(16 << 10); // a new MANIFEST often: opens stay quick
+        let db = Arc::new(DB::open(&po, &primary).expect("open"));
+        let mut so = Options::default();
+        so.set_max_open_files(-1);
+        let p = Partition::new(primary.clone(), tmp.join("s"), Arc::new(so));
+        (primary, db, p)
+    }
+
     /// A secondary caught up across a flush of the primary (a snapshot's checkpoint does
     /// one) reads the flushed values, not what it had replayed from the WAL before
     /// (facebook/rocksdb#14444: a caught-up memtable shadows them).
     #[test]
     fn a_catch_up_across_a_flush_reads_the_flushed_values() {
         let tmp = tempfile::tempdir().expect("tempdir");
-        let primary = tmp.path().join("p");
-        let mut po = Options::default();
-        po.create_if_missing(true);
-        let db = DB::open(&po, &primary).expect("open");
-        let mut so = Options::default();
-        so.set_max_open_files(-1);
-        let p = Partition::new(primary.clone(), tmp.path().join("s"), Arc::new(so));
+        let (primary, db, p) = primary_and_partition(tmp.path());
         commit(&db, &primary, 1, &[(b"k", b"v1")]);
         let (a, _) = p.follow().expect("first instance");
         assert_eq!(value(&a, b"k").as_deref(), Some(&b"v1"[..]));
@@ -327,15 +332,8 @@ mod tests {
     #[test]
     fn an_instance_read_during_flushes_holds_the_markers_batch() {
         let tmp = tempfile::tempdir().expect("tempdir");
-        let primary = tmp.path().join("p");
-        let mut po = Options::default();
-        po.create_if_missing(true);
-        po.set_max_manifest_file_size(16 << 10); // a new MANIFEST often: opens stay quick
-        let db = Arc::new(DB::open(&po, &primary).expect("open"));
+        let (primary, db, p) = primary_and_partition(tmp.path());
         commit(&db, &primary, 0, &[(b"k", b"0")]);
-        let mut so = Options::default();
-        so.set_max_open_files(-1);
-        let p = Partition::new(primary.clone(), tmp.path().join("s"), Arc::new(so));
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let writer = {
             let (db, primary, stop) = (db.clone(), primary.clone(), stop.clone());

@@ -8,6 +8,7 @@ driven with reads a test writes (``QueryService.multi_states``)."""
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
@@ -120,22 +121,32 @@ Reads = Callable[[StateQuery], int | Exception]  # a state's read -> the batch i
 def service(read: Reads, asked: list[tuple[str, int | None]]) -> QueryService:
     """A query core whose ``multi_lookup`` answers each key at the batch ``read`` gives."""
     q = QueryService(SimpleNamespace(), SimpleNamespace(caller=None, retry_after_s=1.5))  # type: ignore[arg-type]
+    ended: Counter[str] = Counter()  # reads of each state that ended
+    changed = asyncio.Condition()
 
     async def multi_lookup(sq: StateQuery, local: bool = True) -> Any:
         asked.append((sq.state, sq.min_batch))
-        await asyncio.sleep(0.01 if sq.state == "views" else 0)  # the first state ends last
-        got = read(sq)
-        if isinstance(got, Exception):
-            raise got
-        return SPEC, [(k, Hit(True, got, 0, [Row(0, 60_000, got)])) for k in sq.keys]
+        if sq.state == "views":  # the first state's read ends after the second's of its round
+            async with changed:
+                await changed.wait_for(lambda: ended["avg_ms"] > ended["views"])
+        try:
+            got = read(sq)
+            if isinstance(got, Exception):
+                raise got
+            return SPEC, [(k, Hit(True, got, 0, [Row(0, 60_000, got)])) for k in sq.keys]
+        finally:
+            async with changed:
+                ended[sq.state] += 1
+                changed.notify_all()
 
     q.multi_lookup = multi_lookup  # type: ignore[method-assign,assignment]
     return q
 
 
 def states_read(q: QueryService) -> Any:
-    return asyncio.run(q.multi_states(q.states_batch("shop", "views_1m", ["views", "avg_ms"],
-                                                     ["a", "b"])))
+    # the states are read side by side: one after the other, the first would wait forever
+    return asyncio.run(asyncio.wait_for(q.multi_states(q.states_batch(
+        "shop", "views_1m", ["views", "avg_ms"], ["a", "b"])), 10))
 
 
 def test_a_commit_between_two_states_reads_them_again_at_the_newest_batch() -> None:
