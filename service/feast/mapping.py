@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 from typing import Any
 
 from feast.feature_view import FeatureView
@@ -14,7 +15,7 @@ from feast.protos.feast.types.EntityKey_pb2 import EntityKey as EntityKeyProto
 from feast.protos.feast.types.Value_pb2 import Value as ValueProto
 from feast.value_type import ValueType
 
-from qstate.core.answer import JobInfo, OperatorInfo, Window
+from qstate.core.answer import JobInfo, OperatorInfo, WindowValue
 from qstate.core.errors import InvalidRequest
 from qstate.feast.config import ViewSource
 
@@ -54,13 +55,20 @@ def value_proto(value: int | float | None, kind: ValueType) -> ValueProto:
     return ValueProto(double_val=float(value))
 
 
-def event_time(window: Window | None, watermark: int) -> datetime:
+def event_time(window: WindowValue | None, watermark: int) -> datetime:
     """A row's event timestamp: its window's end. A window's value counts the events before its
     end; from then on nothing can be added to it, so its age (what a feature view's ``ttl``
     bounds) runs from there. The start would age a window by its whole size before it even
     closed: an hourly window with a one-hour ttl would be stale the moment it is final. A
     state without windows: the watermark its value is as of."""
-    ms = window.end if window is not None and window.end is not None else watermark
+    end = window["end"] if window is not None else None
+    return _utc(end if end is not None else watermark)
+
+
+@lru_cache(maxsize=4096)
+def _utc(ms: int) -> datetime:
+    # a call's keys share a few window ends: a datetime made once each (datetimes are
+    # immutable), not once a key
     return datetime.fromtimestamp(ms / 1000, UTC)
 
 

@@ -25,7 +25,7 @@ from datetime import datetime, timedelta
 from feast.protos.feast.types.Value_pb2 import Value as ValueProto
 from feast.value_type import ValueType
 
-from qstate.core.answer import OperatorInfo, StateAnswer
+from qstate.core.answer import OperatorInfo, StateValues
 from qstate.core.errors import Unavailable, UnknownOperator
 from qstate.feast.config import WindowChoice
 from qstate.feast.mapping import closed_start, event_time, is_stale, value_proto
@@ -110,28 +110,32 @@ def plan(views: Sequence[ViewRead], marks: Marks, placed: dict[tuple[str, str], 
 
 
 def rounds(views: Sequence[ViewRead], marks: Marks, max_rounds: int, now: datetime
-           ) -> Generator[list[Ask], list[list[StateAnswer]], list[list[Row]]]:
+           ) -> Generator[list[Ask], list[list[StateValues]], list[list[Row]]]:
     """Yields each round's reads, is sent their answers (one list per ask, one answer per key
-    and state, key by key), and returns each view's rows (one per key: Feast's online_read
-    answer)."""
+    and state, key by key, each key's states in the ask's order), and returns each view's rows
+    (one per key: Feast's online_read answer)."""
     placed: dict[tuple[str, str], int] = {}
     floor: dict[tuple[str, str], int] = {}
     batches: dict[tuple[str, str], set[int]] = {}
     for _ in range(max_rounds):
         asks = plan(views, marks, placed, floor)
         answers = yield asks
-        got: dict[tuple[str, str, str, int | None, str], StateAnswer] = {}
+        got: dict[tuple[str, str, int | None], tuple[Ask, list[StateValues]]] = {}
         newest: dict[tuple[str, str], tuple[int, int]] = {}  # operator -> (batch, watermark)
         batches = {}
         for a, said in zip(asks, answers, strict=True):
-            pairs = [(k, state) for k in a.keys for state in a.states]
-            for (k, state), ans in zip(pairs, said, strict=True):
-                got[(a.job, a.operator, state, a.start, k)] = ans
-                batches.setdefault((a.job, a.operator), set()).add(ans.batch)
-                if ans.batch >= newest.get((a.job, a.operator), (-2, 0))[0]:
-                    newest[(a.job, a.operator)] = (ans.batch, ans.watermark)
-        for (job, op), (batch, watermark) in newest.items():
-            marks.note(job, op, batch, watermark)
+            got[(a.job, a.operator, a.start)] = (a, said)
+            op = (a.job, a.operator)
+            seen = batches.setdefault(op, set())
+            top = newest.get(op, (-2, 0))
+            for ans in said:
+                seen.add(ans["batch"])
+                if ans["batch"] >= top[0]:
+                    top = (ans["batch"], ans["watermark"])
+            if said:
+                newest[op] = top
+        for (job, op_name), (batch, watermark) in newest.items():
+            marks.note(job, op_name, batch, watermark)
         # a closed window placed by another watermark than the newest answer's: read again
         moved = {op: s for op, start in placed.items() if op in newest
                  and (s := closed_start(newest[op][1], marks.operators[op])) != start}
@@ -146,21 +150,28 @@ def rounds(views: Sequence[ViewRead], marks: Marks, max_rounds: int, now: dateti
         "read goes round; retry, or raise max_rounds", reason="behind")
 
 
-def _rows(v: ViewRead, got: dict[tuple[str, str, str, int | None, str], StateAnswer],
+def _rows(v: ViewRead, got: dict[tuple[str, str, int | None], tuple[Ask, list[StateValues]]],
           placed: dict[tuple[str, str], int], now: datetime) -> list[Row]:
     start = placed.get((v.job, v.operator)) if v.window == "closed" else None
+    ask, said = got[(v.job, v.operator, start)]
+    # where each of the view's answers is in its ask's: key by key, states in the ask's order
+    width = len(ask.states)
+    column = {state: j for j, state in enumerate(ask.states)}
+    features = [(feature, column[state], kind) for feature, state, kind in v.features]
+    first = {key: i * width for i, key in enumerate(ask.keys)}
     out: list[Row] = []
     for key in v.keys:
+        row = first[key]
         # the states of one operator share a record: a key has a window in all or in none
-        found = [(feature, kind, a, a.latest) for feature, state, kind in v.features
-                 if (a := got[(v.job, v.operator, state, start, key)]).found and a.windows]
+        found = [(feature, kind, a) for feature, j, kind in features
+                 if (a := said[row + j])["found"] and a["windows"]]
         if not found:
             out.append((None, None))
             continue
-        at = event_time(found[0][3], found[0][2].watermark)
+        at = event_time(found[0][2]["windows"][-1], found[0][2]["watermark"])
         if is_stale(at, v.ttl, now):
             out.append((at, None))
             continue
-        out.append((at, {f: value_proto(w.value if w else None, kind)
-                         for f, kind, _, w in found}))
+        out.append((at, {f: value_proto(a["windows"][-1]["value"], kind)
+                         for f, kind, a in found}))
     return out

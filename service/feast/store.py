@@ -31,7 +31,7 @@ from feast.repo_config import FeastConfigBaseModel, RepoConfig
 from pydantic import Field, StrictStr
 
 from qstate.client import Client
-from qstate.core.answer import JobInfo, StateAnswer
+from qstate.core.answer import JobInfo, StateValues
 from qstate.core.config import settings
 from qstate.core.errors import InvalidRequest, QStateError, Unavailable
 from qstate.feast.config import ViewSource
@@ -117,17 +117,17 @@ def _calls(asks: list[Ask], cap: int) -> list[Call]:
             for chunk in _chunks(a.keys, max(1, cap // len(a.states)))]
 
 
-def _regroup(asks: list[Ask], calls: list[Call], got: list[list[StateAnswer]]
-             ) -> list[list[StateAnswer]]:
+def _regroup(asks: list[Ask], calls: list[Call], got: list[list[StateValues]]
+             ) -> list[list[StateValues]]:
     """The requests' answers (in the order of ``calls``) as one list per ask, keys in order."""
-    out: list[list[StateAnswer]] = [[] for _ in asks]
+    out: list[list[StateValues]] = [[] for _ in asks]
     for (i, _, _), answers in zip(calls, got, strict=True):
         out[i].extend(answers)
     return out
 
 
-def _drive(gen: Generator[list[Ask], list[list[StateAnswer]], list[list[Row]]],
-           fetch: Callable[[list[Ask]], list[list[StateAnswer]]]) -> list[list[Row]]:
+def _drive(gen: Generator[list[Ask], list[list[StateValues]], list[list[Row]]],
+           fetch: Callable[[list[Ask]], list[list[StateValues]]]) -> list[list[Row]]:
     asks = next(gen)
     while True:
         try:
@@ -177,11 +177,11 @@ class QStateOnlineStore(OnlineStore):
             for job in self._undescribed(views):
                 self._learn(client.describe(job))
 
-            def one(call: Call) -> list[StateAnswer]:
+            def one(call: Call) -> list[StateValues]:
                 _, a, chunk = call
                 return wire.multi_get_states(a.job, a.operator, a.states, chunk, **_range(a))
 
-            def fetch(asks: list[Ask]) -> list[list[StateAnswer]]:
+            def fetch(asks: list[Ask]) -> list[list[StateValues]]:
                 # a round's requests at once (one per operator and window, and per chunk):
                 # all but the first on the pool, the first here; answers in the order asked
                 calls = _calls(asks, cfg.cap())

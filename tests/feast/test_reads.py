@@ -15,7 +15,17 @@ from feast.protos.feast.types.EntityKey_pb2 import EntityKey as EntityKeyProto
 from feast.protos.feast.types.Value_pb2 import Value as ValueProto
 from feast.types import Float64, Int32, Int64, String
 
-from qstate.core.answer import JobInfo, OperatorInfo, StateAnswer, StateInfo, Window, WindowInfo
+from qstate.core.answer import (
+    BatchAnswer,
+    JobInfo,
+    OperatorInfo,
+    StateAnswer,
+    StateInfo,
+    StateValues,
+    Window,
+    WindowInfo,
+    batch_values,
+)
 from qstate.core.errors import InvalidRequest, Unavailable
 from qstate.feast.config import ViewSource
 from qstate.feast.mapping import closed_start, event_time, key_of, problems, value_proto
@@ -36,10 +46,13 @@ def op(name: str = "per_tweet_1h", kind: str = "tumbling", size: int = HOUR, sli
 
 
 def answer(state: str, key: str, batch: int, watermark: int,
-           windows: Sequence[tuple[int, int | float | None]]) -> StateAnswer:
-    return StateAnswer(job="tweets", operator="per_tweet_1h", state=state, key=key,
+           windows: Sequence[tuple[int, int | float | None]]) -> StateValues:
+    """What the router would answer, read as the store reads it (its JSON as StateValues)."""
+    said = StateAnswer(job="tweets", operator="per_tweet_1h", state=state, key=key,
                        found=bool(windows), batch=batch, watermark=watermark,
                        windows=[Window(start=s, end=s + HOUR, value=v) for s, v in windows])
+    [got] = batch_values(BatchAnswer(results=[said]).model_dump_json().encode())
+    return got
 
 
 def view(window: str = "latest", keys: tuple[str, ...] = ("a", "b"),
@@ -49,7 +62,7 @@ def view(window: str = "latest", keys: tuple[str, ...] = ("a", "b"),
                     tuple((f, f, ValueType.INT64) for f in features), keys, ttl)
 
 
-Store = Callable[[Ask], list[StateAnswer]]
+Store = Callable[[Ask], list[StateValues]]
 
 
 def drive(views: list[ViewRead], store: Store, marks: Marks | None = None, max_rounds: int = 4
@@ -90,9 +103,10 @@ def test_values_take_the_declared_type_and_no_value_is_an_empty_value() -> None:
 
 
 def test_the_event_timestamp_is_the_windows_end_or_the_watermark_without_one() -> None:
-    assert event_time(Window(start=0, end=HOUR, value=1), 5) == datetime(1970, 1, 1, 1, tzinfo=UTC)
-    assert event_time(Window(start=None, end=None, value=1), 7_000) == \
+    assert event_time({"end": HOUR, "value": 1}, 5) == datetime(1970, 1, 1, 1, tzinfo=UTC)
+    assert event_time({"end": None, "value": 1}, 7_000) == \
         datetime(1970, 1, 1, 0, 0, 7, tzinfo=UTC)
+    assert event_time(None, 7_000) == datetime(1970, 1, 1, 0, 0, 7, tzinfo=UTC)
 
 
 @pytest.mark.parametrize(("kind", "size", "slide", "watermark", "start"), [
@@ -188,7 +202,7 @@ def test_requested_features_limit_the_states_read_and_views_share_a_states_read(
 def test_answers_of_two_batches_are_read_again_at_the_newest() -> None:
     batch = {"a": 7, "b": 8}  # two partitions, one a commit ahead of the other
 
-    def store(a: Ask) -> list[StateAnswer]:
+    def store(a: Ask) -> list[StateValues]:
         return [answer(s, k, b, 0, [(0, b)]) for k in a.keys
                 for b in [max(batch[k], a.min_batch or 0)] for s in a.states]
 
@@ -210,7 +224,7 @@ def test_a_closed_window_is_read_where_the_answers_watermark_places_it() -> None
     marks = Marks(operators={("tweets", "per_tweet_1h"): op(watermark=HOUR + 5)})
     now_at = {"batch": 3, "watermark": 2 * HOUR + 5}  # the job moved on since described
 
-    def store(a: Ask) -> list[StateAnswer]:
+    def store(a: Ask) -> list[StateValues]:
         assert a.start is not None
         return [answer(s, k, now_at["batch"], now_at["watermark"], [(a.start, 9)])
                 for k in a.keys for s in a.states]

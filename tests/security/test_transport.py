@@ -21,7 +21,7 @@ from qstate.client import Client
 from qstate.control.coordinator import Coordinator
 from qstate.core.address import PartitionId, partition_of
 from qstate.core.config import Settings
-from qstate.core.errors import StartFailed
+from qstate.core.errors import StartFailed, Unavailable
 from qstate.core.records import delta as deltas
 from qstate.core.records.assignment import load_assignment
 from qstate.core.records.operator import OperatorSpec, WindowSpec, save_spec
@@ -30,6 +30,7 @@ from qstate.core.transport.security import check_exposure, is_loopback
 from qstate.core.transport.shard_client import ShardClients
 from qstate.embedded.procs import RouterProcess, ShardProcess, qstate_command
 from qstate.exit_codes import Exit
+from qstate.feast.wire import Wire
 from qstate.jobs.runtime.commit import Committer
 from qstate.proto import qstate_pb2 as qpb
 from qstate.proto import qstate_pb2_grpc as qpb_grpc
@@ -187,6 +188,20 @@ def test_a_client_that_does_not_trust_the_ca_or_speaks_plain_text_gets_nothing(
     )
     assert ok.returncode == 0, ok.stderr
     assert f'"value": {hits(KEYS[0], 1)}' in ok.stdout
+
+
+def test_the_feast_stores_reads_over_tls_trust_the_ca_and_only_it(vault: Vault) -> None:
+    """qstate.feast reads over connections of its own (qstate.feast.connections), not httpx:
+    https with the CA given, refused by name with the system's CAs only."""
+    wire = Wire(vault.url, 10.0, 0, vault.ca, None, None)
+    for _ in range(2):  # the second on the kept connection
+        got = wire.multi_get_states("vault", "hits_1m", ["hits"], KEYS)
+        assert [a["windows"][-1]["value"] for a in got] == [hits(k, 1) for k in KEYS]
+    wire.close()
+    with pytest.raises(Unavailable, match="CERTIFICATE_VERIFY_FAILED") as caught:
+        Wire(vault.url, 10.0, 0, "", None, None).multi_get_states(
+            "vault", "hits_1m", ["hits"], KEYS[:1])
+    assert caught.value.reason == "router-unreachable"
 
 
 def test_grpc_over_tls(vault: Vault) -> None:

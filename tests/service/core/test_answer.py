@@ -1,6 +1,7 @@
 from __future__ import annotations
 
-from typing import Any
+import json
+from typing import Any, get_type_hints
 
 import orjson
 import pytest
@@ -24,12 +25,15 @@ from qstate.core.answer import (
     ShardStatus,
     StateAnswer,
     StateInfo,
+    StateValues,
     TopAnswer,
     TopEntry,
     WatchEvent,
     Window,
     WindowInfo,
     WindowSpan,
+    WindowValue,
+    batch_values,
     error_responses,
 )
 from qstate.core.errors import InvalidAddress, NotFound, Unavailable, UnknownOperator
@@ -156,6 +160,45 @@ def test_json_round_trip(a: StateAnswer) -> None:
     # counts are exact integers: an int stays an int, however large
     for w0, w1 in zip(a.windows, back.windows, strict=True):
         assert type(w1.value) is type(w0.value)
+
+
+def test_state_values_are_fields_of_the_models() -> None:
+    """StateValues is a StateAnswer read through fewer fields, never a shape of its own."""
+    for lean, model in ((StateValues, StateAnswer), (WindowValue, Window)):
+        for name, hint in get_type_hints(lean).items():
+            want = model.model_fields[name].annotation
+            assert hint == (list[WindowValue] if want == list[Window] else want), (lean, name)
+
+
+@FAST
+@given(st.lists(answers, max_size=4))
+def test_batch_values_read_what_the_models_read(got: list[StateAnswer]) -> None:
+    body = BatchAnswer(results=got).model_dump_json().encode()
+    assert batch_values(body) == [
+        {"found": a.found, "batch": a.batch, "watermark": a.watermark,
+         "windows": [{"end": w.end, "value": w.value} for w in a.windows]} for a in got]
+    for lean, model in zip(batch_values(body), got, strict=True):  # exact counts stay ints
+        assert [type(w["value"]) for w in lean["windows"]] == \
+            [type(w.value) for w in model.windows]
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+        st.sampled_from(["start", "end", "value", "x"]), inner, max_size=4), max_leaves=8)
+
+
+@FAST
+@given(st.sampled_from(["found", "batch", "watermark", "windows"]), json_values)
+def test_batch_values_refuse_what_the_models_refuse(name: str, value: Any) -> None:
+    body = json.dumps({"results": [{**STATE_ANSWER, name: value}]}).encode()
+    try:
+        BatchAnswer.model_validate_json(body)
+    except ValidationError:
+        with pytest.raises(ValidationError):
+            batch_values(body)
+    else:
+        batch_values(body)
 
 
 def test_large_counts_survive_json_exactly() -> None:
