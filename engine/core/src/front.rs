@@ -552,6 +552,50 @@ async fn native_batch(
     Some((200, full(200, results(spec, answers))))
 }
 
+/// Every state of `reads` (one operator's, the same keys, range, limit and min_batch) with
+/// one read of each key's record for all of them (`Local::read_states`), when every key's
+/// partition is on this host and current and no answer is behind `min_batch`; None: read
+/// them state by state (`read_all`), which catches up, asks owners and waits. Per state,
+/// then per key.
+fn read_states_here(ctx: &Ctx, reads: &[Read], tally: &mut Tally) -> Option<Vec<Vec<Hit>>> {
+    let first = reads.first()?;
+    let spec = &first.entry.op.spec;
+    let states: Vec<usize> = reads.iter().map(|r| r.state).collect();
+    let mut groups: Vec<(u32, Vec<usize>)> = Vec::new();
+    for (i, key) in first.keys.iter().enumerate() {
+        let p = partition_of(key, spec.partitions);
+        match groups.iter_mut().find(|(q, _)| *q == p) {
+            Some((_, idx)) => idx.push(i),
+            None => groups.push((p, vec![i])),
+        }
+    }
+    let local = &ctx.engine.local;
+    let mut hits: Vec<Vec<Option<Hit>>> = vec![vec![None; first.keys.len()]; reads.len()];
+    for (p, idx) in groups {
+        let owner = first.entry.owners.get(p as usize)?.clone()?;
+        let pid = PartitionId { job: spec.job.clone(), operator: spec.operator.clone(), partition: p };
+        let part = local.lookup(&owner, &pid)?;
+        let inst = local.current(&owner, &pid, &part).ok()??;
+        let ks: Vec<&str> = idx.iter().map(|&i| first.keys[i].as_str()).collect();
+        let got =
+            local.read_states(&owner, &pid, &inst, &first.entry.op, &states, &ks, first.range, first.limit).ok()?;
+        for (per_state, found) in hits.iter_mut().zip(got) {
+            for (&i, h) in idx.iter().zip(found) {
+                per_state[i] = Some(h);
+            }
+        }
+    }
+    let per_state =
+        hits.into_iter().map(|hs| hs.into_iter().collect::<Option<Vec<Hit>>>()).collect::<Option<Vec<_>>>()?;
+    if let Some(want) = first.min_batch {
+        if per_state.iter().flatten().any(|h| h.batch < want) {
+            return None;
+        }
+    }
+    tally.local += (first.keys.len() * reads.len()) as u64;
+    Some(per_state)
+}
+
 /// Several states of one operator (`QueryService.multi_states`): every key in each state,
 /// key by key in the states' order, a key's states as of one batch. Python answers what
 /// this does not: a request `states_batch` refuses, and a key whose states a commit landed
@@ -579,13 +623,19 @@ async fn native_states_batch(
         .iter()
         .map(|s| check_read(&ctx.engine, &shared, job, operator, s, keys.clone(), &p))
         .collect::<Option<Vec<Read>>>()?;
-    let mut per_state = Vec::with_capacity(n);
-    for r in &reads {
-        match read_all(ctx, r, &cfg, tally).await? {
-            Ok(h) => per_state.push(h),
-            Err(e) => return Some((e.status, answer_error(ctx, &e))),
+    let per_state = match read_states_here(ctx, &reads, tally) {
+        Some(hits) => hits,
+        None => {
+            let mut per_state = Vec::with_capacity(n);
+            for r in &reads {
+                match read_all(ctx, r, &cfg, tally).await? {
+                    Ok(h) => per_state.push(h),
+                    Err(e) => return Some((e.status, answer_error(ctx, &e))),
+                }
+            }
+            per_state
         }
-    }
+    };
     if (0..keys.len()).any(|i| per_state.iter().any(|h| h[i].batch != per_state[0][i].batch)) {
         return None;
     }

@@ -15,7 +15,7 @@ use rocksdb::{BlockBasedOptions, Cache, Options};
 use crate::address::PartitionId;
 use crate::codec::Codec;
 use crate::marker::partition_dir;
-use crate::read::{page, read_many, ReadError, Reading, Window};
+use crate::read::{page, read_latest_states, read_many, ReadError, Reading, Window};
 use crate::secondary::{Follow, Instance, Partition};
 use crate::spec::OperatorSpec;
 
@@ -220,18 +220,66 @@ impl Local {
         limit: usize,
     ) -> Result<Vec<Hit>, Miss> {
         let r = Reading { spec: &op.spec, codec: &op.codec, state };
-        match read_many(inst.db(), &r, &inst.meta, keys, range, limit + 1) {
-            Ok(per_key) => Ok(per_key
+        let per_key = read_many(inst.db(), &r, &inst.meta, keys, range, limit + 1);
+        self.hits(owner, pid, inst, per_key.map(|k| vec![k]), limit).map(|mut s| s.remove(0))
+    }
+
+    /// `read` of several states of the same keys (per state, then per key): the latest
+    /// windows with one seek of each key's record for all of them (`read_latest_states`),
+    /// a range or a sliding window state by state.
+    #[allow(clippy::too_many_arguments)]
+    pub fn read_states(
+        &self,
+        owner: &str,
+        pid: &PartitionId,
+        inst: &Instance,
+        op: &Operator,
+        states: &[usize],
+        keys: &[&str],
+        range: Option<(i64, i64)>,
+        limit: usize,
+    ) -> Result<Vec<Vec<Hit>>, Miss> {
+        let per_state = if range.is_none() && !op.spec.panes() {
+            read_latest_states(inst.db(), &op.spec, &op.codec, states, keys)
+        } else {
+            states
+                .iter()
+                .map(|&state| {
+                    let r = Reading { spec: &op.spec, codec: &op.codec, state };
+                    read_many(inst.db(), &r, &inst.meta, keys, range, limit + 1)
+                })
+                .collect()
+        };
+        self.hits(owner, pid, inst, per_state, limit)
+    }
+
+    /// Windows read from `inst` (per state, then per key) as hits paged at `limit`; a
+    /// failed read closes the partition.
+    fn hits(
+        &self,
+        owner: &str,
+        pid: &PartitionId,
+        inst: &Instance,
+        read: Result<Vec<Vec<Vec<Window>>>, ReadError>,
+        limit: usize,
+    ) -> Result<Vec<Vec<Hit>>, Miss> {
+        match read {
+            Ok(per_state) => Ok(per_state
                 .into_iter()
-                .map(|ws| {
-                    let (windows, next_from) = page(ws, limit);
-                    Hit {
-                        found: !windows.is_empty(),
-                        batch: inst.meta.last_batch,
-                        watermark_ms: inst.meta.watermark_ms,
-                        windows,
-                        next_from,
-                    }
+                .map(|per_key| {
+                    per_key
+                        .into_iter()
+                        .map(|ws| {
+                            let (windows, next_from) = page(ws, limit);
+                            Hit {
+                                found: !windows.is_empty(),
+                                batch: inst.meta.last_batch,
+                                watermark_ms: inst.meta.watermark_ms,
+                                windows,
+                                next_from,
+                            }
+                        })
+                        .collect()
                 })
                 .collect()),
             Err(ReadError::Unsupported(why)) => Err(Miss::Unsupported(why)),

@@ -77,6 +77,30 @@ pub fn read_many(
     Ok(out)
 }
 
+/// Each key's latest window in each of `states` (per state, then per key), as `read_many`
+/// reads them state by state with no range from a spec without panes, but with one seek of
+/// each key: the states of one operator share a record (docs/architecture.md §2).
+pub fn read_latest_states(
+    db: &DB,
+    spec: &OperatorSpec,
+    codec: &Codec,
+    states: &[usize],
+    keys: &[&str],
+) -> Result<Vec<Vec<Vec<Window>>>, ReadError> {
+    let mut it = db.raw_iterator();
+    let mut last = Entry::default();
+    let mut out: Vec<Vec<Vec<Window>>> = states.iter().map(|_| Vec::with_capacity(keys.len())).collect();
+    for key in keys {
+        let found = last_entry(&mut it, &key_prefix(key), &mut last);
+        it.status()?;
+        for (windows, &state) in out.iter_mut().zip(states) {
+            let r = Reading { spec, codec, state };
+            windows.push(if found { vec![window(&r, &last.0, &last.1)?] } else { vec![] });
+        }
+    }
+    Ok(out)
+}
+
 fn window(r: &Reading<'_>, k: &[u8], v: &[u8]) -> Result<Window, ReadError> {
     let (end, value) = r.codec.answer_of(v, r.state)?;
     let start = start_of(k);

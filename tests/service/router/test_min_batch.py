@@ -33,8 +33,8 @@ def own(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shop]:
 def test_a_read_asked_before_its_batch_answers_once_the_batch_is_committed(own: Shop) -> None:
     """Each front end asks for a batch not committed yet; each is seen waiting (its router
     reads its keys again while it has no answer), then the batch is committed and each
-    answers as of it. Two rounds (two commits), one ask a router in each: the point GET and
-    gRPC Get, then batchGet and the Python client."""
+    answers as of it. Three rounds (three commits), one ask a router in each: the point GET
+    and gRPC Get, then batchGet and the Python client, then several states in one read."""
     local, remote = own.routers["local"], own.routers["grpc"]
     have = BATCHES - 1
     now = httpx.get(f"{local.url}{OP}/{KEY}", params={"min_batch": have}, timeout=10)
@@ -76,6 +76,22 @@ def test_a_read_asked_before_its_batch_answers_once_the_batch_is_committed(own: 
                for a in many)
     assert len(many) == 20 and client_batch >= b
 
+    # several states of one operator, which the local router reads off each key's record
+    # at once: still held to min_batch, then every state as of it
+    def states_get(want: int) -> list:
+        r = httpx.post(f"{local.url}/v1/state/shop/views_1m:batchGet", params={"min_batch": want},
+                       json={"keys": KEYS[:10], "states": ["views", "avg_ms"]}, timeout=60)
+        assert r.status_code == 200, r.text
+        return list(r.json()["results"])
+
+    b = BATCHES + 2
+    [both] = held_until_commit(own, b, [("local", 10, partial(states_get, b))])
+    assert [(a["key"], a["state"]) for a in both] == [
+        (k, s) for k in KEYS[:10] for s in ("views", "avg_ms")]
+    assert all(a["batch"] >= b for a in both)
+    assert [a["windows"][-1]["value"] for a in both if a["state"] == "views"] == [
+        views(k, b) for k in KEYS[:10]]
+
 
 def test_past_the_wait_a_503_names_the_batch_the_partition_has(own: Shop,
                                                                tmp_path: Path) -> None:
@@ -87,6 +103,11 @@ def test_past_the_wait_a_503_names_the_batch_the_partition_has(own: Shop,
             body = got.json()
             assert body["error"] == "Unavailable" and f"not yet at min_batch {far}" in \
                 body["message"] and body["batch"] < far
+        # several states of one operator in one read too
+        got = httpx.post(f"{r.url}/v1/state/shop/views_1m:batchGet", params={"min_batch": far},
+                         json={"keys": KEYS[:5], "states": ["views", "avg_ms"]}, timeout=10)
+        assert got.status_code == 503 and "Retry-After" in got.headers, got.text
+        assert f"not yet at min_batch {far}" in got.json()["message"]
         for bad in ("-1", "x", "1.5"):
             for path in (f"{OP}/{KEY}", f"/v1/series/shop/views_1m/views/{KEY}"):
                 refused = httpx.get(f"{r.url}{path}", params={"min_batch": bad}, timeout=10)
