@@ -206,6 +206,20 @@ impl Tally {
     }
 }
 
+/// The keys `which` of `r` (indices into its keys) by partition, partitions in the order
+/// their first key comes.
+fn by_partition(r: &Read, which: impl IntoIterator<Item = usize>) -> Vec<(u32, Vec<usize>)> {
+    let mut groups: Vec<(u32, Vec<usize>)> = Vec::new();
+    for i in which {
+        let p = partition_of(&r.keys[i], r.entry.op.spec.partitions);
+        match groups.iter_mut().find(|(q, _)| *q == p) {
+            Some((_, idx)) => idx.push(i),
+            None => groups.push((p, vec![i])),
+        }
+    }
+    groups
+}
+
 /// Each key's hit, in the keys' order: from its partition's files when it is on this host,
 /// else from its owner's shard server (coalesced, `remote`); None when any key is one only
 /// Python answers (no owner named, an owner that cannot answer, a value only Python words):
@@ -217,14 +231,7 @@ async fn read_keys(
     tally: &mut Tally,
 ) -> Option<Result<Vec<Hit>, ErrorAnswer>> {
     let spec = &r.entry.op.spec;
-    let mut groups: Vec<(u32, Vec<usize>)> = Vec::new();
-    for &i in keys {
-        let p = partition_of(&r.keys[i], spec.partitions);
-        match groups.iter_mut().find(|(q, _)| *q == p) {
-            Some((_, idx)) => idx.push(i),
-            None => groups.push((p, vec![i])),
-        }
-    }
+    let groups = by_partition(r, keys.iter().copied());
     let engine = &ctx.engine;
     let mut hits: Vec<Option<Hit>> = vec![None; r.keys.len()];
     // keys read elsewhere, by owner: one ask each, which the coalescer joins with others
@@ -561,17 +568,9 @@ fn read_states_here(ctx: &Ctx, reads: &[Read], tally: &mut Tally) -> Option<Vec<
     let first = reads.first()?;
     let spec = &first.entry.op.spec;
     let states: Vec<usize> = reads.iter().map(|r| r.state).collect();
-    let mut groups: Vec<(u32, Vec<usize>)> = Vec::new();
-    for (i, key) in first.keys.iter().enumerate() {
-        let p = partition_of(key, spec.partitions);
-        match groups.iter_mut().find(|(q, _)| *q == p) {
-            Some((_, idx)) => idx.push(i),
-            None => groups.push((p, vec![i])),
-        }
-    }
     let local = &ctx.engine.local;
     let mut hits: Vec<Vec<Option<Hit>>> = vec![vec![None; first.keys.len()]; reads.len()];
-    for (p, idx) in groups {
+    for (p, idx) in by_partition(first, 0..first.keys.len()) {
         let owner = first.entry.owners.get(p as usize)?.clone()?;
         let pid = PartitionId { job: spec.job.clone(), operator: spec.operator.clone(), partition: p };
         let part = local.lookup(&owner, &pid)?;
