@@ -6,6 +6,7 @@ partition has. HTTP (fast path, batchGet, series) and gRPC alike, on a shop of i
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from qstate.client import Client
 from qstate.proto import qstate_pb2 as qpb
 from qstate.proto import qstate_pb2_grpc as qpb_grpc
 from tests.helpers import metric, wait_until
-from tests.shop import BATCHES, KEYS, Shop, held_until_commit, own_shop, views, window
+from tests.shop import BATCHES, KEYS, Shop, held_until_commit, own_shop, shard_reads, views, window
 
 KEY = KEYS[3]
 OP = "/v1/state/shop/views_1m/views"
@@ -117,6 +118,29 @@ def test_past_the_wait_a_503_names_the_batch_the_partition_has(own: Shop,
                 job="shop", operator="views_1m", state="views", key=KEY, min_batch=far),
                 timeout=10)
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE  # type: ignore[attr-defined]
+
+
+def test_a_read_waiting_when_the_router_stops_is_answered_before_it_goes(
+        own: Shop, tmp_path: Path) -> None:
+    """SIGTERM while a read waits for its batch: the front takes no new connection, and the
+    read under way is answered (its 503 past the wait, shorter than the router's 2 s grace,
+    service/router/front.py) before the router exits, never cut off (docs/architecture.md §5,
+    the native front's threads)."""
+    with own.router_with(tmp_path / "logs", "stopping", QSTATE_MIN_BATCH_WAIT_S="1") as r:
+        before = sum(shard_reads(r.url).values())
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(httpx.get, f"{r.url}{OP}/{KEY}",
+                                  params={"min_batch": 10**9}, timeout=30)
+            wait_until(lambda: sum(shard_reads(r.url).values()) >= before + 2, 30,
+                       "the read asked again while it waits for its batch")
+            assert r.proc is not None
+            r.proc.terminate()
+            got = waiting.result(30)
+        assert got.status_code == 503, got.text
+        assert "not yet at min_batch" in got.json()["message"]
+        assert r.proc.wait(30) == 0
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"{r.url}{OP}/{KEY}", timeout=5)
 
 
 def test_the_router_catches_a_partition_read_lately_up_off_the_read_path(own: Shop) -> None:
