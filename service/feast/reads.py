@@ -158,10 +158,14 @@ def _rows(v: ViewRead, got: dict[tuple[str, str, int | None], tuple[Ask, list[St
     width = len(ask.states)
     column = {state: j for j, state in enumerate(ask.states)}
     features = [(feature, column[state], kind) for feature, state, kind in v.features]
-    first = {key: i * width for i, key in enumerate(ask.keys)}
+    rows: Sequence[int]
+    if ask.keys == v.keys:  # a view read alone asks its own keys in its order: the usual call
+        rows = range(0, width * len(v.keys), width)
+    else:
+        first = {key: i * width for i, key in enumerate(ask.keys)}
+        rows = [first[key] for key in v.keys]
     out: list[Row] = []
-    for key in v.keys:
-        row = first[key]
+    for row in rows:
         # the states of one operator share a record: a key has a window in all or in none
         found = [(feature, kind, a) for feature, j, kind in features
                  if (a := said[row + j])["found"] and a["windows"]]

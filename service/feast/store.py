@@ -173,6 +173,7 @@ class QStateOnlineStore(OnlineStore):
     def _read(self, config: RepoConfig, views: list[ViewRead]) -> list[list[Row]]:
         cfg = _cfg(config)
         client, wire, pool = self._sync(cfg)
+        cap = cfg.cap()
         try:
             for job in self._undescribed(views):
                 self._learn(client.describe(job))
@@ -182,9 +183,11 @@ class QStateOnlineStore(OnlineStore):
                 return wire.multi_get_states(a.job, a.operator, a.states, chunk, **_range(a))
 
             def fetch(asks: list[Ask]) -> list[list[StateValues]]:
+                if len(asks) == 1 and len(asks[0].keys) * len(asks[0].states) <= cap:
+                    return [one((0, asks[0], list(asks[0].keys)))]  # the usual round: one read
                 # a round's requests at once (one per operator and window, and per chunk):
                 # all but the first on the pool, the first here; answers in the order asked
-                calls = _calls(asks, cfg.cap())
+                calls = _calls(asks, cap)
                 later = [pool.submit(one, c) for c in calls[1:]]
                 got = [one(calls[0]), *(f.result() for f in later)] if calls else []
                 return _regroup(asks, calls, got)

@@ -11,13 +11,13 @@ not answer is ``Unavailable`` (``unreachable``).
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from urllib.parse import urlencode
 
 import httptools
 import httpx
+import orjson
 from pydantic import ValidationError
 
 from qstate.client import connection_args, operator_path, read_params, retry_in
@@ -71,7 +71,7 @@ class Wire:
         query = read_params(from_, to, min_batch)
         if query:
             target += "?" + urlencode(query)
-        data = json.dumps({"keys": list(keys), "states": list(states)}).encode()
+        data = orjson.dumps({"keys": list(keys), "states": list(states)})
         attempt = 0
         while True:
             try:
