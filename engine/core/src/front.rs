@@ -22,8 +22,8 @@ use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::header::{HeaderName, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch};
 
 use crate::address::{partition_of, PartitionId};
 use crate::engine::{Engine, Settings};
@@ -840,12 +840,12 @@ async fn handle(ctx: Arc<Ctx>, req: Request<Incoming>) -> Result<Answer, Infalli
 
 /// The running front: its threads, and how to stop them.
 ///
-/// Each thread runs a runtime of its own (tokio's current-thread flavour) that accepts on the
-/// shared listener and serves the connections it accepted, start to end. A request then wakes
-/// one thread, the one its connection lives on: under tokio's multi-thread runtime every
-/// wake-up from the socket also woke an idle worker to look for work to steal, 2.2 context
-/// switches and 78 µs of CPU a one-key read against 1.0 and 55 µs here
-/// (docs/architecture.md §5, the native front's threads).
+/// Each thread runs a runtime of its own (tokio's current-thread flavour) and serves the
+/// connections handed to it, start to end; the first thread also accepts, and hands each new
+/// connection to the thread with the fewest open. A request then wakes one thread, the one
+/// its connection lives on: under tokio's multi-thread runtime every wake-up from a socket
+/// also woke an idle worker to look for work to steal, 2.2 context switches and 78 µs of CPU
+/// a one-key read against 1.0 and 46 µs here (docs/architecture.md §5, the native front).
 pub struct Front {
     stop: watch::Sender<bool>,
     end: watch::Sender<bool>,
@@ -860,6 +860,12 @@ pub struct FrontConfig {
     pub threads: usize,
 }
 
+/// A front thread as the acceptor sees it: where its connections go, and how many it has.
+struct Lane {
+    conns: mpsc::UnboundedSender<std::net::TcpStream>,
+    open: Arc<AtomicUsize>,
+}
+
 impl Front {
     pub fn start(engine: Arc<Engine>, cfg: FrontConfig) -> io::Result<Front> {
         let tls = match &cfg.tls {
@@ -871,11 +877,23 @@ impl Front {
         // dropped on an error below: the threads started end with it
         let mut front = Front { stop: watch::channel(false).0, end: watch::channel(false).0, done, threads: vec![] };
         let inflight = Arc::new(AtomicUsize::new(0));
-        for _ in 0..cfg.threads.max(1) {
+        let n = cfg.threads.max(1);
+        let (mut lanes, mut inboxes) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        for _ in 0..n {
+            let (conns, inbox) = mpsc::unbounded_channel();
+            let open = Arc::new(AtomicUsize::new(0));
+            lanes.push(Lane { conns, open: open.clone() });
+            inboxes.push((inbox, open));
+        }
+        let mut acceptor = Some((cfg.listener, lanes));
+        for (inbox, open) in inboxes {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-            let listener = {
-                let _g = runtime.enter();
-                TcpListener::from_std(cfg.listener.try_clone()?)?
+            let accepting = match acceptor.take() {
+                Some((listener, lanes)) => {
+                    let _g = runtime.enter();
+                    Some((TcpListener::from_std(listener)?, lanes))
+                }
+                None => None,
             };
             // a thread's own connection to the app (hyper's pool spawns on the runtime asking)
             let ctx = Arc::new(Ctx {
@@ -887,8 +905,13 @@ impl Front {
                 (tls.clone(), front.stop.subscribe(), front.end.subscribe(), done_tx.clone());
             let thread = std::thread::Builder::new().name("qstate-front".into()).spawn(move || {
                 runtime.block_on(async {
+                    let accept = async {
+                        if let Some((listener, lanes)) = accepting {
+                            accept(listener, lanes, stopped.clone()).await;
+                        }
+                    };
                     tokio::select! {
-                        _ = serve(ctx, listener, tls, stopped) => {}
+                        _ = async { tokio::join!(accept, serve(ctx, inbox, open, tls, stopped.clone())) } => {}
                         _ = ended.wait_for(|e| *e) => {}
                     }
                 });
@@ -929,11 +952,39 @@ impl Drop for Front {
     }
 }
 
-/// One thread's accept loop: each connection served on this thread until it closes; on
-/// `stop`, no new connection, and the ones open finish what they are answering.
+/// The accept loop (on the first thread): each connection to the thread with the fewest open,
+/// so that keep-alive clients spread over the threads (accepting on every thread at once left
+/// one thread with all of wrk's 32 connections, the one awake when they came).
+async fn accept(listener: TcpListener, lanes: Vec<Lane>, mut stopped: watch::Receiver<bool>) {
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = stopped.wait_for(|s| *s) => break,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            // one connection gone before it was taken: the next
+            Err(e) if matches!(e.kind(), io::ErrorKind::ConnectionAborted | io::ErrorKind::ConnectionReset) => continue,
+            // out of file descriptors or memory: a pause, not a loop spinning on the error
+            Err(_) => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let Ok(stream) = stream.into_std() else { continue };
+        let lane = lanes.iter().min_by_key(|l| l.open.load(Ordering::Relaxed)).expect("a thread");
+        lane.open.fetch_add(1, Ordering::Relaxed);
+        let _ = lane.conns.send(stream);
+    }
+}
+
+/// One thread's connections, each served here until it closes; on `stop`, no new one, and
+/// the ones open finish what they are answering.
 async fn serve(
     ctx: Arc<Ctx>,
-    listener: TcpListener,
+    mut inbox: mpsc::UnboundedReceiver<std::net::TcpStream>,
+    open: Arc<AtomicUsize>,
     tls: Option<tokio_rustls::TlsAcceptor>,
     mut stopped: watch::Receiver<bool>,
 ) {
@@ -941,12 +992,14 @@ async fn serve(
     let mut http = hyper::server::conn::http1::Builder::new();
     http.keep_alive(true).pipeline_flush(true).timer(hyper_util::rt::TokioTimer::new());
     loop {
-        let accepted = tokio::select! {
-            a = listener.accept() => a,
+        let handed = tokio::select! {
+            s = inbox.recv() => s,
             _ = stopped.wait_for(|s| *s) => break,
         };
-        let Ok((stream, _)) = accepted else { continue };
-        let _ = stream.set_nodelay(true);
+        let Some(stream) = handed else { break };
+        // counted open until its task ends, however it ends
+        let opened = Opened(open.clone());
+        let Ok(stream) = TcpStream::from_std(stream) else { continue };
         let c = ctx.clone();
         let service = hyper::service::service_fn(move |req| handle(c.clone(), req));
         match &tls {
@@ -954,6 +1007,7 @@ async fn serve(
                 let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
                 tokio::spawn(async move {
                     let _ = conn.await;
+                    drop(opened);
                 });
             }
             Some(acceptor) => {
@@ -962,12 +1016,21 @@ async fn serve(
                     if let Ok(s) = acceptor.accept(stream).await {
                         let _ = w.watch(http.serve_connection(TokioIo::new(s), service)).await;
                     }
+                    drop(opened);
                 });
             }
         }
     }
-    drop(listener);
     graceful.shutdown().await;
+}
+
+/// One connection of a thread's count, given back when dropped.
+struct Opened(Arc<AtomicUsize>);
+
+impl Drop for Opened {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 #[cfg(test)]

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import TypeVar
 from urllib.parse import quote, quote_plus
 
@@ -650,3 +652,54 @@ def test_a_watch_streams_through_the_front_until_its_client_leaves(pair: Pair) -
     # both clients went away: each router's watch ended
     for r in (pair.native, pair.python):
         wait_until(partial(no_watchers, pair, r), 10, f"{r.name}'s watch closed")
+
+
+def _front_ticks(pid: int) -> dict[str, int]:
+    """CPU ticks (user + system) of each of the process's native front threads, by tid."""
+    ticks = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(FileNotFoundError):
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+            name, fields = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:]
+            if name == "qstate-front":
+                f = fields.split()
+                ticks[tid] = int(f[11]) + int(f[12])
+    return ticks
+
+
+def _one_answer(c: socket.socket) -> bytes:
+    """One answer off a kept connection: its head, then its Content-Length of body."""
+    got = b""
+    while b"\r\n\r\n" not in got:
+        got += c.recv(65536)
+    head, _, body = got.partition(b"\r\n\r\n")
+    length = next(int(line.partition(b":")[2]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length:"))
+    while len(body) < length:
+        body += c.recv(65536)
+    return head + b"\r\n\r\n" + body
+
+
+def test_kept_connections_spread_over_the_front_threads(pair: Pair) -> None:
+    """Each front thread serves the connections handed to it (docs/architecture.md §5, the
+    native front): eight kept-alive clients are spread over the threads, so each thread does
+    its share of their reads, not one thread all of them."""
+    r = pair.native
+    assert r.proc is not None
+    before = _front_ticks(r.proc.pid)
+    assert len(before) >= 2, f"the router runs {len(before)} front threads"
+    request = (b"GET /v1/state/shop/views_1m/views/" + KEYS[0].encode() + b" HTTP/1.1\r\nhost: "
+               + HOST + b"\r\n" + b"".join(k + b": " + v + b"\r\n" for k, v in
+                                           pair.bearer("admin")) + b"\r\n")
+    with contextlib.ExitStack() as stack:
+        conns = [stack.enter_context(socket.create_connection(("127.0.0.1", r.http_port),
+                                                               timeout=30)) for _ in range(8)]
+        for _ in range(1500):
+            for c in conns:
+                c.sendall(request)
+                got = _one_answer(c)
+                assert got.startswith(b"HTTP/1.1 200"), got[:200]
+    after = _front_ticks(r.proc.pid)
+    took = {tid: after[tid] - before.get(tid, 0) for tid in after}
+    total = sum(took.values())
+    assert total > 0 and all(t >= total / (3 * len(took)) for t in took.values()), took
