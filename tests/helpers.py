@@ -5,6 +5,7 @@ condition."""
 from __future__ import annotations
 
 import json
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -153,6 +154,26 @@ class Scrape:
             k = tuple(s.labels.get(key, "") for key in keys)
             out[k] = out.get(k, 0.0) + float(s.value)
         return out
+
+
+def http_message(sock: socket.socket) -> bytes | None:
+    """One whole HTTP/1.1 message (a request or an answer) read from ``sock``: its head and
+    Content-Length bytes of body; None when the peer closed before it ended."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        got = sock.recv(65536)
+        if not got:
+            return None
+        data += got
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length:"))
+    while len(body) < length:
+        got = sock.recv(65536)
+        if not got:
+            return None
+        body += got
+    return head + b"\r\n\r\n" + body
 
 
 def scrape(url: str) -> Scrape:

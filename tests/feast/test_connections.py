@@ -22,25 +22,9 @@ from hypothesis import strategies as st
 from qstate.core.errors import QStateError, Unavailable
 from qstate.feast.connections import RECV_BYTES, Closed, Connections
 from qstate.feast.wire import Wire
+from tests.helpers import http_message
 
 Conn = Callable[[socket.socket], None]  # what the server does with one accepted connection
-
-
-def request_of(sock: socket.socket) -> bytes | None:
-    """One whole request read from ``sock`` (its head and Content-Length bytes of body);
-    None when the client closed."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        got = sock.recv(65536)
-        if not got:
-            return None
-        data += got
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                  if line.lower().startswith(b"content-length:"))
-    while len(body) < length:
-        body += sock.recv(65536)
-    return head + b"\r\n\r\n" + body
 
 
 def http(status: int, body: bytes, *headers: str) -> bytes:
@@ -57,7 +41,7 @@ def results(n: int) -> bytes:
 def sends(data: bytes) -> Conn:
     """A connection that reads one request, answers ``data`` and closes."""
     def conn(sock: socket.socket) -> None:
-        request_of(sock)
+        http_message(sock)
         sock.sendall(data)
     return conn
 
@@ -65,7 +49,7 @@ def sends(data: bytes) -> Conn:
 def hangs(until: threading.Event) -> Conn:
     """A connection that reads one request and answers nothing (until the test ends)."""
     def conn(sock: socket.socket) -> None:
-        request_of(sock)
+        http_message(sock)
         until.wait(30)
     return conn
 
@@ -103,7 +87,7 @@ class Server:
         without ``close``, repeats the last)."""
         def conn(sock: socket.socket) -> None:
             i = 0
-            while (req := request_of(sock)) is not None:
+            while (req := http_message(sock)) is not None:
                 self.requests.append(req)
                 sock.sendall(answers[min(i, len(answers) - 1)])
                 i += 1

@@ -36,7 +36,7 @@ from hypothesis import strategies as st
 from qstate.core.answer import WatchEvent
 from qstate.core.transport.tokens import add_token
 from qstate.embedded.procs import RouterProcess
-from tests.helpers import Scrape, wait_until
+from tests.helpers import Scrape, http_message, wait_until
 from tests.shop import KEYS, MANY, Shop, own_shop
 from tests.watching import EVENT_S, OP, STATE, WATCHED, OwnJob, first_value
 
@@ -667,19 +667,6 @@ def _front_ticks(pid: int) -> dict[str, int]:
     return ticks
 
 
-def _one_answer(c: socket.socket) -> bytes:
-    """One answer off a kept connection: its head, then its Content-Length of body."""
-    got = b""
-    while b"\r\n\r\n" not in got:
-        got += c.recv(65536)
-    head, _, body = got.partition(b"\r\n\r\n")
-    length = next(int(line.partition(b":")[2]) for line in head.split(b"\r\n")
-                  if line.lower().startswith(b"content-length:"))
-    while len(body) < length:
-        body += c.recv(65536)
-    return head + b"\r\n\r\n" + body
-
-
 def test_kept_connections_spread_over_the_front_threads(pair: Pair) -> None:
     """Each front thread serves the connections handed to it (docs/architecture.md §5, the
     native front): eight kept-alive clients are spread over the threads, so each thread does
@@ -697,8 +684,8 @@ def test_kept_connections_spread_over_the_front_threads(pair: Pair) -> None:
         for _ in range(1500):
             for c in conns:
                 c.sendall(request)
-                got = _one_answer(c)
-                assert got.startswith(b"HTTP/1.1 200"), got[:200]
+                got = http_message(c)
+                assert got is not None and got.startswith(b"HTTP/1.1 200"), f"{got!r:.200}"
     after = _front_ticks(r.proc.pid)
     took = {tid: after[tid] - before.get(tid, 0) for tid in after}
     total = sum(took.values())
