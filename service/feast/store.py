@@ -183,11 +183,11 @@ class QStateOnlineStore(OnlineStore):
                 return wire.multi_get_states(a.job, a.operator, a.states, chunk, **_range(a))
 
             def fetch(asks: list[Ask]) -> list[list[StateValues]]:
-                if len(asks) == 1 and len(asks[0].keys) * len(asks[0].states) <= cap:
-                    return [one((0, asks[0], list(asks[0].keys)))]  # the usual round: one read
                 # a round's requests at once (one per operator and window, and per chunk):
                 # all but the first on the pool, the first here; answers in the order asked
                 calls = _calls(asks, cap)
+                if len(calls) == 1:  # the usual round: one ask, one chunk
+                    return [one(calls[0])]
                 later = [pool.submit(one, c) for c in calls[1:]]
                 got = [one(calls[0]), *(f.result() for f in later)] if calls else []
                 return _regroup(asks, calls, got)
