@@ -1,5 +1,7 @@
 """Addresses and partitioning, shared by the job, the shards and the router
-(docs/architecture.md §2).
+(docs/architecture.md §2). The router's read engine has the same rules
+(``engine/core/src/address.rs``): ``tests/vectors/address.json`` pins both to the same
+partitions, names, keys and messages.
 
 A piece of state is addressed ``/{job}/{operator}/{state}/{key}``. Names are
 ``[A-Za-z0-9_.-]{1,64}`` not starting with a dot or a dash (they name folders on storage:
@@ -11,6 +13,7 @@ everyone else here.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 
@@ -19,7 +22,7 @@ import xxhash
 from qstate.core.errors import InvalidAddress
 
 __all__ = ["MAX_KEY_BYTES", "NAME_PATTERN", "SEED", "PartitionId", "check_key", "check_name",
-           "partition_of"]
+           "partition_of", "quoted"]
 
 SEED = 42
 MAX_KEY_BYTES = 1024
@@ -35,10 +38,16 @@ def partition_of(key: str, partitions: int) -> int:
     return h % partitions  # Python's % is already non-negative for a positive modulus
 
 
+def quoted(value: str, n: int) -> str:
+    """``value`` shown in a message: its first ``n`` characters as a JSON string (the read
+    engine quotes the same way: ``tests/vectors/address.json``)."""
+    return json.dumps(value[:n], ensure_ascii=False)
+
+
 def check_name(kind: str, value: str) -> str:
     if not _NAME.fullmatch(value):
         raise InvalidAddress(
-            f"invalid {kind} {value[:80]!r}: use 1-64 characters from A-Z a-z 0-9 _ . - "
+            f"invalid {kind} {quoted(value, 80)}: use 1-64 characters from A-Z a-z 0-9 _ . - "
             "(not starting with . or -)"
         )
     return value

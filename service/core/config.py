@@ -285,7 +285,10 @@ class Settings(BaseSettings):
         "POINT@BATCH[:OPERATOR] makes `qstate shard`, `qstate job` or `qstate savepoint "
         "create` kill itself with SIGKILL at that step of that batch; POINT is "
         "shard.received, shard.after-write, shard.after-ack, driver.after-deltas, "
-        "driver.after-record, driver.after-commit or savepoint.after-pending. Empty: off.")
+        "driver.after-record, driver.after-commit or savepoint.after-pending. "
+        "router.read-panic@N[:OPERATOR] and router.accept-panic@N plant a panic in a "
+        "router's read engine instead (a read at batch N; the Nth connection): caught, "
+        "answered 500, counted. Empty: off.")
 
     @property
     def storage_uri(self) -> str:

@@ -33,6 +33,11 @@ class QStateError(Exception):
         return {"error": type(self).__name__, "message": self.message, **self.detail}
 
 
+class EngineFailed(QStateError):
+    """The router's read engine failed inside (a panic, caught): the request is answered 500
+    with this message, and the engine goes on answering others (docs/architecture.md §5)."""
+
+
 class InvalidRequest(QStateError):
     """A request (or argument) that cannot be answered as asked; the message says what to fix."""
 

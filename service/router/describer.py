@@ -17,13 +17,13 @@ import grpc
 
 from qstate.core.transport.shard_client import Held, held_partitions
 from qstate.proto import shard_pb2 as pb
-from qstate.router.coalesce import ShardCaller
+from qstate.router.shards import ShardStubs
 
 __all__ = ["Describer"]
 
 
 class Describer:
-    def __init__(self, caller: ShardCaller) -> None:
+    def __init__(self, caller: ShardStubs) -> None:
         self.caller = caller
         # address -> (monotonic time asked, what it said: None when it did not answer)
         self._said: dict[str, tuple[float, Held | None]] = {}

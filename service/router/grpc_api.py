@@ -1,4 +1,6 @@
-"""gRPC front end (grpc.aio) of the public API, proto/qstate.proto."""
+"""gRPC front end (grpc.aio) of the public API, proto/qstate.proto. ``Get`` and ``MultiGet``
+are the read core's (``qstate._engine``: the request's bytes and the caller's token in, the
+answer's bytes or its error out, docs/architecture.md §5); the other methods are Python's."""
 
 from __future__ import annotations
 
@@ -8,22 +10,21 @@ from typing import Any
 
 import grpc
 
-from qstate._engine import Engine
+from qstate._engine import Engine, answer, state_value
 from qstate.core.config import DEFAULTS
-from qstate.core.errors import InvalidRequest, QStateError, grpc_trailers
+from qstate.core.errors import QStateError, grpc_trailers
 from qstate.core.records.operator import OperatorSpec
 from qstate.core.transport.values import set_value
 from qstate.proto import qstate_pb2 as pb
 from qstate.proto import qstate_pb2_grpc as pb_grpc
 from qstate.router.auth import GrpcAuth
+from qstate.router.hits import Hit
 from qstate.router.metrics import GRPC_LATENCY as RPC_LATENCY
 from qstate.router.metrics import GRPC_REQUESTS as RPCS
 from qstate.router.metrics import count_error
-from qstate.router.query import QueryService, absent_key
-from qstate.router.reads import Hit
+from qstate.router.query import QueryService
 from qstate.router.top import TopResult
 from qstate.router.watch import Push, WatchClosed, WatchHub
-from qstate.router.wire import FAR
 
 __all__ = ["QueryableStateService", "serve_api"]
 
@@ -33,19 +34,11 @@ for _method in pb.DESCRIPTOR.services_by_name["QueryableState"].methods_by_name:
 
 
 def _value(spec: OperatorSpec, state: str, key: str, h: Hit) -> pb.StateValue:
-    """The answer to one key: what ``StateAnswer`` holds, as the proto message (made from the
-    read's rows, not from a model: MultiGet makes one per key)."""
-    out = pb.StateValue(job=spec.job, operator=spec.operator, state=state, key=key,
-                        found=h.found, batch=h.batch, watermark_ms=h.watermark_ms)
-    if h.next_from is not None:
-        out.next_from_ms = h.next_from
-    for w in h.windows:
-        pw = out.windows.add()
-        if w.start is not None:
-            pw.start_ms = w.start
-            pw.end_ms = w.end if w.end is not None else 0
-        set_value(pw, w.value)
-    return out
+    """One key's answer in a watch event: the message every read answers with
+    (``qstate._engine.state_value``)."""
+    return pb.StateValue.FromString(state_value(spec.job, spec.operator, state, key, h.found,
+                                                h.batch, h.watermark_ms, h.windows,
+                                                h.next_from))
 
 
 def _top(r: TopResult) -> pb.TopResponse:
@@ -66,17 +59,6 @@ def _event(p: Push) -> pb.WatchEvent:
     if p.top is not None:
         out.top.CopyFrom(_top(p.top))
     return out
-
-
-def _range(req: pb.GetRequest | pb.MultiGetRequest) -> tuple[int, int] | None:
-    has_from, has_to = req.HasField("from_ms"), req.HasField("to_ms")
-    if not has_from and not has_to:
-        return None
-    return (req.from_ms if has_from else -FAR, req.to_ms if has_to else FAR)
-
-
-def _limit(req: pb.GetRequest | pb.MultiGetRequest) -> int | None:
-    return req.limit if req.HasField("limit") else None
 
 
 def _min_batch(req: pb.GetRequest | pb.MultiGetRequest | pb.TopRequest) -> int | None:
@@ -102,50 +84,6 @@ class QueryableStateService(pb_grpc.QueryableStateServicer):
         self.query = query
         self.auth = auth or GrpcAuth(None)
         self.hub = hub or WatchHub.of(query, DEFAULTS)
-
-    async def Get(self, request: pb.GetRequest, context: grpc.aio.ServicerContext
-                  ) -> pb.StateValue:
-        t0 = time.perf_counter()
-        try:
-            self.auth.check(context, request.job, request.operator)
-            q = self.query.point(request.job, request.operator, request.state, request.key,
-                                 _range(request), _limit(request), _min_batch(request),
-                                 _savepoint(request))
-            spec, key, hit = await self.query.lookup(q)
-            if not hit.found:
-                raise absent_key(spec.job, spec.operator, q.state, key, hit.batch,
-                                 hit.watermark_ms)
-        except QStateError as exc:
-            await _fail(context, "Get", exc)
-        RPCS.labels("Get", "OK").inc()
-        RPC_LATENCY.labels("Get").observe(time.perf_counter() - t0)
-        return _value(spec, q.state, key, hit)
-
-    async def MultiGet(self, request: pb.MultiGetRequest, context: grpc.aio.ServicerContext
-                       ) -> pb.MultiGetResponse:
-        t0 = time.perf_counter()
-        try:
-            self.auth.check(context, request.job, request.operator)
-            if request.states:  # several states of one operator
-                if request.state:
-                    raise InvalidRequest("name the states in 'states', or one in 'state': "
-                                         "not both")
-                qs = self.query.states_batch(
-                    request.job, request.operator, list(request.states), request.keys,
-                    _range(request), _limit(request), _min_batch(request), _savepoint(request))
-                spec, several = await self.query.multi_states(qs)
-                results = [_value(spec, s, k, h) for k, s, h in several]
-            else:
-                q = self.query.batch(request.job, request.operator, request.state,
-                                     request.keys, _range(request), _limit(request),
-                                     _min_batch(request), _savepoint(request))
-                spec, hits = await self.query.multi_lookup(q)
-                results = [_value(spec, q.state, k, h) for k, h in hits]
-        except QStateError as exc:
-            await _fail(context, "MultiGet", exc)
-        RPCS.labels("MultiGet", "OK").inc()
-        RPC_LATENCY.labels("MultiGet").observe(time.perf_counter() - t0)
-        return pb.MultiGetResponse(results=results)
 
     async def Top(self, request: pb.TopRequest, context: grpc.aio.ServicerContext
                   ) -> pb.TopResponse:
@@ -235,20 +173,16 @@ class _Handlers:
         self.handlers = dict(handlers)
 
 
-def serve_api(service: QueryableStateService, server: grpc.aio.Server,
-              engine: Engine | None = None) -> None:
-    """The public API (``qstate.v1.QueryableState``) on ``server``. With ``engine``, ``Get``
-    and ``MultiGet`` of partitions on this host are answered with the bytes the engine encodes
-    from the request's (docs/architecture.md §5); every other request, and the engine's
-    misses, take the methods above."""
+def serve_api(service: QueryableStateService, server: grpc.aio.Server, engine: Engine) -> None:
+    """The public API (``qstate.v1.QueryableState``) on ``server``: ``Get`` and ``MultiGet``
+    answered by the read core with the bytes it encodes from the request's, the other methods
+    by ``service``."""
     rec = _Handlers()
     pb_grpc.add_QueryableStateServicer_to_server(service, rec)  # type: ignore[arg-type]
     handlers = rec.handlers
-    if engine is not None:
-        for method, parse, multi in (("Get", pb.GetRequest.FromString, False),
-                                     ("MultiGet", pb.MultiGetRequest.FromString, True)):
-            handlers[method] = grpc.unary_unary_rpc_method_handler(
-                _engine_first(service, engine, method, parse, multi))
+    for method in ("Get", "MultiGet"):
+        handlers[method] = grpc.unary_unary_rpc_method_handler(
+            _read_method(engine, service.auth, method))
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
     server.add_registered_method_handlers(SERVICE, handlers)
 
@@ -256,26 +190,22 @@ def serve_api(service: QueryableStateService, server: grpc.aio.Server,
 SERVICE = "qstate.v1.QueryableState"
 
 
-def _engine_first(service: QueryableStateService, engine: Engine, method: str,
-                  parse: Callable[[bytes], Any], multi: bool
-                  ) -> Callable[[bytes, grpc.aio.ServicerContext], Awaitable[bytes]]:
-    """A raw method (bytes in, bytes out): the engine's answer when it has one, else the
-    service's method, serialized here."""
-    fallback = getattr(service, method)
+def _read_method(engine: Engine, auth: GrpcAuth, method: str
+                 ) -> Callable[[bytes, grpc.aio.ServicerContext], Awaitable[bytes]]:
+    """A raw method (bytes in, bytes out) the read core answers, its token checked there too."""
     latency, ok = RPC_LATENCY.labels(method), RPCS.labels(method, "OK")
 
     async def handle(raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         t0 = time.perf_counter()
-        request = parse(raw)
-        try:
-            service.auth.check(context, request.job, request.operator)
-        except QStateError as exc:
-            await _fail(context, method, exc)
-        answer = engine.grpc_read(raw, multi)
-        if answer is None:
-            return (await fallback(request, context)).SerializeToString()  # type: ignore[no-any-return]
-        ok.inc()
-        latency.observe(time.perf_counter() - t0)
-        return answer
+        got = await answer(lambda loop, fut: engine.grpc(method, raw, auth.metadata(context),
+                                                         loop, fut))
+        if got[0] == "ok":
+            ok.inc()
+            latency.observe(time.perf_counter() - t0)
+            return got[1]  # type: ignore[return-value]
+        _, code, message, trailers = got  # type: ignore[misc]
+        RPCS.labels(method, code).inc()
+        await context.abort(grpc.StatusCode[code], message, tuple(trailers))
+        raise AssertionError("abort raises")
 
     return handle

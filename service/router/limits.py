@@ -1,4 +1,5 @@
-"""What one router takes at once, answered at once when exceeded: request bodies over
+"""What one router takes at once (the Python front's: the native front keeps the same budget
+itself), answered at once when exceeded: request bodies over
 ``max_body_bytes`` get 413, requests beyond ``max_concurrent_requests`` in flight get 429
 with Retry-After. Never a wait in a queue: a client told 429 backs off, a client left
 waiting times out and retries, which is more load.
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from qstate.core.errors import Overloaded, TooLarge
+from qstate._engine import Engine
 from qstate.router.wire import send_error
 
 __all__ = ["with_limits"]
@@ -24,13 +25,8 @@ _EXEMPT = frozenset({"/healthz", "/readyz", "/metrics"})
 WATCH_PREFIX = "/v1/watch/"
 
 
-def _too_large(max_body_bytes: int) -> TooLarge:
-    return TooLarge(f"request body over {max_body_bytes} bytes (QSTATE_MAX_BODY_BYTES); send "
-                    "fewer keys per request", limit_bytes=max_body_bytes)
-
-
-def with_limits(app: Any, max_body_bytes: int, max_concurrent: int,
-                retry_after_s: float = 1.0) -> Any:
+def with_limits(app: Any, engine: Engine, max_body_bytes: int, max_concurrent: int) -> Any:
+    """The Python front's budget, refused in the read engine's words (``Engine.refusal``)."""
     inflight = 0
 
     async def asgi(scope: dict, receive: Any, send: Any) -> None:
@@ -39,13 +35,10 @@ def with_limits(app: Any, max_body_bytes: int, max_concurrent: int,
                 scope["method"] == "GET" and scope["path"].startswith(WATCH_PREFIX)):
             return await app(scope, receive, send)
         if inflight >= max_concurrent:
-            return await send_error(send, Overloaded(
-                f"this router serves {max_concurrent} requests at once "
-                f"(QSTATE_MAX_CONCURRENT_REQUESTS); retry after {retry_after_s:g} s",
-                retry_after_s=retry_after_s))
+            return await send_error(send, engine.refusal("overloaded"))
         declared = next((v for k, v in scope["headers"] if k == b"content-length"), None)
         if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
-            return await send_error(send, _too_large(max_body_bytes))
+            return await send_error(send, engine.refusal("too-large"))
         inflight += 1
         try:
             if scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE") and declared is None:
@@ -58,7 +51,7 @@ def with_limits(app: Any, max_body_bytes: int, max_concurrent: int,
                 chunk = msg.get("body", b"")
                 size += len(chunk)
                 if size > max_body_bytes:
-                    return await send_error(send, _too_large(max_body_bytes))
+                    return await send_error(send, engine.refusal("too-large"))
                 chunks.append(chunk)
                 more = msg.get("more_body", False)
             replayed = False

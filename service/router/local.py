@@ -10,21 +10,19 @@ the WAL when it changed, or reopens it after a restore; an answer never mixes tw
 ready (the router's Describe poller) and only while the owner's process is alive; anything
 else goes over gRPC, which gives the right 503.
 
-This module is the seam's Python side for reads: which servers are co-located (from the
-routing table) and which of their partitions are ready (pushed to the engine), and each read
-as the query core's ``Hit``.
+This module is the seam's Python side for local reads: which servers are co-located (from the
+routing table) and which of their partitions are ready, pushed to the engine, whose read core
+reads them.
 """
 
 from __future__ import annotations
 
 import socket
-from collections.abc import Sequence
 from pathlib import Path
 
 from qstate._engine import Engine
 from qstate.core.address import PartitionId
 from qstate.core.records.assignment import ServerInfo
-from qstate.router.hits import Hit, Row
 
 __all__ = ["LocalReader"]
 
@@ -47,19 +45,6 @@ class LocalReader:
     def set_ready(self, address: str, partitions: set[PartitionId]) -> None:
         """The partitions ``address`` serves now (not restoring); the others close."""
         self.engine.set_ready(address, [(p.job, p.operator, p.partition) for p in partitions])
-
-    def read_many(self, address: str, pid: PartitionId, state: str, keys: Sequence[str],
-                  rng: tuple[int, int] | None, limit: int) -> list[Hit] | None:
-        """The hits of keys of one partition from the owner's files, as of one batch, a range
-        cut at ``limit`` windows a key; None: ask the owner over gRPC. The batch is the one
-        the partition's marker named when the read began, or a later one (docs/architecture.md
-        §5)."""
-        got = self.engine.read_local(address, pid.job, pid.operator, pid.partition, state,
-                                     list(keys), rng, limit)
-        if got is None:
-            return None
-        return [Hit(found, batch, watermark, [Row(*w) for w in windows], next_from)
-                for found, batch, watermark, windows, next_from in got]
 
     def close(self) -> None:
         self.engine.close()

@@ -16,24 +16,23 @@ import grpc
 import uvicorn
 
 from qstate.core.config import Settings
+from qstate.core.process import faults
 from qstate.core.records.storage import Storage
 from qstate.core.transport import security
 from qstate.core.transport.grpc_health import Health
 from qstate.core.transport.tokens import WatchedTokens
 from qstate.proto import qstate_pb2 as qpb
 from qstate.router.auth import GrpcAuth, with_auth
-from qstate.router.coalesce import ShardCaller
 from qstate.router.describer import Describer
 from qstate.router.engine import ENGINE_THREADS, EngineLink
-from qstate.router.fastpath import with_fast_get
 from qstate.router.front import NativeFront
 from qstate.router.grpc_api import QueryableStateService, serve_api
 from qstate.router.http import create_app
 from qstate.router.limits import with_limits
 from qstate.router.local import LocalReader
 from qstate.router.query import QueryService
-from qstate.router.reads import PartitionReads
 from qstate.router.routing import RoutingTable
+from qstate.router.shards import ShardStubs
 from qstate.router.watch import WatchHub
 
 __all__ = ["RouterOptions", "run", "serve"]
@@ -78,21 +77,23 @@ async def serve(o: RouterOptions, scratch: Path | None = None) -> None:
     cfg = o.settings
     host = o.host
     security.check_exposure(host, cfg, "the router", tokens=True)
+    faults.parse(cfg.fault)  # a typo fails here, not when the fault point is reached
     book = WatchedTokens(cfg.tokens_file) if cfg.tokens_file else None
     routing = RoutingTable(Storage(o.storage_uri), cfg.routing_refresh_s,
                            cfg.routing_min_interval_s)
     routing.disclose_jobs = book is None
-    # the read engine: every partition this router reads on its host, and the native front
+    # the read engine: the read core every front calls, the partitions it reads on this host,
+    # and the native front
     link = EngineLink(scratch or Path(tempfile.mkdtemp(prefix="qstate-router-")), cfg)
     engine = link.engine
-    routing.on_change = lambda: link.push_table(routing)
     await routing.start()
-    caller = ShardCaller(timeout_s=cfg.shard_timeout_s, cfg=cfg,
-                         max_queue=cfg.max_shard_queue, retry_after_s=cfg.retry_after_s)
+    link.follow(routing)
+    if book is not None:
+        engine.set_tokens(book.book().entries())  # before the ports open
+    stubs = ShardStubs(timeout_s=cfg.shard_timeout_s, cfg=cfg)
     local = LocalReader(engine)
-    reads = PartitionReads(routing, caller, cfg.retry_after_s, local if o.local_reads else None)
-    query = QueryService(routing, reads, cfg.max_batch_keys, cfg.max_windows,
-                         cfg.max_request_windows, cfg.min_batch_wait_s, cfg.max_top_n)
+    query = QueryService(routing, stubs, engine, cfg.max_batch_keys, cfg.max_windows,
+                         cfg.min_batch_wait_s, cfg.max_top_n, cfg.retry_after_s)
     hub = WatchHub.of(query, cfg)
     watch = asyncio.create_task(_watch_local_shards(routing, query.describer, local,
                                                     cfg.local_ready_poll_s)) \
@@ -104,8 +105,7 @@ async def serve(o: RouterOptions, scratch: Path | None = None) -> None:
         options=[*SERVER_OPTIONS, ("grpc.max_receive_message_length", cfg.max_body_bytes),
                  reuse],
         maximum_concurrent_rpcs=cfg.max_concurrent_requests)
-    serve_api(QueryableStateService(query, GrpcAuth(book), hub), grpc_server,
-              engine if cfg.native_front else None)
+    serve_api(QueryableStateService(query, GrpcAuth(engine), hub), grpc_server, engine)
 
     def ready() -> bool:  # an assignment to route by: /readyz and gRPC health alike
         return bool(routing.specs) and (not cfg.native_front or engine.ready())
@@ -115,7 +115,8 @@ async def serve(o: RouterOptions, scratch: Path | None = None) -> None:
     await grpc_server.start()
     following = asyncio.create_task(health.follow(ready))
 
-    app = with_fast_get(create_app(query, ready=ready, hub=hub), query)
+    app = link.counted(create_app(query, engine, ready=ready, hub=hub))
+    counting = asyncio.create_task(link.sync_counts())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     front: NativeFront | None = None
@@ -123,8 +124,8 @@ async def serve(o: RouterOptions, scratch: Path | None = None) -> None:
     if cfg.native_front:
         # the engine holds the port, the tokens and the request budget for both paths; the
         # app behind it takes the principal the front let a request in with
-        front = NativeFront(engine, with_auth(app, book, cfg.metrics_public, forwarded=True),
-                            cfg, ENGINE_THREADS)
+        front = NativeFront(engine, with_auth(app, engine, forwarded=True), cfg,
+                            ENGINE_THREADS)
         if book is not None:
             tokens = asyncio.create_task(link.push_tokens(book))
         await front.start(host, o.http_port, o.http_fd)
@@ -133,8 +134,8 @@ async def serve(o: RouterOptions, scratch: Path | None = None) -> None:
     else:
         # auth outermost: a request without a valid token is refused before it may hold one
         # of the limited slots (a client could otherwise fill them with bodies it never sends)
-        app = with_auth(with_limits(app, cfg.max_body_bytes, cfg.max_concurrent_requests,
-                                    cfg.retry_after_s), book, cfg.metrics_public)
+        app = with_auth(with_limits(app, engine, cfg.max_body_bytes,
+                                    cfg.max_concurrent_requests), engine)
         config = uvicorn.Config(app, host=host, port=o.http_port, log_level="warning",
                                 access_log=False, http="httptools", lifespan="off",
                                 timeout_graceful_shutdown=2,
@@ -166,10 +167,12 @@ async def serve(o: RouterOptions, scratch: Path | None = None) -> None:
     if tokens is not None:
         tokens.cancel()
     await grpc_server.stop(grace=1)
+    counting.cancel()
+    link.take_counts()  # the last ones
     if watch is not None:
         watch.cancel()
     await routing.stop()
-    await caller.close()
+    await stubs.close()
     local.close()
 
 

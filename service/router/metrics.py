@@ -16,6 +16,7 @@ from prometheus_client import (
     multiprocess,
 )
 
+from qstate._engine import LATENCY_BUCKETS
 from qstate.core.errors import (
     Forbidden,
     Overloaded,
@@ -25,13 +26,15 @@ from qstate.core.errors import (
     Unavailable,
 )
 
-__all__ = ["BOARD_ANSWERS", "CATCHUPS", "FOLLOWER_READS", "GRPC_LATENCY", "GRPC_REQUESTS",
+__all__ = ["BOARD_ANSWERS", "CATCHUPS", "ENGINE_PANICS", "FOLLOWER_READS", "FRONT_REQUESTS",
+           "GRPC_LATENCY", "GRPC_REQUESTS",
            "HTTP_LATENCY", "HTTP_REQUESTS",
            "LOCAL_READS", "METHODS", "REFUSED", "REMOTE_READS", "SHARD_READS", "UNAVAILABLE",
            "UNAVAILABLE_REASONS", "WATCHERS", "WATCH_COALESCED", "WATCH_DELAY", "WATCH_EVENTS",
            "WATCH_FAILURES", "count_error", "exposition", "http_method"]
 
-_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
+# the engine's bounds, so its histograms join these bucket by bucket (add_engine_counts)
+_BUCKETS = tuple(LATENCY_BUCKETS)
 # the method label takes these, anything else is "other": a client cannot make new series
 METHODS = frozenset({"GET", "POST", "HEAD", "OPTIONS", "PUT", "PATCH", "DELETE"})
 
@@ -67,6 +70,19 @@ UNAVAILABLE = Counter("qstate_router_unavailable_total",
                       "(a min_batch read whose partition did not reach it in "
                       "QSTATE_MIN_BATCH_WAIT_S)",
                       ["reason"])
+
+FRONT_REQUESTS = Counter(
+    "qstate_router_front_requests_total",
+    "Requests of the native front by route template (other: not a read) and who answered: "
+    "engine (the read core, on the front's threads) or app (handed to the Python app behind "
+    "it)", ["route", "answered_by"])
+ENGINE_PANICS = Counter(
+    "qstate_router_engine_panics_total",
+    "Panics the read engine caught, by where: front (a request, answered 500), accept (a "
+    "connection being handed out, lost), call (a call from Python, raised as EngineFailed), "
+    "follower (a pass of the follower); each one a bug to report", ["at"])
+for _at in ("front", "accept", "call", "follower"):
+    ENGINE_PANICS.labels(_at)
 
 REFUSED = Counter("qstate_router_refused_total",
                   "Requests refused before any lookup, HTTP and gRPC, by reason: "
@@ -166,6 +182,10 @@ def add_engine_counts(taken: dict[str, Any]) -> None:
         UNAVAILABLE.labels(reason).inc(n)
     for reason, n in taken["refused"]:
         REFUSED.labels(reason).inc(n)
+    for route, by, n in taken["front"]:
+        FRONT_REQUESTS.labels(route, by).inc(n)
+    for at, n in taken["panics"]:
+        ENGINE_PANICS.labels(at).inc(n)
 
 
 def _add_histogram(child: Any, buckets: list[int], total: float) -> None:

@@ -1,7 +1,6 @@
-"""One read of one state as every front end asks it: ``StateQuery``, built and checked once
-from what a request says (``StateQuery.of``), then carried unchanged to the partitions. What
-the next reads need (a ``min_batch`` bound, a savepoint name) is added here, in one place
-(docs/architecture.md §5)."""
+"""The requests the router's Python answers, checked once from what a request says: a top-N
+(``TopQuery``) and a watch (``WatchQuery``). A read of keys is the read core's (its ``Ask``,
+``engine/core/src/read/ask.rs``); these checks word ``min_batch`` and a savepoint as it does."""
 
 from __future__ import annotations
 
@@ -11,23 +10,7 @@ from dataclasses import dataclass
 from qstate.core.address import check_key, check_name
 from qstate.core.errors import InvalidRequest
 
-__all__ = ["StateQuery", "TopQuery", "WatchQuery", "check_limit", "check_min_batch",
-           "check_range", "check_savepoint"]
-
-
-def check_range(rng: tuple[int, int] | None) -> None:
-    if rng is not None and rng[1] <= rng[0]:
-        raise InvalidRequest(f"empty time range: 'to' ({rng[1]}) must be after 'from' ({rng[0]})")
-
-
-def check_limit(limit: int | None, most: int) -> int:
-    """The windows a range answer may hold: ``limit`` (None: ``most``), 1..``most``."""
-    if limit is None:
-        return most
-    if not 1 <= limit <= most:
-        raise InvalidRequest(f"'limit' is {limit}: ask for 1 to {most} windows per key "
-                             "(QSTATE_MAX_WINDOWS), and page on with 'next_from'")
-    return limit
+__all__ = ["TopQuery", "WatchQuery", "check_min_batch", "check_savepoint"]
 
 
 def check_min_batch(min_batch: int | None) -> int | None:
@@ -43,51 +26,6 @@ def check_savepoint(savepoint: str | None, min_batch: int | None) -> str | None:
             raise InvalidRequest("'min_batch' and 'savepoint' together: a savepoint is as of "
                                  "its own batch; ask one or the other")
     return savepoint
-
-
-@dataclass(frozen=True, slots=True)
-class StateQuery:
-    job: str
-    operator: str
-    state: str
-    keys: tuple[str, ...]
-    range_ms: tuple[int, int] | None  # windows starting in [from, to); None: the latest
-    limit: int  # most windows per key in a range answer, 1..max_windows
-    # read your writes: answer once each partition read has this batch (the router waits a
-    # bounded time, then 503 naming the batch it has)
-    min_batch: int | None = None
-    # read as of this savepoint of the job (docs/architecture.md §4, savepoints), from the
-    # owner over gRPC; None: the live state
-    savepoint: str | None = None
-
-    @classmethod
-    def of(cls, job: str, operator: str, state: str, keys: Sequence[str],
-           range_ms: tuple[int, int] | None = None, limit: int | None = None, *,
-           max_windows: int, max_keys: int = 1, max_request_windows: int | None = None,
-           min_batch: int | None = None, savepoint: str | None = None) -> StateQuery:
-        """The query, or the InvalidRequest (400) that says what to fix: too many keys, a
-        name or key outside docs/architecture.md §2, an empty range, a limit out of bounds,
-        more windows than one request may read (keys × limit beyond
-        ``max_request_windows``: without a limit, a batch gets the most that fits)."""
-        if len(keys) > max_keys:
-            raise InvalidRequest(f"{len(keys)} keys: at most {max_keys} per request")
-        check_name("job", job)
-        check_name("operator", operator)
-        check_name("state", state)
-        for k in keys:
-            check_key(k)
-        check_range(range_ms)
-        budget = max_request_windows
-        if budget is not None and range_ms is not None and keys:
-            if limit is None:
-                limit = max(1, min(max_windows, budget // len(keys)))
-            elif len(keys) * limit > budget:
-                raise InvalidRequest(
-                    f"{len(keys)} keys × limit {limit} = {len(keys) * limit} windows: one "
-                    f"request reads at most {budget} (QSTATE_MAX_REQUEST_WINDOWS); ask fewer "
-                    "keys or a smaller limit, and page on with 'next_from'")
-        return cls(job, operator, state, tuple(keys), range_ms, check_limit(limit, max_windows),
-                   check_min_batch(min_batch), check_savepoint(savepoint, min_batch))
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,6 @@ from collections.abc import Callable
 
 from qstate.core.address import PartitionId
 from qstate.core.config import DEFAULTS
-from qstate.core.errors import UnknownOperator
 from qstate.core.records.assignment import Assignment, ServerInfo, list_servers, load_assignment
 from qstate.core.records.operator import OperatorSpec, list_specs
 from qstate.core.records.storage import Storage
@@ -30,8 +29,9 @@ class RoutingTable:
         self.storage = storage
         self.refresh_s = refresh_s
         self.min_interval_s = min_interval_s
-        # name the jobs it serves in an unknown job's 404: off where client tokens scope
-        # what a caller may see (GET /v1/jobs then lists what the caller's token may read)
+        # name the jobs it serves in an unknown job's 404 (the read engine words it): off
+        # where client tokens scope what a caller may see (GET /v1/jobs then lists what the
+        # caller's token may read)
         self.disclose_jobs = True
         self.assignments: dict[str, Assignment] = {}
         self.specs: dict[tuple[str, str], OperatorSpec] = {}
@@ -82,32 +82,14 @@ class RoutingTable:
             out.setdefault(job, []).append(spec)
         return out
 
-    async def spec(self, job: str, operator: str, state: str | None = None) -> OperatorSpec:
+    async def spec(self, job: str, operator: str) -> OperatorSpec | None:
+        """The operator's spec, the table refreshed once when it does not know it; None when
+        storage does not either (the read engine words the 404: ``QueryService.spec``)."""
         spec = self.specs.get((job, operator))
         if spec is None:
             await self.refresh()
             spec = self.specs.get((job, operator))
-        if spec is None:
-            if not any(j == job for j, _ in self.specs):
-                raise UnknownOperator(f"unknown job {job!r}: {self._known_jobs()}", job=job)
-            raise UnknownOperator(f"job {job!r} has no operator {operator!r}", job=job,
-                                  operator=operator)
-        if state is not None and state not in spec.states:
-            raise UnknownOperator(f"operator {job}/{operator} has no state {state!r}; it has "
-                                  f"{', '.join(spec.states)}", job=job, operator=operator,
-                                  state=state)
         return spec
-
-    def _known_jobs(self) -> str:
-        """What this router serves, for a 404: the jobs (when it may say) and where from."""
-        where = f"checkpoint storage {self.storage.root}"
-        if not self.specs:
-            return (f"this router serves no job yet ({where} holds none: a job registers its "
-                    "operators there when it starts)")
-        if not self.disclose_jobs:
-            return f"GET /v1/jobs lists the jobs of {where} that your token may read"
-        names = sorted({j for j, _ in self.specs})
-        return f"this router serves {', '.join(map(repr, names))} (from {where})"
 
     def owner_now(self, pid: PartitionId) -> str | None:
         """The owner's address in the cached table (None: unassigned or unknown)."""

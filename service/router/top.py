@@ -4,7 +4,7 @@ Each partition's top n comes from its owner: one ``Top`` call per shard server f
 partitions it holds (not from a co-located shard's files: catching a RocksDB secondary up
 with a busy primary costs more than the read, measured in §5), and a partition whose owner
 cannot answer is asked again on its own, following a move, then of a follower
-(``PartitionReads.ask``). The answers merge by value, then key. Every partition answers or
+(``Owners.ask``). The answers merge by value, then key. Every partition answers or
 the whole answer is the 503 of the one that could not: a leaderboard never silently misses a
 partition. ``window=current`` is resolved by each partition from its watermark; partitions a
 batch apart can disagree at a window's end, and those behind are asked the newest window.
@@ -13,24 +13,33 @@ batch apart can disagree at a window's end, and those behind are asked the newes
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
 import grpc
 
+from qstate._engine import Engine
 from qstate.core.address import PartitionId
-from qstate.core.errors import InvalidRequest, NotFound, from_grpc
+from qstate.core.errors import InvalidRequest, NotFound, QStateError, Unavailable, from_grpc
 from qstate.core.records.operator import OperatorSpec
 from qstate.core.transport.values import value_of
 from qstate.core.windows import floor_to
 from qstate.partition.ranking import Ranked, check_top, rank_of
 from qstate.proto import shard_pb2 as pb
-from qstate.router.metrics import REMOTE_READS
-from qstate.router.reads import MIN_BATCH_POLL_S, PartitionReads
+from qstate.router.metrics import FOLLOWER_READS, REMOTE_READS
 from qstate.router.request import TopQuery
+from qstate.router.routing import RoutingTable
+from qstate.router.shards import ShardStubs
 
 __all__ = ["PartitionTop", "TopReads", "TopResult"]
+
+log = logging.getLogger(__name__)
+
+_TRANSPORT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+# a top-N below its min_batch is read again this often (the read core polls its keys so too)
+MIN_BATCH_POLL_S = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,9 +75,74 @@ def _partition_top(r: pb.PartitionTop) -> PartitionTop:
                         [Ranked(e.key, value_of(e)) for e in r.entries])  # type: ignore[arg-type]
 
 
+class Owners:
+    """A call of a partition's owner (following a move once), of a follower when the owner
+    cannot answer: what the read core does for keys (``engine/core/src/read/fetch.rs``), for a
+    top-N's ``Top`` calls, with the core's words for each 503 (``Engine.unavailable``)."""
+
+    def __init__(self, routing: RoutingTable, engine: Engine) -> None:
+        self.routing = routing
+        self.engine = engine
+
+    def _unavailable(self, reason: str, pid: PartitionId, address: str = "") -> QStateError:
+        return self.engine.unavailable(reason, pid.job, pid.operator, pid.partition, address)
+
+    async def ask(self, pid: PartitionId, owner: str | None,
+                  call: Callable[[str], Awaitable[pb.PartitionTop]]) -> pb.PartitionTop:
+        """``call(address)`` of the partition's owner (None: the routing table names none
+        yet); the answer has the partition's ``status``: FOUND, never NOT_OWNED or
+        RESTORING."""
+        try:
+            return await self._ask_owner(pid, owner, call)
+        except Unavailable:
+            for address in self.routing.followers_now(pid):
+                FOLLOWER_READS.inc()
+                try:
+                    r = await call(address)
+                except grpc.aio.AioRpcError:
+                    continue
+                if r.status in (pb.FOUND, pb.ABSENT):
+                    return r
+            raise
+
+    async def _ask_owner(self, pid: PartitionId, address: str | None,
+                         call: Callable[[str], Awaitable[pb.PartitionTop]]) -> pb.PartitionTop:
+        for attempt in (0, 1):
+            if attempt or address is None:  # after a move, or none named yet: refresh once
+                address = await self.routing.owner(pid)
+            if address is None:
+                raise self._unavailable("no-owner", pid)
+            REMOTE_READS.inc()
+            try:
+                r = await call(address)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() in _TRANSPORT:
+                    if attempt == 0 and await self.routing.moved(pid, address):
+                        continue  # moved: ask the new owner
+                    raise self._unavailable(
+                        "shard-timeout" if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+                        else "shard-down", pid, address) from None
+                if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+                    # the router's own credential is wrong: the client's request is fine
+                    log.error("shard %s refused this router: its QSTATE_CLUSTER_TOKEN differs",
+                              address)
+                    raise self._unavailable("shard-refused", pid, address) from None
+                raise from_grpc(exc) or QStateError(exc.details() or "shard error") from None
+            if r.status == pb.RESTORING:
+                raise self._unavailable("restoring", pid, address)
+            if r.status != pb.NOT_OWNED:
+                return r
+            await self.routing.refresh(force=True)
+        raise self._unavailable("moving", pid)
+
+
 class TopReads:
-    def __init__(self, reads: PartitionReads, min_batch_wait_s: float) -> None:
-        self.reads = reads
+    def __init__(self, routing: RoutingTable, stubs: ShardStubs, engine: Engine,
+                 min_batch_wait_s: float) -> None:
+        self.routing = routing
+        self.stubs = stubs
+        self.engine = engine
+        self.owners = Owners(routing, engine)
         self.min_batch_wait_s = min_batch_wait_s
 
     async def top(self, spec: OperatorSpec, q: TopQuery) -> TopResult:
@@ -111,8 +185,7 @@ class TopReads:
                 return got
             if time.monotonic() >= deadline:
                 p = min(behind, key=lambda p: got[p].batch)
-                raise self.reads.behind(PartitionId(spec.job, spec.operator, p), got[p].batch,
-                                        want, self.min_batch_wait_s)
+                raise self.engine.behind(spec.job, spec.operator, p, got[p].batch, want)
             await asyncio.sleep(MIN_BATCH_POLL_S)
             got = {**got, **await self._read(spec, q, state, behind, start)}
 
@@ -120,7 +193,7 @@ class TopReads:
                     start: int | None) -> dict[int, PartitionTop]:
         by_owner: dict[str | None, list[int]] = {}
         for p in parts:
-            owner = self.reads.routing.owner_now(PartitionId(spec.job, spec.operator, p))
+            owner = self.routing.owner_now(PartitionId(spec.job, spec.operator, p))
             by_owner.setdefault(owner, []).append(p)
         out: dict[int, PartitionTop] = {}
         for got in await asyncio.gather(*(self._owner(spec, q, owner, ps, start)
@@ -138,8 +211,8 @@ class TopReads:
     async def _owner(self, spec: OperatorSpec, q: TopQuery, owner: str | None,
                      parts: list[int], start: int | None) -> dict[int, PartitionTop]:
         """One Top call to ``owner`` for its partitions; those it does not answer (moved,
-        restoring, the call failed) each asked again on their own (``PartitionReads.ask``)."""
-        caller = self.reads.caller
+        restoring, the call failed) each asked again on their own (``Owners.ask``)."""
+        caller = self.stubs
         out: dict[int, PartitionTop] = {}
         again = parts
         if owner is not None:
@@ -168,7 +241,7 @@ class TopReads:
                 return reply.partitions[0]
 
             pid = PartitionId(spec.job, spec.operator, p)
-            return p, _partition_top(await self.reads.ask(pid, owner, call))
+            return p, _partition_top(await self.owners.ask(pid, owner, call))
 
         for p, t in await asyncio.gather(*(one(p) for p in again)):
             out[p] = t

@@ -29,12 +29,15 @@ import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
+from qstate._engine import answer
 from qstate.core.address import partition_of
 from qstate.core.config import Settings
 from qstate.core.errors import Overloaded, QStateError
 from qstate.core.records.operator import OperatorSpec
 from qstate.partition.ranking import check_top
+from qstate.router.hits import Hit, Row
 from qstate.router.metrics import (
     BOARD_ANSWERS,
     WATCH_COALESCED,
@@ -44,8 +47,7 @@ from qstate.router.metrics import (
     WATCHERS,
 )
 from qstate.router.query import QueryService
-from qstate.router.reads import Hit
-from qstate.router.request import StateQuery, TopQuery, WatchQuery
+from qstate.router.request import TopQuery, WatchQuery
 from qstate.router.top import TopResult
 
 __all__ = ["Push", "WatchClosed", "WatchHub", "Watcher"]
@@ -296,15 +298,15 @@ class WatchHub:
             # §5, watch: a router that starts cannot tell what changed, so a snapshot)
             raise Overloaded("this router is stopping: resume the watch on another router, "
                              "or on this one once it is back",
-                             retry_after_s=self.query.reads.retry_after_s)
+                             retry_after_s=self.query.retry_after_s)
         if len(self._watchers) >= self.max_watchers:
             raise Overloaded(f"this router has {self.max_watchers} watches open "
                              "(QSTATE_MAX_WATCHERS); retry later or ask another router",
-                             retry_after_s=self.query.reads.retry_after_s)
+                             retry_after_s=self.query.retry_after_s)
         w = Watcher(self, q, protocol)
         self._watchers.add(w)
         try:
-            spec = await self.query.routing.spec(q.job, q.operator, q.state)
+            spec = await self.query.spec(q.job, q.operator, q.state)
             if q.top is not None:
                 await self._open_top(w, spec, q.top)
             else:
@@ -367,7 +369,7 @@ class WatchHub:
         r = await self.query.top(q)
         BOARD_ANSWERS.labels("read").inc()
         if feed is None and sum(not f.watchers for f in self._tops.values()) < BOARDS_KEPT:
-            spec = await self.query.routing.spec(q.job, q.operator, q.state)
+            spec = await self.query.spec(q.job, q.operator, q.state)
             feed = self._tops[q] = _TopFeed(spec, q)
             self._start()
         if feed is not None:
@@ -466,12 +468,18 @@ class WatchHub:
         """Read ``keys`` again and pass on the changes; ``now``: the partitions' batches and
         apply times as their owners said."""
         spec = feed.spec
-        for i in range(0, len(keys), READ_CHUNK):
-            q = StateQuery(spec.job, spec.operator, feed.state, tuple(keys[i:i + READ_CHUNK]),
-                           None, 1)
+        engine = self.query.engine
+        step = min(READ_CHUNK, self.query.max_batch_keys)  # what one batch read may ask
+        for i in range(0, len(keys), step):
+            chunk = keys[i:i + step]
             # from the owners, not co-located secondaries: a batch moves every partition,
             # and catching each secondary up held the loop 100-450 ms (§5, watch)
-            _, hits = await self.query.multi_lookup(q, local=False)
+            def ask(loop: Any, fut: Any, chunk: list[str] = chunk) -> Any:
+                return engine.read(spec.job, spec.operator, feed.state, chunk, False, loop, fut)
+
+            got = await answer(ask)
+            hits = [(k, Hit(f, b, w, [Row(*r) for r in rows], n))
+                    for k, (f, b, w, rows, n) in zip(chunk, got, strict=True)]
             read: dict[int, int] = {}
             for k, h in hits:
                 tr = feed.tracked.get(k)

@@ -189,30 +189,39 @@ class ShardService(pb_grpc.ShardServicer):
                 ) -> pb.LookupReply:
         idx = spec.state_names.index(request.state)
         rng = (request.from_ms, request.to_ms) if request.range else None
-        # one more window than the page holds tells whether there is a next page: an answer
-        # this server's cap cut short says where to go on, like one the caller's limit cut
-        reply = pb.LookupReply()
-        for kq in request.keys:
-            pid = PartitionId(request.job, request.operator, kq.partition)
-            r = reply.results.add(key=kq.key)
-            held, store, r.status = self._open(pid, request.savepoint)
+        results = [pb.KeyResult(key=kq.key) for kq in request.keys]
+        by_partition: dict[int, list[int]] = {}
+        for i, kq in enumerate(request.keys):
+            by_partition.setdefault(kq.partition, []).append(i)
+        for partition, at in by_partition.items():
+            pid = PartitionId(request.job, request.operator, partition)
+            held, store, status = self._open(pid, request.savepoint)
             if store is None:
+                for i in at:
+                    results[i].status = status
                 continue
+            # a partition's keys under one snapshot: one META decode, one iterator; one more
+            # window than the page holds tells whether there is a next page (an answer this
+            # server's cap cut short says where to go on, like one the caller's limit cut)
             try:
-                meta, windows = store.read(kq.key, rng, limit + 1)
+                meta, per_key = store.read_many([request.keys[i].key for i in at], rng,
+                                                limit + 1)
             except Exception as exc:
                 if held is None:
                     raise
                 self._moved_away(pid, held, exc)
-                r.status = pb.NOT_OWNED
+                for i in at:
+                    results[i].status = pb.NOT_OWNED
                 continue
-            windows, next_from = page(windows, limit)
-            if next_from is not None:
-                r.next_from_ms = next_from
-            r.batch, r.watermark_ms = meta.last_batch, meta.watermark_ms
-            r.status = pb.FOUND if windows else pb.ABSENT
-            r.windows.extend(_window(w, idx) for w in windows)
-        return reply
+            for i, found in zip(at, per_key, strict=True):
+                windows, next_from = page(found, limit)
+                r = results[i]
+                if next_from is not None:
+                    r.next_from_ms = next_from
+                r.batch, r.watermark_ms = meta.last_batch, meta.watermark_ms
+                r.status = pb.FOUND if windows else pb.ABSENT
+                r.windows.extend(_window(w, idx) for w in windows)
+        return pb.LookupReply(results=results)
 
     def _open(self, pid: PartitionId, savepoint: str
               ) -> tuple[Held | None, PartitionStore | None, pb.KeyStatus]:

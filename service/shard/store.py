@@ -29,7 +29,7 @@ from qstate.partition import files, layout, rank
 from qstate.partition.codec import Codec
 from qstate.partition.layout import INDEX, META, NO_WINDOW
 from qstate.partition.meta import Meta, encode_meta, read_meta
-from qstate.partition.reader import WindowValue, read_windows
+from qstate.partition.reader import WindowValue, read_many, read_windows
 from qstate.shard.memory import MemoryBudget, process_budget
 
 __all__ = ["ApplyStats", "PartitionStore"]
@@ -330,3 +330,8 @@ class PartitionStore:
     def read(self, key: str, range_ms: tuple[int, int] | None = None,
              limit: int = 1000) -> tuple[Meta, list[WindowValue]]:
         return read_windows(self.db, self.codec, key, range_ms, limit)
+
+    def read_many(self, keys: list[str], range_ms: tuple[int, int] | None = None,
+                  limit: int = 1000) -> tuple[Meta, list[list[WindowValue]]]:
+        """``read`` of each key, as of one batch: one snapshot for them all."""
+        return read_many(self.db, self.codec, keys, range_ms, limit)

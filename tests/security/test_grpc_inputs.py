@@ -35,8 +35,8 @@ def _refusal(call: Any, request: Any) -> grpc.RpcError:
 
 
 GETS = [
-    ({**OP, "job": "", "key": "k"}, "invalid job ''"),
-    ({**OP, "operator": "a/b", "key": "k"}, "invalid operator 'a/b'"),
+    ({**OP, "job": "", "key": "k"}, 'invalid job ""'),
+    ({**OP, "operator": "a/b", "key": "k"}, 'invalid operator "a/b"'),
     ({**OP, "state": ".hidden", "key": "k"}, "not starting with . or -"),
     ({**OP, "key": ""}, "empty key"),
     ({**OP, "key": "k" * 1025}, "at most 1024"),

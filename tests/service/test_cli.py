@@ -58,12 +58,12 @@ def test_top_prints_the_board_as_json(shop: Shop) -> None:
         bad = qstate("top", "shop", "views_1m", "views", *args, "--url", url)
         assert (bad.returncode, bad.stdout) == (code, "") and bad.stderr.startswith("error: ")
     gone = qstate("top", "shop", "nope", "views", "--url", url)
-    assert gone.returncode == 1 and "no operator 'nope'" in gone.stderr
+    assert gone.returncode == 1 and 'no operator "nope"' in gone.stderr
 
 
 @pytest.mark.parametrize(("args", "code", "says"), [
     (("shop", "views_1m", "views", "never-written"), 1, f"as of batch {LAST}"),
-    (("shop", "nope", "views", "k"), 1, "no operator 'nope'"),
+    (("shop", "nope", "views", "k"), 1, 'no operator "nope"'),
     (("shop", "views_1m", "views", "k", "--from", "soon"), 2, "ISO-8601"),
 ])
 def test_get_exit_codes(shop: Shop, args: tuple[str, ...], code: int, says: str) -> None:

@@ -1,7 +1,7 @@
 //! The engine a router process holds: the partitions it reads in-process (`local`), what
 //! Python's routing table pushed (`table`), the client tokens (`book`), the settings the
-//! router runs with, and the counts Python exports. Both the native front and Python's own
-//! reads (`qstate.router.reads`) read through it (docs/architecture.md §5).
+//! router runs with, the owners' shards (`remote`), its own runtime, and the counts Python
+//! exports. Every front reads through it (`read`, docs/architecture.md §5).
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,41 +11,18 @@ use std::time::Duration;
 
 use arc_swap::{ArcSwap, ArcSwapOption};
 use parking_lot::Mutex;
+use tokio::sync::watch;
 
-use crate::address::PartitionId;
-use crate::local::{Hit, Local, Miss};
+use crate::auth::Book;
+use crate::local::Local;
 use crate::metrics::Metrics;
-use crate::remote::Remote;
-use crate::table::{Entry, Table};
-use crate::tokens::Book;
+use crate::remote::{Callers, Remote};
+use crate::settings::Settings;
+use crate::table::Table;
 
-/// The bounds a router answers under (`qstate.core.config.Settings`, pushed once).
-#[derive(Clone, Debug)]
-pub struct Settings {
-    pub max_batch_keys: usize,
-    pub max_windows: usize,
-    pub max_request_windows: usize,
-    pub min_batch_wait_s: f64,
-    pub retry_after_s: f64,
-    pub max_body_bytes: usize,
-    pub max_concurrent: usize,
-    pub metrics_public: bool,
-}
-
-impl Default for Settings {
-    fn default() -> Self {
-        Settings {
-            max_batch_keys: 1000,
-            max_windows: 1000,
-            max_request_windows: 100_000,
-            min_batch_wait_s: 5.0,
-            retry_after_s: 1.0,
-            max_body_bytes: 1 << 20,
-            max_concurrent: 256,
-            metrics_public: true,
-        }
-    }
-}
+/// Asks the control plane (Python's routing table) to read the assignment and specs again:
+/// `true` forces it past its least interval. It answers by `Engine::refreshed`.
+pub type Refresher = Box<dyn Fn(bool) + Send + Sync>;
 
 pub struct Engine {
     pub local: Local,
@@ -53,8 +30,15 @@ pub struct Engine {
     pub book: ArcSwapOption<Book>,
     pub settings: ArcSwap<Settings>,
     pub metrics: Metrics,
-    /// the owners of partitions elsewhere, over gRPC (None: every such read is Python's)
+    /// the owners of partitions elsewhere, over gRPC (None until Python says how to call them)
     pub remote: ArcSwapOption<Remote>,
+    /// where the engine's own work runs: calls to shards, reads Python awaits
+    pub runtime: std::mem::ManuallyDrop<tokio::runtime::Runtime>,
+    refresher: ArcSwapOption<Refresher>,
+    /// bumped by every refresh the control plane finishes
+    refreshes: watch::Sender<u64>,
+    /// a refresh asked and not yet done (whether it was forced)
+    asked: Mutex<Option<bool>>,
     follower: Mutex<Option<Follower>>,
 }
 
@@ -68,16 +52,59 @@ struct Follower {
 pub const FOLLOW_IDLE: Duration = Duration::from_secs(10);
 
 impl Engine {
-    pub fn new(scratch: PathBuf, cache_bytes: usize) -> Engine {
-        Engine {
+    pub fn new(scratch: PathBuf, cache_bytes: usize, settings: Settings) -> std::io::Result<Engine> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("qstate-engine")
+            .enable_all()
+            .build()?;
+        Ok(Engine {
             local: Local::new(scratch, cache_bytes),
             table: ArcSwap::from_pointee(Table::default()),
             book: ArcSwapOption::empty(),
-            settings: ArcSwap::from_pointee(Settings::default()),
+            settings: ArcSwap::from_pointee(settings),
             metrics: Metrics::default(),
             remote: ArcSwapOption::empty(),
+            runtime: std::mem::ManuallyDrop::new(runtime),
+            refresher: ArcSwapOption::empty(),
+            refreshes: watch::channel(0).0,
+            asked: Mutex::new(None),
             follower: Mutex::new(None),
+        })
+    }
+
+    /// How to call shard servers (Python's callers: the cluster token, TLS, the bounds).
+    pub fn set_callers(&self, callers: Callers) {
+        self.remote.store(Some(Remote::new(callers, self.runtime.handle().clone())));
+    }
+
+    pub fn set_refresher(&self, r: Refresher) {
+        self.refresher.store(Some(Arc::new(r)));
+    }
+
+    /// The control plane finished a refresh asked for (its table, changed or not, pushed).
+    pub fn refreshed(&self) {
+        *self.asked.lock() = None;
+        self.refreshes.send_modify(|n| *n += 1);
+    }
+
+    /// Ask the control plane to read the routing table again and wait for it to answer (at
+    /// most the shard timeout): what a read does when its operator is unknown, a partition has
+    /// no owner, or an owner says it moved. Nothing to ask: returns at once.
+    pub async fn refresh(&self, force: bool) {
+        let Some(r) = self.refresher.load_full() else { return };
+        let mut rx = self.refreshes.subscribe();
+        let seen = *rx.borrow_and_update();
+        {
+            let mut asked = self.asked.lock();
+            // one refresh at a time: a forced one is asked beside one that was not
+            if asked.is_none_or(|forced| force && !forced) {
+                *asked = Some(force);
+                r(force);
+            }
         }
+        let wait = self.settings.load().shard_timeout;
+        let _ = tokio::time::timeout(wait, rx.wait_for(|n| *n > seen)).await;
     }
 
     /// Every `every`, catch up the partitions read within `FOLLOW_IDLE` whose shard
@@ -97,8 +124,15 @@ impl Engine {
                 break;
             }
             let Some(engine) = weak.upgrade() else { break };
-            for took in engine.local.keep_up(FOLLOW_IDLE) {
-                engine.metrics.catchup("follower", took);
+            // a panic in a pass (a planted one, a bug) loses that pass, not the follower
+            let pass = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| engine.local.keep_up(FOLLOW_IDLE)));
+            match pass {
+                Ok(took) => {
+                    for d in took {
+                        engine.metrics.catchup("follower", d);
+                    }
+                }
+                Err(_) => engine.metrics.panicked("follower"),
             }
         })?;
         *slot = Some(Follower { stop, thread });
@@ -114,31 +148,14 @@ impl Engine {
             let _ = f.thread.join();
         }
     }
+}
 
-    /// Keys of one partition of `entry`'s operator from its owner's files on this host, as
-    /// of one batch (the one its marker names when the read began, or a later one), paged at
-    /// `limit`; blocking (a catch-up may run, or be waited for). Not counted in `metrics`:
-    /// whoever answers counts the keys it answered (the front and `grpc` what they send,
-    /// Python what it reads through `LocalReader`), since a request handed over after a read
-    /// is read again there, and the engine's counts join Python's series (`add_engine_counts`).
-    // the arguments: the partition, then the read as Python's `read_local` passes it through
-    #[allow(clippy::too_many_arguments)]
-    pub fn read_local(
-        &self,
-        owner: &str,
-        entry: &Entry,
-        partition: u32,
-        state: usize,
-        keys: &[&str],
-        range: Option<(i64, i64)>,
-        limit: usize,
-    ) -> Result<Vec<Hit>, Miss> {
-        let pid = PartitionId { job: entry.op.spec.job.clone(), operator: entry.op.spec.operator.clone(), partition };
-        let (inst, took) = self.local.instance(owner, &pid)?;
-        if let Some(d) = took {
-            self.metrics.catchup("read", d);
-        }
-        self.local.read(owner, &pid, &inst, &entry.op, state, keys, range, limit)
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.stop_follower();
+        // SAFETY: taken once, here; nothing uses the runtime after the engine is dropped.
+        // Shut down without waiting: the last reference may go on one of its own threads.
+        unsafe { std::mem::ManuallyDrop::take(&mut self.runtime) }.shutdown_background();
     }
 }
 

@@ -1,62 +1,100 @@
-//! The public gRPC API's point and batch reads (`Get`, `MultiGet` of proto/qstate.proto) of
-//! partitions on this host, answered by the engine: the request's bytes in, the answer's
-//! bytes out, encoded once (docs/architecture.md §5). grpcio stays the server: Python checks
-//! the caller's token and hands the bytes here, then sends what comes back. Anything else
-//! (a partition read elsewhere, a min_batch not reached, a key with no data, a savepoint, a
-//! request Python would refuse) is None: Python's own path answers it, as before.
+//! The gRPC face of the read core: the public API's `Get` and `MultiGet` (proto/qstate.proto)
+//! from the request's bytes to the answer's bytes, or the failure as gRPC says it (its code,
+//! message and trailers: `errors::Failure::trailers`). grpcio stays the server for now: Python
+//! hands the bytes and the caller's `authorization` here and sends what comes back
+//! (docs/architecture.md §5, one read core).
 
 use prost::Message;
 
-use crate::address::partition_of;
-use crate::codec::Value;
-use crate::engine::Engine;
-use crate::local::Hit;
+use crate::auth::Book;
+use crate::errors::Failure;
+use crate::partition::codec::Value;
 use crate::publicpb::{window, GetRequest, MultiGetRequest, MultiGetResponse, StateValue, Window};
-use crate::query::{self, Read};
-use crate::timeparse::FAR;
+use crate::read::{Ask, Hit, Outcome};
+use crate::time::FAR;
 
-/// `_range(req)`: both ends absent, the latest window; else an absent end is open.
+/// Which method.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Method {
+    Get,
+    MultiGet,
+}
+
+impl Method {
+    pub fn name(self) -> &'static str {
+        match self {
+            Method::Get => "Get",
+            Method::MultiGet => "MultiGet",
+        }
+    }
+}
+
+/// Both ends absent: the latest window; else an absent end is open.
 fn range(from: Option<i64>, to: Option<i64>) -> Option<(i64, i64)> {
     if from.is_none() && to.is_none() {
         return None;
     }
-    Some((from.unwrap_or(-FAR as i64), to.unwrap_or(FAR as i64)))
+    Some((from.unwrap_or(-FAR).clamp(-FAR, FAR), to.unwrap_or(FAR).clamp(-FAR, FAR)))
 }
 
-/// Each key's hit, from partitions on this host only, at or past `min_batch`. Not counted:
-/// a request Python answers after all reads its keys again and counts them then, so only an
-/// answer sent from here counts its keys (`answered`).
-fn read(engine: &Engine, r: &Read) -> Option<Vec<Hit>> {
-    let spec = &r.entry.op.spec;
-    let mut groups: Vec<(u32, Vec<usize>)> = Vec::new();
-    for (i, k) in r.keys.iter().enumerate() {
-        let p = partition_of(k, spec.partitions);
-        match groups.iter_mut().find(|(q, _)| *q == p) {
-            Some((_, idx)) => idx.push(i),
-            None => groups.push((p, vec![i])),
+/// The request as the core's `Ask` (its job and operator checked against the caller's token
+/// first, when the router asks for tokens), or the refusal.
+pub fn ask(method: Method, raw: &[u8], book: Option<&Book>, authorization: Option<&[u8]>) -> Result<Ask, Failure> {
+    let who = |job: &str, op: &str| -> Result<(), Failure> {
+        match book {
+            Some(b) => b.authenticate(authorization)?.check(job, Some(op)),
+            None => Ok(()),
         }
-    }
-    let mut hits: Vec<Option<Hit>> = vec![None; r.keys.len()];
-    for (p, idx) in groups {
-        let owner = r.entry.owners.get(p as usize)?.clone()?;
-        let keys: Vec<&str> = idx.iter().map(|&i| r.keys[i].as_str()).collect();
-        let found = engine.read_local(&owner, &r.entry, p, r.state, &keys, r.range, r.limit).ok()?;
-        for (i, h) in idx.into_iter().zip(found) {
-            if r.min_batch.is_some_and(|m| h.batch < m) {
-                return None; // Python waits for it
+    };
+    let bad = |e: prost::DecodeError| Failure::invalid(format!("the request is not a {}Request: {e}", method.name()));
+    match method {
+        Method::Get => {
+            let r = GetRequest::decode(raw).map_err(bad)?;
+            who(&r.job, &r.operator)?;
+            Ok(Ask {
+                job: r.job,
+                operator: r.operator,
+                states: vec![r.state],
+                keys: vec![r.key],
+                point: true,
+                range: range(r.from_ms, r.to_ms),
+                limit: r.limit.map(i64::from),
+                min_batch: r.min_batch,
+                savepoint: r.savepoint,
+                local: true,
+                ..Ask::default()
+            })
+        }
+        Method::MultiGet => {
+            let r = MultiGetRequest::decode(raw).map_err(bad)?;
+            who(&r.job, &r.operator)?;
+            let several = !r.states.is_empty();
+            if several && !r.state.is_empty() {
+                return Err(Failure::invalid("name the states in 'states', or one in 'state': not both"));
             }
-            hits[i] = Some(h);
+            Ok(Ask {
+                job: r.job,
+                operator: r.operator,
+                states: if several { r.states } else { vec![r.state] },
+                several,
+                keys: r.keys,
+                range: range(r.from_ms, r.to_ms),
+                limit: r.limit.map(i64::from),
+                min_batch: r.min_batch,
+                savepoint: r.savepoint,
+                local: true,
+                ..Ask::default()
+            })
         }
     }
-    hits.into_iter().collect()
 }
 
-fn value(r: &Read, key: &str, h: Hit) -> StateValue {
-    let spec = &r.entry.op.spec;
+/// One key's answer as a `StateValue`.
+pub fn value(job: &str, operator: &str, state: &str, key: &str, h: &Hit) -> StateValue {
     StateValue {
-        job: spec.job.clone(),
-        operator: spec.operator.clone(),
-        state: spec.states.get_index(r.state).expect("state").0.clone(),
+        job: job.to_string(),
+        operator: operator.to_string(),
+        state: state.to_string(),
         key: key.to_string(),
         found: h.found,
         batch: h.batch,
@@ -78,55 +116,21 @@ fn value(r: &Read, key: &str, h: Hit) -> StateValue {
     }
 }
 
-/// `Get`'s answer bytes, or None (Python's path answers).
-pub fn get(engine: &Engine, raw: &[u8]) -> Option<Vec<u8>> {
-    let req = GetRequest::decode(raw).ok()?;
-    if req.savepoint.is_some() {
-        return None;
+/// The method's answer bytes: `Get` of a key with no data is NOT_FOUND as of its batch.
+pub fn answer(method: Method, read: Result<Outcome, Failure>) -> Result<Vec<u8>, Failure> {
+    let o = read?;
+    let spec = &o.entry.op.spec;
+    match method {
+        Method::Get => {
+            let (h, key, state) = (&o.hits[0][0], &o.keys[0], o.state_name(0));
+            if !h.found {
+                return Err(Failure::absent(key, &spec.job, &spec.operator, state, h.batch, h.watermark_ms));
+            }
+            Ok(value(&spec.job, &spec.operator, state, key, h).encode_to_vec())
+        }
+        Method::MultiGet => {
+            let results = o.by_key().map(|(s, k, h)| value(&spec.job, &spec.operator, s, k, h)).collect();
+            Ok(MultiGetResponse { results }.encode_to_vec())
+        }
     }
-    let cfg = engine.settings.load();
-    let limit = req.limit.map(i64::from);
-    let r = query::check(
-        engine,
-        &cfg,
-        &req.job,
-        &req.operator,
-        &req.state,
-        vec![req.key],
-        range(req.from_ms, req.to_ms),
-        limit,
-        req.min_batch,
-    )?;
-    let h = read(engine, &r)?.pop()?;
-    if !h.found {
-        return None; // NOT_FOUND, worded by Python
-    }
-    engine.metrics.local_reads(1);
-    Some(value(&r, &r.keys[0], h).encode_to_vec())
-}
-
-/// `MultiGet`'s answer bytes, or None (Python's path answers).
-pub fn multi_get(engine: &Engine, raw: &[u8]) -> Option<Vec<u8>> {
-    let req = MultiGetRequest::decode(raw).ok()?;
-    let cfg = engine.settings.load();
-    // several states of one operator: Python's rounds keep a key's states at one batch
-    if req.savepoint.is_some() || req.keys.len() > cfg.max_batch_keys || !req.states.is_empty() {
-        return None;
-    }
-    let limit = req.limit.map(i64::from);
-    let r = query::check(
-        engine,
-        &cfg,
-        &req.job,
-        &req.operator,
-        &req.state,
-        req.keys,
-        range(req.from_ms, req.to_ms),
-        limit,
-        req.min_batch,
-    )?;
-    let hits = read(engine, &r)?;
-    engine.metrics.local_reads(r.keys.len() as u64);
-    let results = r.keys.iter().zip(hits).map(|(k, h)| value(&r, k, h)).collect();
-    Some(MultiGetResponse { results }.encode_to_vec())
 }

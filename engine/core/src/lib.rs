@@ -1,32 +1,29 @@
-//! qstate's read engine (docs/architecture.md §5): reads the partitions a router reads on
-//! its host (RocksDB secondaries of the shards' primaries), and answers the router's hot
-//! reads on its public HTTP port, handing every other request to the Python app. Plain
-//! Rust: the PyO3 face is the crate `qstate-engine-py` (module `qstate._engine`).
+//! qstate's read engine (docs/architecture.md §5): the read core every front of a router
+//! calls (`read`, with its HTTP and gRPC faces `http` and `grpc`), the partitions it reads on
+//! its host (`local`, RocksDB secondaries of the shards' primaries, in the format of
+//! `partition`), the owners' shards it asks for the others (`remote`), and the native HTTP
+//! front that holds the router's public port (`front`). Plain Rust: the PyO3 face is the crate
+//! `qstate-engine-py` (module `qstate._engine`).
 
 pub mod address;
-pub mod codec;
+pub mod auth;
 pub mod engine;
 pub mod errors;
 pub mod front;
 pub mod grpc;
-pub mod hll;
-pub mod json;
-pub mod layout;
+pub mod http;
 pub mod local;
-pub mod marker;
-pub mod meta;
 pub mod metrics;
-pub mod query;
+pub mod partition;
 pub mod read;
 pub mod remote;
-pub mod secondary;
+pub mod settings;
 pub mod spec;
 pub mod table;
-pub mod timeparse;
-pub mod tls;
-pub mod tokens;
-pub mod upstream;
-pub mod windows;
+pub mod time;
+
+#[cfg(test)]
+mod vectors;
 
 /// The shards' internal API (proto/shard.proto).
 #[allow(clippy::all, clippy::pedantic)]

@@ -1,14 +1,17 @@
 //! The router's Prometheus series for what the engine answers (docs/metrics.md): kept here
 //! as counts since the last `take`, which Python adds to the same prometheus_client series
 //! it exports (summed across `--workers` like every other), so a dashboard sees one router
-//! whoever answered.
+//! whoever answered; and what only the engine knows: which front requests it answered itself
+//! and which it handed to the app (`qstate_router_front_requests_total`), and the panics it
+//! caught (`qstate_router_engine_panics_total`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
-/// `qstate.router.metrics._BUCKETS` (seconds), the last one +Inf.
+/// The latency buckets (seconds) of the router's histograms, the last one +Inf: Python makes
+/// its histograms with these (`qstate._engine.LATENCY_BUCKETS`).
 pub const BUCKETS: [f64; 10] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0];
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -37,6 +40,10 @@ pub struct Taken {
     /// partitions caught up with their shard's commits, by who did it: "read" (a read
     /// waited for it) or "follower" (off the read path)
     pub catchups: Vec<(&'static str, Histogram)>,
+    /// front requests by route template (or "other") and who answered: "engine" or "app"
+    pub front: Vec<(&'static str, &'static str, u64)>,
+    /// panics caught, by where: "front", "accept", "call", "follower"
+    pub panics: Vec<(&'static str, u64)>,
 }
 
 #[derive(Default)]
@@ -46,6 +53,8 @@ struct Counts {
     unavailable: HashMap<&'static str, u64>,
     refused: HashMap<&'static str, u64>,
     catchups: HashMap<&'static str, Histogram>,
+    front: HashMap<(&'static str, &'static str), u64>,
+    panics: HashMap<&'static str, u64>,
 }
 
 #[derive(Default)]
@@ -62,6 +71,25 @@ impl Metrics {
         let mut c = self.counts.lock();
         *c.requests.entry((route, method, status)).or_default() += 1;
         c.latency.entry(route).or_default().observe(seconds);
+    }
+
+    /// A request of the native front, by route and who answered it ("engine" or "app").
+    pub fn front(&self, route: &'static str, by: &'static str) {
+        *self.counts.lock().front.entry((route, by)).or_default() += 1;
+    }
+
+    /// A panic caught at `at`.
+    pub fn panicked(&self, at: &'static str) {
+        *self.counts.lock().panics.entry(at).or_default() += 1;
+    }
+
+    /// An error answer, as what it counts for.
+    pub fn failure(&self, f: &crate::errors::Failure) {
+        match f.counted() {
+            crate::errors::Counted::Nothing => {}
+            crate::errors::Counted::Refused(r) => self.refused(r),
+            crate::errors::Counted::Unavailable(r) => self.unavailable(r),
+        }
     }
 
     pub fn refused(&self, reason: &'static str) {
@@ -103,6 +131,8 @@ impl Metrics {
             unavailable: c.unavailable.into_iter().collect(),
             refused: c.refused.into_iter().collect(),
             catchups: c.catchups.into_iter().collect(),
+            front: c.front.into_iter().map(|((r, b), n)| (r, b, n)).collect(),
+            panics: c.panics.into_iter().collect(),
         }
     }
 }

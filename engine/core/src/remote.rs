@@ -1,49 +1,31 @@
-//! Keys whose partition is not on this host, read from their owner's shard server without
-//! Python (docs/architecture.md §5): the same coalescing as `qstate.router.coalesce` (keys of
-//! one shard asked at once leave together in one MultiGet, at most two calls in flight per
-//! group, at most `max_shard_queue` keys waiting per shard: beyond, a 429 at once), on
-//! channels that send the cluster token and speak TLS when the router's callers do.
+//! Keys whose partition is read from another process: its owner's (or a follower's) shard
+//! server over gRPC (docs/architecture.md §5). Keys of one shard asked at once leave together
+//! in one MultiGet (at most `MAX_BATCH` keys a call, two calls in flight per group), at most
+//! `max_shard_queue` keys wait per shard (beyond: 429 at once), on channels that send the
+//! cluster token and speak TLS when the router's callers do. The calls run on the engine's own
+//! runtime, whichever thread asks, so a channel outlives the request that opened it.
 //!
-//! Only the answers of a partition its owner holds (FOUND, ABSENT) are given here; anything
-//! else (the owner down, restoring, moving, refusing, none named yet) the caller hands to
-//! Python, which follows the routing table, asks a follower, and words the 503.
+//! This module reports what each server said (`Answered`); what to make of it (a move, a
+//! restore, a follower) is the read core's (`read::fetch`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 use tonic::codegen::http::uri::PathAndQuery;
 use tonic::metadata::MetadataValue;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
-use crate::codec::Value;
-use crate::local::Hit;
-use crate::read::Window;
-use crate::shardpb::{window, KeyQuery, KeyResult, KeyStatus, LookupReply, LookupRequest};
+use crate::errors::Failure;
+use crate::shardpb::{KeyQuery, KeyResult, LookupReply, LookupRequest};
 
 /// Keys per MultiGet (a shard takes at most 10,000).
 pub const MAX_BATCH: usize = 2000;
 const MAX_INFLIGHT: usize = 2;
 const MULTI_GET: &str = "/qstate.shard.v1.Shard/MultiGet";
-
-/// Keys asked of one shard, their answers to come.
-pub struct Asked(Vec<oneshot::Receiver<Result<KeyResult, ()>>>);
-
-impl Asked {
-    /// Each key's answer, in order.
-    pub async fn answers(self) -> Result<Vec<Hit>, Failed> {
-        let mut out = Vec::with_capacity(self.0.len());
-        for r in self.0 {
-            match r.await {
-                Ok(Ok(kr)) => out.push(hit(kr).ok_or(Failed::Handover)?),
-                _ => return Err(Failed::Handover),
-            }
-        }
-        Ok(out)
-    }
-}
 
 /// How the router's callers reach shard servers (`qstate.core.transport.security`).
 #[derive(Clone, Debug, Default)]
@@ -58,13 +40,38 @@ pub struct Callers {
     pub max_queue: usize,
 }
 
-/// Why a remote read did not give a key's answer.
-#[derive(Debug)]
-pub enum Failed {
-    /// `max_shard_queue` keys already wait for this shard: answered 429 at once
-    Overloaded(usize),
-    /// anything else: Python asks again and words the answer
-    Handover,
+/// Why a call gave no answers.
+#[derive(Clone, Debug)]
+pub enum CallFailed {
+    /// the server did not answer in `timeout`
+    Timeout,
+    /// it could not be reached (or no channel could be made to it)
+    Down,
+    /// it refused this router's cluster token
+    Unauthenticated,
+    /// it refused the request, naming why (its class and detail, from the trailers)
+    Refused(Failure),
+}
+
+/// What one server said about keys asked of it.
+pub type Answered = Result<Vec<KeyResult>, CallFailed>;
+
+/// Keys asked of one shard, their answers to come.
+pub struct Asked(Vec<oneshot::Receiver<Result<KeyResult, CallFailed>>>);
+
+impl Asked {
+    /// Each key's result, in order, or the call's failure.
+    pub async fn answers(self) -> Answered {
+        let mut out = Vec::with_capacity(self.0.len());
+        for r in self.0 {
+            match r.await {
+                Ok(Ok(kr)) => out.push(kr),
+                Ok(Err(f)) => return Err(f),
+                Err(_) => return Err(CallFailed::Down), // the call's task ended without a word
+            }
+        }
+        Ok(out)
+    }
 }
 
 /// One group of keys that leave together: same shard and the same question.
@@ -76,9 +83,10 @@ struct Group {
     state: String,
     range: Option<(i64, i64)>,
     limit: u32,
+    savepoint: String,
 }
 
-type Waiter = oneshot::Sender<Result<KeyResult, ()>>;
+type Waiter = oneshot::Sender<Result<KeyResult, CallFailed>>;
 
 #[derive(Default)]
 struct Pending {
@@ -97,21 +105,24 @@ struct State {
 
 pub struct Remote {
     callers: Callers,
+    runtime: Handle,
     state: Mutex<State>,
 }
 
-/// What to ask: the operator, the state, the range and how many windows a key.
+/// What to ask: the operator, the state, the range, how many windows a key, a savepoint.
 pub struct Ask<'a> {
     pub job: &'a str,
     pub operator: &'a str,
     pub state: &'a str,
     pub range: Option<(i64, i64)>,
     pub limit: u32,
+    pub savepoint: Option<&'a str>,
 }
 
 impl Remote {
-    pub fn new(callers: Callers) -> Arc<Remote> {
-        Arc::new(Remote { callers, state: Mutex::new(State::default()) })
+    /// Calls run on `runtime` (the engine's).
+    pub fn new(callers: Callers, runtime: Handle) -> Arc<Remote> {
+        Arc::new(Remote { callers, runtime, state: Mutex::new(State::default()) })
     }
 
     fn channel(&self, st: &mut State, address: &str) -> Option<Channel> {
@@ -131,14 +142,18 @@ impl Remote {
             tls = tls.domain_name(host);
             ep = ep.tls_config(tls).ok()?;
         }
-        let c = ep.connect_lazy();
+        let c = {
+            let _g = self.runtime.enter(); // its connection's tasks live on the engine's runtime
+            ep.connect_lazy()
+        };
         st.channels.insert(address.to_string(), c.clone());
         Some(c)
     }
 
-    /// Keys (with their partitions) asked of the shard at `address`: queued now, in the
-    /// group they leave with; `answers` waits for them. Err: the shard's queue is full.
-    pub fn ask(self: &Arc<Self>, address: &str, ask: &Ask<'_>, keys: Vec<KeyQuery>) -> Result<Asked, Failed> {
+    /// Keys (with their partitions) asked of the shard at `address`: queued now, in the group
+    /// they leave with; `answers` waits for them. Err: the shard's queue is full (how many
+    /// keys wait for it).
+    pub fn ask(self: &Arc<Self>, address: &str, ask: &Ask<'_>, keys: Vec<KeyQuery>) -> Result<Asked, usize> {
         let group = Group {
             address: address.to_string(),
             job: ask.job.to_string(),
@@ -146,18 +161,18 @@ impl Remote {
             state: ask.state.to_string(),
             range: ask.range,
             limit: if ask.range.is_some() { ask.limit } else { 0 },
+            savepoint: ask.savepoint.unwrap_or_default().to_string(),
         };
         let mut rx = Vec::with_capacity(keys.len());
         {
             let mut st = self.state.lock();
-            // as `ShardCaller.lookup` adds keys one by one: refused at the first that finds the
-            // queue full (what it says: how many wait then)
+            // refused at the first key that finds the queue full (what it says: how many wait)
             let waiting = st.waiting.get(address).copied().unwrap_or(0);
             if waiting >= self.callers.max_queue {
-                return Err(Failed::Overloaded(waiting));
+                return Err(waiting);
             }
             if waiting + keys.len() > self.callers.max_queue {
-                return Err(Failed::Overloaded(self.callers.max_queue));
+                return Err(self.callers.max_queue);
             }
             *st.waiting.entry(address.to_string()).or_default() += keys.len();
             let p = st.groups.entry(group.clone()).or_default();
@@ -171,7 +186,7 @@ impl Remote {
                 p.scheduled = true;
                 let me = self.clone();
                 // after the requests parsed with this one have joined
-                tokio::spawn(async move {
+                self.runtime.spawn(async move {
                     tokio::task::yield_now().await;
                     me.flush(group);
                 });
@@ -183,43 +198,65 @@ impl Remote {
     fn flush(self: &Arc<Self>, group: Group) {
         let mut st = self.state.lock();
         let Some(channel) = self.channel(&mut st, &group.address) else {
-            // an address no channel can be made to: every waiter is handed over
+            // an address no channel can be made to: every waiter hears the shard is down
             if let Some(p) = st.groups.remove(&group) {
-                let n = p.keys.len();
-                leave(&mut st, &group.address, n);
+                leave(&mut st, &group.address, p.keys.len());
+                for w in p.waiters {
+                    let _ = w.send(Err(CallFailed::Down));
+                }
             }
             return;
         };
         let mut calls = Vec::new();
+        let mut left = 0; // keys that leave the shard's queue: sent, or nobody waits for them
         {
             let Some(p) = st.groups.get_mut(&group) else { return };
             p.scheduled = false;
+            // lookups nobody waits for any more (their request went away): not sent at all
+            let before = p.keys.len();
+            let (keys, waiters): (Vec<_>, Vec<_>) = std::mem::take(&mut p.keys)
+                .into_iter()
+                .zip(std::mem::take(&mut p.waiters))
+                .filter(|(_, w)| !w.is_closed())
+                .unzip();
+            left += before - keys.len();
+            (p.keys, p.waiters) = (keys, waiters);
             while !p.keys.is_empty() && p.inflight < MAX_INFLIGHT {
                 let n = p.keys.len().min(MAX_BATCH);
                 let keys: Vec<KeyQuery> = p.keys.drain(..n).collect();
                 let waiters: Vec<Waiter> = p.waiters.drain(..n).collect();
                 p.inflight += 1;
+                left += n;
                 calls.push((keys, waiters));
             }
         }
-        for (keys, _) in &calls {
-            leave(&mut st, &group.address, keys.len());
+        if st.groups.get(&group).is_some_and(|p| p.keys.is_empty() && p.inflight == 0) {
+            st.groups.remove(&group);
         }
+        leave(&mut st, &group.address, left);
         drop(st);
         for (keys, waiters) in calls {
             let me = self.clone();
             let (group, channel) = (group.clone(), channel.clone());
-            tokio::spawn(async move {
-                let got = me.call(channel, &group, keys).await;
-                match got {
-                    Some(reply) if reply.results.len() == waiters.len() => {
+            self.runtime.spawn(async move {
+                match me.call(channel, &group, keys).await {
+                    Ok(reply) if reply.results.len() == waiters.len() => {
                         for (w, r) in waiters.into_iter().zip(reply.results) {
                             let _ = w.send(Ok(r));
                         }
                     }
-                    _ => {
+                    Ok(_) => {
+                        let f = CallFailed::Refused(Failure::engine(format!(
+                            "shard {} answered a MultiGet with another number of keys than asked",
+                            group.address
+                        )));
                         for w in waiters {
-                            let _ = w.send(Err(()));
+                            let _ = w.send(Err(f.clone()));
+                        }
+                    }
+                    Err(f) => {
+                        for w in waiters {
+                            let _ = w.send(Err(f.clone()));
                         }
                     }
                 }
@@ -248,7 +285,7 @@ impl Remote {
         }
     }
 
-    async fn call(&self, channel: Channel, g: &Group, keys: Vec<KeyQuery>) -> Option<LookupReply> {
+    async fn call(&self, channel: Channel, g: &Group, keys: Vec<KeyQuery>) -> Result<LookupReply, CallFailed> {
         let (from_ms, to_ms) = g.range.unwrap_or((0, 0));
         let msg = LookupRequest {
             job: g.job.clone(),
@@ -259,21 +296,54 @@ impl Remote {
             from_ms,
             to_ms,
             limit: g.limit,
-            savepoint: String::new(),
+            savepoint: g.savepoint.clone(),
         };
         let mut req = tonic::Request::new(msg);
         req.set_timeout(self.callers.timeout);
         if let Some(t) = &self.callers.token {
-            let v: MetadataValue<_> = format!("Bearer {t}").parse().ok()?;
+            let v: MetadataValue<_> = format!("Bearer {t}").parse().map_err(|_| CallFailed::Unauthenticated)?;
             req.metadata_mut().insert("authorization", v);
         }
         let mut grpc = tonic::client::Grpc::new(channel);
         let fut = async {
-            grpc.ready().await.ok()?;
+            grpc.ready().await.map_err(|_| CallFailed::Down)?;
             let codec = tonic_prost::ProstCodec::<LookupRequest, LookupReply>::default();
-            grpc.unary(req, PathAndQuery::from_static(MULTI_GET), codec).await.ok()
+            grpc.unary(req, PathAndQuery::from_static(MULTI_GET), codec).await.map_err(|s| failed(&s))
         };
-        tokio::time::timeout(self.callers.timeout, fut).await.ok().flatten().map(tonic::Response::into_inner)
+        match tokio::time::timeout(self.callers.timeout, fut).await {
+            Ok(r) => r.map(tonic::Response::into_inner),
+            Err(_) => Err(CallFailed::Timeout),
+        }
+    }
+}
+
+/// A gRPC status as what it says of the call: a transport condition, or the server's refusal
+/// with the class and detail its trailers name (`qstate.core.errors.grpc_trailers`).
+fn failed(s: &tonic::Status) -> CallFailed {
+    match s.code() {
+        tonic::Code::DeadlineExceeded => CallFailed::Timeout,
+        tonic::Code::Unavailable | tonic::Code::Cancelled | tonic::Code::Unknown => CallFailed::Down,
+        tonic::Code::Unauthenticated => CallFailed::Unauthenticated,
+        _ => {
+            let meta = s.metadata();
+            let class = meta.get("qstate-error").and_then(|v| v.to_str().ok()).unwrap_or("");
+            let detail = meta.get("qstate-detail").and_then(|v| v.to_str().ok());
+            let class = if class.is_empty() { by_code(s.code()) } else { class };
+            CallFailed::Refused(Failure::remote(class, s.message().to_string(), detail))
+        }
+    }
+}
+
+/// The class a refusal without trailers is (`qstate.core.errors._BY_CODE`).
+fn by_code(code: tonic::Code) -> &'static str {
+    match code {
+        tonic::Code::InvalidArgument => "InvalidRequest",
+        tonic::Code::NotFound => "NotFound",
+        tonic::Code::Aborted => "StaleEpoch",
+        tonic::Code::FailedPrecondition => "NotOwner",
+        tonic::Code::DataLoss => "DeltaMismatch",
+        tonic::Code::PermissionDenied => "Forbidden",
+        _ => "QStateError",
     }
 }
 
@@ -284,32 +354,4 @@ fn leave(st: &mut State, address: &str, n: usize) {
             st.waiting.remove(address);
         }
     }
-}
-
-/// A shard's answer about one key as a hit: FOUND and ABSENT only (the others are Python's).
-fn hit(r: KeyResult) -> Option<Hit> {
-    let status = KeyStatus::try_from(r.status).ok()?;
-    if status != KeyStatus::Found && status != KeyStatus::Absent {
-        return None;
-    }
-    let windows = r
-        .windows
-        .iter()
-        .map(|w| Window {
-            start: w.windowed.then_some(w.start_ms),
-            end: w.windowed.then_some(w.end_ms),
-            value: match w.value {
-                Some(window::Value::IntValue(v)) => Value::Long(v),
-                Some(window::Value::DoubleValue(v)) => Value::Double(v),
-                None => Value::Null,
-            },
-        })
-        .collect();
-    Some(Hit {
-        found: status == KeyStatus::Found,
-        batch: r.batch,
-        watermark_ms: r.watermark_ms,
-        windows,
-        next_from: r.next_from_ms,
-    })
 }

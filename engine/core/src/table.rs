@@ -1,6 +1,8 @@
 //! What Python's routing table knows, pushed to the engine when it changes
-//! (docs/architecture.md §5, the seam): each operator's spec and each partition's owner.
-//! An operator the table does not know is asked of Python (which refreshes from storage).
+//! (docs/architecture.md §5, the seam): each operator's spec and each partition's owner and
+//! followers, and what an unknown job's 404 may say (the storage the router reads, and
+//! whether it may name the jobs it serves). An operator the table does not know makes the
+//! read ask the control plane to refresh it (`Engine::refresh`) before it answers 404.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -15,12 +17,31 @@ pub struct Entry {
     pub followers: Vec<Vec<Arc<str>>>,
 }
 
+impl Entry {
+    pub fn owner(&self, partition: u32) -> Option<Arc<str>> {
+        self.owners.get(partition as usize).cloned().flatten()
+    }
+
+    pub fn followers(&self, partition: u32) -> &[Arc<str>] {
+        self.followers.get(partition as usize).map_or(&[], Vec::as_slice)
+    }
+}
+
 #[derive(Default)]
 pub struct Table {
     jobs: HashMap<String, HashMap<String, Arc<Entry>>>,
+    /// the checkpoint storage the router reads (named in an unknown job's 404)
+    pub storage: String,
+    /// whether an unknown job's 404 may name the jobs served (not where client tokens scope
+    /// what a caller may see)
+    pub disclose_jobs: bool,
 }
 
 impl Table {
+    pub fn new(storage: String, disclose_jobs: bool) -> Table {
+        Table { jobs: HashMap::new(), storage, disclose_jobs }
+    }
+
     pub fn insert(&mut self, entry: Entry) {
         let (job, operator) = (entry.op.spec.job.clone(), entry.op.spec.operator.clone());
         self.jobs.entry(job).or_default().insert(operator, Arc::new(entry));
@@ -28,6 +49,17 @@ impl Table {
 
     pub fn get(&self, job: &str, operator: &str) -> Option<&Arc<Entry>> {
         self.jobs.get(job)?.get(operator)
+    }
+
+    pub fn has_job(&self, job: &str) -> bool {
+        self.jobs.contains_key(job)
+    }
+
+    /// The jobs served, sorted.
+    pub fn job_names(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = self.jobs.keys().map(String::as_str).collect();
+        names.sort_unstable();
+        names
     }
 
     pub fn is_empty(&self) -> bool {

@@ -40,6 +40,13 @@ POINTS: Final[dict[str, str]] = {
                            "Spark has not committed N",
     "savepoint.after-pending": "`qstate savepoint create` wrote the pending record of a "
                                "savepoint at batch N and has not checked its files",
+    # the router's read engine: a panic, caught, instead of a kill (docs/architecture.md §5)
+    "router.read-panic": "a router's read of a partition at batch N panics in the read "
+                         "engine: the request is answered 500 (EngineFailed) and the router "
+                         "goes on answering",
+    "router.accept-panic": "the router's native front panics handing out its Nth connection "
+                           "(N counts connections, not batches): that connection is closed, "
+                           "the front goes on accepting",
 }
 
 _FORMAT = re.compile(r"(?P<point>[a-z.-]+)@(?P<batch>\d+)(?::(?P<operator>.+))?")

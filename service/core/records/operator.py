@@ -58,11 +58,23 @@ class Aggregate:
             raise InvalidRequest("approx_count_distinct needs lg_k between 4 and 21")
 
     def typed(self, value: float | None) -> int | float | None:
-        """``value`` as the answer's declared type: the one place that decides whether a
-        client reads a long or a double (every path and protocol answers the same)."""
+        """``value`` as the answer's declared type: whether a client reads a long or a double.
+        A long answer of a double (a long average) truncates toward zero and saturates at the
+        int64 bounds, NaN is no value: as the read engine types it (``tests/vectors``)."""
         if value is None:
             return None
-        return int(value) if self.type == "long" else float(value)
+        if self.type != "long":
+            return float(value)
+        if value != value:  # NaN
+            return None
+        if value >= _TWO_63:
+            return _TWO_63 - 1
+        if value < -_TWO_63:
+            return -_TWO_63
+        return int(value)
+
+
+_TWO_63 = 1 << 63
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -11,12 +14,28 @@ FIXED = ["", "a", "campaign-17", "tw-123456", "ünïcødé ✓ 中文 🚀", "x"
          "é" * 512, "key with spaces", "\x00nul"]
 
 
+VECTORS = Path(__file__).parents[2] / "vectors" / "address.json"
+
+
 @pytest.mark.spark
 @pytest.mark.parametrize("partitions", [1, 7, 64, 4096])
 def test_partition_of_equals_spark_pmod_xxhash64(spark, partitions: int) -> None:
     df = spark.createDataFrame([(k,) for k in FIXED], "k string")
     rows = df.selectExpr("k", f"pmod(xxhash64(k), {partitions}) AS p").collect()
     assert {r.k: r.p for r in rows} == {k: partition_of(k, partitions) for k in FIXED}
+
+
+@pytest.mark.spark
+def test_the_vectors_partitions_are_sparks(spark) -> None:
+    """tests/vectors/address.json, which the engine's cargo test and the Python tests read,
+    holds the partitions Spark computes."""
+    cases = json.loads(VECTORS.read_text())["partitions"]
+    keys = [c["key"] if isinstance(c["key"], str) else c["key"]["repeat"] * c["key"]["times"]
+            + c["key"].get("then", "") for c in cases]
+    df = spark.createDataFrame([(k, c["partitions"]) for k, c in zip(keys, cases, strict=True)],
+                               "k string, n int")
+    got = [r.p for r in df.selectExpr("pmod(xxhash64(k), n) AS p").collect()]
+    assert got == [c["partition"] for c in cases]
 
 
 @given(st.text(max_size=300), st.integers(min_value=1, max_value=5000))

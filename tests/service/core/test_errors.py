@@ -14,6 +14,7 @@ from qstate.core.errors import (
     CommitFailed,
     CorruptState,
     DeltaMismatch,
+    EngineFailed,
     Fenced,
     Forbidden,
     InvalidAddress,
@@ -57,6 +58,7 @@ DOCUMENTED: dict[type[QStateError], tuple[int, grpc.StatusCode]] = {
     Unauthenticated: (401, Code.UNAUTHENTICATED),
     Forbidden: (403, Code.PERMISSION_DENIED),
     Overloaded: (429, Code.RESOURCE_EXHAUSTED),
+    EngineFailed: (500, Code.INTERNAL),
 }
 
 

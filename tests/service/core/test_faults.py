@@ -67,7 +67,7 @@ def test_parse_errors_name_the_setting_and_the_problem(text: str, says: str) -> 
 
 def test_every_point_parses() -> None:
     assert {parse(f"{p}@1").point for p in POINTS} == set(POINTS)  # type: ignore[union-attr]
-    assert {p.split(".")[0] for p in POINTS} == {"shard", "driver", "savepoint"}
+    assert {p.split(".")[0] for p in POINTS} == {"shard", "driver", "savepoint", "router"}
 
 
 def test_matching_point_batch_and_operator() -> None:

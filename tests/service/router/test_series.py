@@ -9,11 +9,12 @@ import httpx
 import jsonschema
 import pytest
 
+from qstate._engine import parse_time
 from qstate.core.errors import InvalidRequest
-from qstate.router.wire import FAR, parse_limit, parse_time, time_range
 from tests.shop import BATCHES, BIG, KEYS, WINDOW, Shop, avg_ms, views, window
 
 NOW = 1_767_225_600_000
+FAR = 1 << 62  # an open end of a range: every time is clamped within it
 SERIES = "/v1/series/{job}/{operator}/{state}/{key}"
 
 
@@ -37,26 +38,26 @@ def test_a_time_it_does_not_know_is_refused_naming_the_forms(text: str) -> None:
 @pytest.mark.parametrize("text", ["now-999999999999w", "now+999999999999w",
                                   "-" + "9" * 19, "9" * 19])
 def test_times_beyond_any_window_are_open_ends_not_overflows(text: str) -> None:
-    lo, hi = time_range(text, text)  # type: ignore[misc]
-    assert -FAR <= lo <= FAR and -FAR <= hi <= FAR
+    assert -FAR <= parse_time("from", text, now_ms=NOW) <= FAR
 
 
 @pytest.mark.parametrize("text", ["now-9999999999999w", "9" * 20, "-" + "9" * 40])
 def test_times_longer_than_the_documented_pattern_are_a_clear_400(text: str) -> None:
     with pytest.raises(InvalidRequest, match="at most 19 digits"):
-        time_range(text, None)
+        parse_time("from", text, now_ms=NOW)
 
 
-@pytest.mark.parametrize("text", ["²", "٣", "1.5", "-1", "9" * 10, ""])
-def test_a_limit_that_is_not_a_whole_number_is_a_clear_400(text: str) -> None:
-    with pytest.raises(InvalidRequest, match="'limit' must be a whole number of windows"):
-        parse_limit(text, 10_000)
-
-
-@pytest.mark.parametrize("text", ["0", "10001"])
-def test_a_limit_out_of_bounds_is_a_clear_400(text: str) -> None:
-    with pytest.raises(InvalidRequest, match="ask for 1 to 10000 windows"):
-        parse_limit(text, 10_000)
+@pytest.mark.parametrize("route", ["local", "grpc"])
+@pytest.mark.parametrize(("text", "words"), [
+    ("²", "'limit' must be a whole number of windows"), ("٣", "must be a whole number"),
+    ("1.5", "must be a whole number"), ("-1", "must be a whole number"),
+    ("9" * 10, "must be a whole number"), ("0", "ask for 1 to 10000 windows"),
+    ("10001", "ask for 1 to 10000 windows")])
+def test_a_limit_that_is_not_one_is_a_clear_400(shop: Shop, route: str, text: str,
+                                                words: str) -> None:
+    path = SERIES.format(job="shop", operator="views_1m", state="views", key=KEYS[0])
+    r = httpx.get(f"{shop.routers[route].url}{path}", params={"from": "0", "limit": text})
+    assert r.status_code == 400 and words in r.json()["message"], r.text
 
 
 def schema_of(doc: dict, template: str, status: int) -> dict:

@@ -2,15 +2,11 @@
 /v1/state/{job}/{operator}:batchGet``, docs/feast.md): over the session's shop through a
 router reading partitions in-process and one asking their owners, every key in every state
 equals truth, key by key in the states' order, and a key's states are of one batch; what it
-refuses and why; the client's face. The rounds that keep a key's states at one batch are
-driven with reads a test writes (``QueryService.multi_states``)."""
+refuses and why; the client's face. The rounds that keep a key's states at one batch are the
+read core's (``engine/core/src/read/wait.rs``, driven by commits in its cargo tests)."""
 
 from __future__ import annotations
 
-import asyncio
-from collections import Counter
-from collections.abc import Callable
-from types import SimpleNamespace
 from typing import Any
 
 import grpc
@@ -18,14 +14,9 @@ import httpx
 import pytest
 
 from qstate.client import Client
-from qstate.core.errors import InvalidRequest, Unavailable, UnknownOperator
 from qstate.proto import qstate_pb2 as qpb
 from qstate.proto import qstate_pb2_grpc as qpb_grpc
-from qstate.router.auth import target_of
-from qstate.router.hits import Hit, Row
-from qstate.router.query import STATE_ROUNDS, QueryService
-from qstate.router.request import StateQuery
-from tests.shop import BATCHES, BIG, KEYS, ROUTES, SPEC, Shop, avg_ms, views, window
+from tests.shop import BATCHES, BIG, KEYS, ROUTES, Shop, avg_ms, views, window
 
 LAST = BATCHES - 1
 PATH = "/v1/state/shop/views_1m:batchGet"
@@ -62,7 +53,7 @@ def test_a_range_of_every_state_holds_every_batchs_window(shop: Shop, route: str
 
 @pytest.mark.parametrize(("body", "status", "words"), [
     ({"keys": ["page-1"], "states": []}, 400, "'states' is empty"),
-    ({"keys": ["page-1"], "states": ["views", "views"]}, 400, "'views' twice"),
+    ({"keys": ["page-1"], "states": ["views", "views"]}, 400, '"views" twice'),
     ({"keys": ["page-1"], "states": ["views", "likes"]}, 404, "likes"),
     ({"keys": ["page-1"], "states": ["a b"]}, 400, "state"),
     ({"keys": [f"page-{i}" for i in range(501)], "states": ["views", "avg_ms"]}, 400,
@@ -104,70 +95,3 @@ def test_grpc_multiget_of_several_states_as_truth(shop: Shop, route: str) -> Non
                                               keys=keys, states=["avg_ms"]), timeout=10)
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "not both" in (e.value.details() or "")
-
-
-def test_a_token_of_the_operator_may_read_its_states() -> None:
-    """The scope a request needs is its operator's (the native front's rule is Rust's
-    ``tokens::target_of``, the same)."""
-    assert target_of("/v1/state/shop/views_1m:batchGet") == ("shop", "views_1m")
-    assert target_of("/v1/state/shop/views_1m/views:batchGet") == ("shop", "views_1m")
-
-
-# -- the rounds, with reads a test writes ------------------------------------------------
-
-Reads = Callable[[StateQuery], int | Exception]  # a state's read -> the batch it answers at
-
-
-def service(read: Reads, asked: list[tuple[str, int | None]]) -> QueryService:
-    """A query core whose ``multi_lookup`` answers each key at the batch ``read`` gives."""
-    q = QueryService(SimpleNamespace(), SimpleNamespace(caller=None, retry_after_s=1.5))  # type: ignore[arg-type]
-    ended: Counter[str] = Counter()  # reads of each state that ended
-    changed = asyncio.Condition()
-
-    async def multi_lookup(sq: StateQuery, local: bool = True) -> Any:
-        asked.append((sq.state, sq.min_batch))
-        if sq.state == "views":  # the first state's read ends after the second's of its round
-            async with changed:
-                await changed.wait_for(lambda: ended["avg_ms"] > ended["views"])
-        try:
-            got = read(sq)
-            if isinstance(got, Exception):
-                raise got
-            return SPEC, [(k, Hit(True, got, 0, [Row(0, 60_000, got)])) for k in sq.keys]
-        finally:
-            async with changed:
-                ended[sq.state] += 1
-                changed.notify_all()
-
-    q.multi_lookup = multi_lookup  # type: ignore[method-assign,assignment]
-    return q
-
-
-def states_read(q: QueryService) -> Any:
-    # the states are read side by side: one after the other, the first would wait forever
-    return asyncio.run(asyncio.wait_for(q.multi_states(q.states_batch(
-        "shop", "views_1m", ["views", "avg_ms"], ["a", "b"])), 10))
-
-
-def test_a_commit_between_two_states_reads_them_again_at_the_newest_batch() -> None:
-    at = {"views": 4, "avg_ms": 5}  # avg_ms was read after batch 5 committed
-    asked: list[tuple[str, int | None]] = []
-    _, hits = states_read(service(lambda sq: max(at[sq.state], sq.min_batch or 0), asked))
-    assert asked == [("views", None), ("avg_ms", None), ("views", 5), ("avg_ms", 5)]
-    assert [(k, s, h.batch) for k, s, h in hits] == [
-        ("a", "views", 5), ("a", "avg_ms", 5), ("b", "views", 5), ("b", "avg_ms", 5)]
-
-
-def test_states_that_never_meet_at_one_batch_are_a_503_never_a_mixed_answer() -> None:
-    tick = iter(range(100))
-    asked: list[tuple[str, int | None]] = []
-    with pytest.raises(Unavailable, match="answered at batches") as e:
-        states_read(service(lambda sq: next(tick), asked))
-    assert e.value.reason == "behind" and e.value.retry_after_s == 1.5
-    assert len(asked) == 2 * STATE_ROUNDS
-
-
-def test_an_error_is_the_first_states_in_the_order_asked() -> None:
-    errors = {"views": UnknownOperator("views failed"), "avg_ms": InvalidRequest("avg_ms")}
-    with pytest.raises(UnknownOperator, match="views failed"):
-        states_read(service(lambda sq: errors[sq.state], []))

@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from qstate.router.reads import Hit, Row
+from qstate.router.hits import Hit, Row
 from qstate.router.request import WatchQuery
 from qstate.router.top import Ranked, TopResult
 from qstate.router.watch import Watcher, WatchHub, _KeyFeed, _TopFeed

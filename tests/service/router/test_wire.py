@@ -1,13 +1,15 @@
-"""The router's answer bytes without models (``qstate.router.wire``) equal the models' bytes
-(``qstate.core.answer``), which the OpenAPI document and every other route serve."""
+"""The answer bytes written without models equal the models' bytes (``qstate.core.answer``),
+which the OpenAPI document states and the clients parse: a key's answer as the read core
+writes it (``qstate._engine.answer_json``, every read's), a watch event as the router's
+Python writes it around those (``qstate.router.wire``)."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from qstate._engine import answer_json
 from qstate.core.answer import (
-    BatchAnswer,
     StateAnswer,
     TopAnswer,
     TopEntry,
@@ -16,15 +18,10 @@ from qstate.core.answer import (
     WindowSpan,
 )
 from qstate.partition.ranking import Ranked
-from qstate.router.reads import Hit, Row
+from qstate.router.hits import Hit, Row
 from qstate.router.top import TopResult
 from qstate.router.watch import Push
-from qstate.router.wire import (
-    answer_fields,
-    batch_answer_json,
-    state_answer_json,
-    watch_event_json,
-)
+from qstate.router.wire import watch_event_json
 from tests.shop import SPEC
 
 _int64 = st.integers(-(2**63), 2**63 - 1)
@@ -37,30 +34,18 @@ _windows = st.lists(st.builds(lambda s, e, v: Window.model_construct(start=s, en
 @settings(max_examples=300, deadline=None)
 @given(st.text(max_size=40), st.text(max_size=40), st.booleans(), _int64, _int64, _windows,
        st.one_of(st.none(), _int64))
-def test_the_hot_path_bytes_are_the_models_bytes(job: str, key: str, found: bool, batch: int,
-                                                 watermark: int, windows: list[Window],
-                                                 next_from: int | None) -> None:
-    """The point GET answers ``state_answer_json``; the OpenAPI document and every other
-    route the model: the same bytes for any key (any text), value and window."""
+def test_the_read_cores_bytes_are_the_models_bytes(job: str, key: str, found: bool,
+                                                   batch: int, watermark: int,
+                                                   windows: list[Window],
+                                                   next_from: int | None) -> None:
+    """Every read answers a key in the read core's bytes; the OpenAPI document names the
+    model: the same bytes for any key (any text), value and window."""
     model = StateAnswer.model_construct(job=job, operator="op", state="st", key=key,
                                         found=found, batch=batch, watermark=watermark,
                                         windows=windows, next_from=next_from)
-    assert state_answer_json(job, "op", "st", key, found, batch, watermark, windows,
-                             next_from) == model.model_dump_json().encode()
-
-
-@settings(max_examples=100, deadline=None)
-@given(st.lists(st.tuples(st.text(max_size=20), st.booleans(), _int64, _windows,
-                          st.one_of(st.none(), _int64)), max_size=4))
-def test_a_batch_is_the_models_bytes(items: list[tuple[str, bool, int, list[Window],
-                                                         int | None]]) -> None:
-    """``:batchGet`` answers ``batch_answer_json``; the OpenAPI document names BatchAnswer."""
-    models = [StateAnswer.model_construct(job="j", operator="op", state="st", key=k,
-                                          found=f, batch=b, watermark=7, windows=ws,
-                                          next_from=n) for k, f, b, ws, n in items]
-    fields = [answer_fields("j", "op", "st", k, f, b, 7, ws, n) for k, f, b, ws, n in items]
-    assert batch_answer_json(fields) == \
-        BatchAnswer.model_construct(results=models).model_dump_json().encode()
+    rows = [(w.start, w.end, w.value) for w in windows]
+    assert answer_json(job, "op", "st", key, found, batch, watermark, rows,
+                       next_from) == model.model_dump_json().encode()
 
 
 _ranked = st.lists(st.builds(Ranked, st.text(max_size=10), st.one_of(_int64, st.floats())),

@@ -1,10 +1,10 @@
-//! Answers as bytes: what the Python router writes with orjson (`qstate.router.wire`),
-//! byte for byte (the property test tests/service/router/test_native_front.py holds them
-//! equal): orjson's float and string forms, and Python's `repr` of an ASCII string for the
-//! messages that quote a key.
+//! Answers as JSON bytes, written here for every front (docs/architecture.md §5, one read
+//! core). Numbers and strings take orjson's forms, which the router's Python answers (top-N,
+//! watch events) are written in too: `tests/vectors/json.json` pins the two writers to the
+//! same bytes for doubles and strings.
 
-use crate::codec::Value;
-use crate::local::Hit;
+use crate::partition::codec::Value;
+use crate::read::Hit;
 
 pub fn push_i64(out: &mut Vec<u8>, v: i64) {
     out.extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
@@ -122,7 +122,7 @@ pub fn push_value(out: &mut Vec<u8>, v: Value) {
     }
 }
 
-/// `answer_fields(...)` of one key, as orjson writes it (a `StateAnswer`'s fields in order).
+/// One key's answer, a `StateAnswer`'s fields in their order (`qstate.core.answer`).
 pub fn push_answer(out: &mut Vec<u8>, job: &str, operator: &str, state: &str, key: &str, h: &Hit) {
     out.extend_from_slice(b"{\"job\":");
     push_str(out, job);
@@ -155,84 +155,64 @@ pub fn push_answer(out: &mut Vec<u8>, job: &str, operator: &str, state: &str, ke
     out.push(b'}');
 }
 
-/// Python's `repr()` of an ASCII string; None for any other (only Python words those).
-pub fn py_repr(s: &str) -> Option<String> {
-    if !s.is_ascii() {
-        return None;
-    }
-    let quote = if s.contains('\'') && !s.contains('"') { '"' } else { '\'' };
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push(quote);
-    for c in s.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if c == quote => {
-                out.push('\\');
-                out.push(c);
-            }
-            ' '..='~' => out.push(c),
-            c => out.push_str(&format!("\\x{:02x}", c as u32)),
+/// `{"results": [...]}` of `answers` (state, key, hit) in order: a `BatchAnswer`.
+pub fn results<'a>(
+    job: &str,
+    operator: &str,
+    answers: impl ExactSizeIterator<Item = (&'a str, &'a str, &'a Hit)>,
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64 + 200 * answers.len());
+    out.extend_from_slice(b"{\"results\":[");
+    for (i, (state, k, h)) in answers.enumerate() {
+        if i > 0 {
+            out.push(b',');
         }
+        push_answer(&mut out, job, operator, state, k, h);
     }
-    out.push(quote);
-    Some(out)
+    out.extend_from_slice(b"]}");
+    out
+}
+
+/// A key's windows as points `[{"time": ..., "value": ...}]` (a `Series`, for dashboards): a
+/// window's start, or the batch's watermark for state without windows.
+pub fn series(h: &Hit) -> Vec<u8> {
+    let mut out = Vec::with_capacity(16 + 40 * h.windows.len());
+    out.push(b'[');
+    for (i, w) in h.windows.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(b"{\"time\":");
+        push_i64(&mut out, w.start.unwrap_or(h.watermark_ms));
+        out.extend_from_slice(b",\"value\":");
+        push_value(&mut out, w.value);
+        out.push(b'}');
+    }
+    out.push(b']');
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::vectors;
 
-    fn f(v: f64) -> String {
-        let mut out = Vec::new();
-        push_f64(&mut out, v);
-        String::from_utf8(out).unwrap()
-    }
-
+    /// tests/vectors/json.json: doubles and strings as the answers write them (orjson's
+    /// forms: the router's Python writes its own answers with orjson, pytest holds it to the
+    /// same file).
     #[test]
-    fn floats_as_orjson() {
-        // each pair printed by orjson 3.13
-        for (v, s) in [
-            (1e16, "1e+16"),
-            (1e15, "1000000000000000.0"),
-            (1.5, "1.5"),
-            (0.1, "0.1"),
-            (1e-7, "1e-7"),
-            (1e-5, "0.00001"),
-            (1e-4, "0.0001"),
-            (123456.789, "123456.789"),
-            (5e-324, "5e-324"),
-            (1.7976931348623157e308, "1.7976931348623157e+308"),
-            (-0.0, "-0.0"),
-            (100.0, "100.0"),
-            (1e21, "1e+21"),
-            (12345678901234567.0, "1.2345678901234568e+16"),
-            (2.5e-8, "2.5e-8"),
-            (9007199254740992.0, "9007199254740992.0"),
-            (30000000000.0, "30000000000.0"),
-            (4.35e-6, "4.35e-6"),
-            (f64::NAN, "null"),
-            (f64::NEG_INFINITY, "null"),
-        ] {
-            assert_eq!(f(v), s, "{v:e}");
+    fn as_the_vectors_say() {
+        let v = vectors::load("json.json");
+        for case in v["doubles"].as_array().expect("doubles") {
+            let bits = u64::from_str_radix(case["bits"].as_str().expect("bits"), 16).expect("hex");
+            let mut out = Vec::new();
+            push_f64(&mut out, f64::from_bits(bits));
+            assert_eq!(String::from_utf8(out).unwrap(), case["json"].as_str().expect("json"), "{bits:x}");
         }
-    }
-
-    #[test]
-    fn strings_as_orjson() {
-        let mut out = Vec::new();
-        push_str(&mut out, "a\u{0}\u{1f}\u{7f}\"\\\n\t\r\u{8}\u{c}\u{2028} é");
-        assert_eq!(out, b"\"a\\u0000\\u001f\x7f\\\"\\\\\\n\\t\\r\\b\\f\xe2\x80\xa8 \xc3\xa9\"");
-    }
-
-    #[test]
-    fn repr_as_python() {
-        assert_eq!(py_repr("tw-1").unwrap(), "'tw-1'");
-        assert_eq!(py_repr("it's").unwrap(), "\"it's\"");
-        assert_eq!(py_repr("a'b\"c").unwrap(), "'a\\'b\"c'");
-        assert_eq!(py_repr("\u{1}\u{7f}\\").unwrap(), "'\\x01\\x7f\\\\'");
-        assert_eq!(py_repr("é"), None);
+        for case in v["strings"].as_array().expect("strings") {
+            let mut out = Vec::new();
+            push_str(&mut out, &vectors::text(&case["value"]));
+            assert_eq!(String::from_utf8(out).unwrap(), case["json"].as_str().expect("json"));
+        }
     }
 }

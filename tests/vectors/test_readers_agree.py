@@ -1,4 +1,5 @@
-"""One value layout, two readers (docs/architecture.md §5, "Value layout"): the bytes the
+"""One value layout, two readers (docs/architecture.md §5, "Value layout"), as a property
+beside the committed vectors of ``test_vectors.py``: the bytes the
 shard's encoder writes (``qstate.partition.codec``, Python) decoded by the shard's own Python
 and by the read engine (``qstate._engine``, Rust) must give the same answers, for every
 aggregate kind and edge: a long sum saturated at either bound, absent values, NaN and ±inf
@@ -15,7 +16,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from qstate._engine import decode_value, float_json
+from qstate._engine import answer_json, decode_value
 from qstate.core.records.operator import AggKind, Aggregate, OperatorSpec, StateType, WindowSpec
 from qstate.partition.codec import INT64_MAX, INT64_MIN, OVERFLOWED, Codec
 from tests.service.shard.sim import sketch
@@ -148,6 +149,9 @@ def test_the_edges_by_name() -> None:
 
 @given(st.floats(allow_nan=False, allow_infinity=False))
 def test_a_double_is_written_as_orjson_writes_it(v: float) -> None:
+    """The read core writes an answer's doubles as orjson writes the router's other answers
+    (any double, beside the fixed ones of json.json)."""
     import orjson
 
-    assert float_json(v) == orjson.dumps(v)
+    got = answer_json("j", "o", "s", "k", True, 0, 0, [(None, None, v)], None)
+    assert b'"value":' + orjson.dumps(v) + b"}]" in got

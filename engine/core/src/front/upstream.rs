@@ -21,6 +21,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::UnixStream;
 
+use crate::errors::Failure;
+
 /// A Unix stream the pooling client can hold.
 pub struct Unix(TokioIo<UnixStream>);
 
@@ -118,10 +120,20 @@ impl Upstream {
 }
 
 fn unreachable_app() -> Response<Either<Full<Bytes>, Incoming>> {
-    let body = br#"{"error":"Unavailable","message":"this router's application is not answering (starting or stopping); retry","retry_after_s":1.0}"#;
-    let mut r = Response::new(Either::Left(Full::new(Bytes::from_static(body))));
+    let f = Failure::unavailable(
+        "this router's application is not answering (starting or stopping); retry".to_string(),
+        1.0,
+        "app",
+        None,
+        None,
+    );
+    let mut r = Response::new(Either::Left(Full::new(Bytes::from(f.body()))));
     *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
     r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    r.headers_mut().insert("retry-after", HeaderValue::from_static("1"));
+    for (k, v) in f.headers() {
+        if let Ok(v) = HeaderValue::from_str(&v) {
+            r.headers_mut().insert(k, v);
+        }
+    }
     r
 }

@@ -1,16 +1,17 @@
-//! Reading keys' windows from one partition's RocksDB, as `qstate.partition.reader` does
-//! (its Python twin on the shard): the latest window, or the windows starting in
-//! `[from, to)` oldest first, at most `limit`; a sliding window made from its panes.
+//! Reading keys' windows from one partition's RocksDB: the latest window, or the windows
+//! starting in `[from, to)` oldest first, at most `limit`; a sliding window made from its
+//! panes. The shard's Python reader (`qstate.partition.reader`) reads the same bytes the same
+//! way: `tests/service/partition/test_readers.py` holds the two equal.
 //! The caller knows which batch the instance holds (it does not change while read:
 //! docs/architecture.md §5), so no snapshot is taken.
 
 use rocksdb::{DBRawIteratorWithThreadMode, DB};
 
-use crate::codec::{Codec, Unsupported, Value};
-use crate::layout::{enc_time, key_prefix, pane_of, start_of, tag_of, NO_WINDOW};
-use crate::meta::Meta;
+use crate::partition::codec::{Codec, Corrupt, Value};
+use crate::partition::layout::{enc_time, key_prefix, pane_of, start_of, tag_of, NO_WINDOW};
+use crate::partition::meta::Meta;
+use crate::partition::windows::{first_window_of, last_window_of, ALL_WINDOWS};
 use crate::spec::OperatorSpec;
-use crate::windows::{first_window_of, last_window_of, ALL_WINDOWS};
 
 /// One window of one state, as read.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -31,15 +32,15 @@ type Iter<'a> = DBRawIteratorWithThreadMode<'a, DB>;
 
 #[derive(Debug)]
 pub enum ReadError {
-    /// a value only Python may answer (the request is handed to it)
-    Unsupported(&'static str),
+    /// bytes that do not parse as the layout says
+    Corrupt(String),
     /// RocksDB failed (files moving under a secondary: the partition is reopened)
     Db(String),
 }
 
-impl From<Unsupported> for ReadError {
-    fn from(u: Unsupported) -> Self {
-        ReadError::Unsupported(u.0)
+impl From<Corrupt> for ReadError {
+    fn from(c: Corrupt) -> Self {
+        ReadError::Corrupt(c.0.to_string())
     }
 }
 
@@ -217,7 +218,7 @@ fn sliding(
     if lo >= hi {
         return Ok(vec![]);
     }
-    let first_pane = i64::try_from(lo).map_err(|_| ReadError::Unsupported("a range beyond int64"))?;
+    let first_pane = i64::try_from(lo).map_err(|_| ReadError::Corrupt("a range beyond int64".into()))?;
     let stop = i64::try_from((hi + size).min(i128::from(i64::MAX))).expect("clamped");
     let mut seek = prefix.to_vec();
     seek.extend_from_slice(&enc_time(first_pane));
@@ -257,8 +258,8 @@ fn sliding(
     for (s, idx) in members.into_iter().take(limit) {
         let panes: Vec<&[u8]> = idx.iter().map(|&i| values[i].as_slice()).collect();
         let value = r.codec.fold_answer(&panes, r.state)?;
-        let start = i64::try_from(s).map_err(|_| ReadError::Unsupported("a window beyond int64"))?;
-        let end = i64::try_from(s + size).map_err(|_| ReadError::Unsupported("a window beyond int64"))?;
+        let start = i64::try_from(s).map_err(|_| ReadError::Corrupt("a window beyond int64".into()))?;
+        let end = i64::try_from(s + size).map_err(|_| ReadError::Corrupt("a window beyond int64".into()))?;
         out.push(Window { start: Some(start), end: Some(end), value });
     }
     Ok(out)

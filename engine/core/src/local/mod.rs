@@ -3,6 +3,8 @@
 //! pushes what it learns (the co-located servers from storage, each one's ready partitions
 //! from the router's Describe poller); every other read goes to the owner over gRPC.
 
+pub mod secondary;
+
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,11 +15,12 @@ use parking_lot::RwLock;
 use rocksdb::{BlockBasedOptions, Cache, Options};
 
 use crate::address::PartitionId;
-use crate::codec::Codec;
-use crate::marker::partition_dir;
-use crate::read::{page, read_latest_states, read_many, ReadError, Reading, Window};
-use crate::secondary::{Follow, Instance, Partition};
+use crate::partition::codec::Codec;
+use crate::partition::marker::partition_dir;
+use crate::partition::read::{page, read_latest_states, read_many, ReadError, Reading, Window};
+use crate::read::Hit;
 use crate::spec::OperatorSpec;
+use secondary::{Follow, Instance, Partition};
 
 /// A shard server on this host.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -25,16 +28,6 @@ pub struct LocalServer {
     pub address: String,
     pub data_dir: PathBuf,
     pub pid: i32,
-}
-
-/// One key's answer, as of one batch: what `qstate.router.reads.Hit` holds.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Hit {
-    pub found: bool,
-    pub batch: i64,
-    pub watermark_ms: i64,
-    pub windows: Vec<Window>,
-    pub next_from: Option<i64>,
 }
 
 /// An operator as the engine reads it.
@@ -65,15 +58,15 @@ pub struct Local {
     state: RwLock<State>,
 }
 
-/// Why a local read did not answer: ask the owner (Python's path) instead.
+/// Why a local read did not answer.
 #[derive(Debug)]
 pub enum Miss {
-    /// not on this host, not ready, its process gone, its marker gone
+    /// not on this host, not ready, its process gone, its marker gone: ask the owner
     NotHere,
-    /// a value only Python words exactly (e.g. a long answer of a non-finite double)
-    Unsupported(&'static str),
-    /// RocksDB failed under the read (files moving): the partition was closed
+    /// RocksDB failed under the read (files moving): the partition was closed; ask the owner
     Failed(String),
+    /// bytes that do not parse as the partition's layout (the owner's would not either)
+    Corrupt(String),
 }
 
 fn alive(pid: i32) -> bool {
@@ -204,29 +197,11 @@ impl Local {
         st.servers.get(owner).is_some_and(|s| alive(s.pid)) && st.ready.get(owner).is_some_and(|r| r.contains(pid))
     }
 
-    /// Keys of one partition read from `inst`, paged at `limit` (`read_local_many`).
-    // the partition (owner, pid, inst) and the read as `Engine::read_local` passes it through
-    // from Python's signature: a struct for them would be built only to be taken apart here
-    #[allow(clippy::too_many_arguments)]
-    pub fn read(
-        &self,
-        owner: &str,
-        pid: &PartitionId,
-        inst: &Instance,
-        op: &Operator,
-        state: usize,
-        keys: &[&str],
-        range: Option<(i64, i64)>,
-        limit: usize,
-    ) -> Result<Vec<Hit>, Miss> {
-        let r = Reading { spec: &op.spec, codec: &op.codec, state };
-        let per_key = read_many(inst.db(), &r, &inst.meta, keys, range, limit + 1);
-        self.hits(owner, pid, inst, per_key.map(|k| vec![k]), limit).map(|mut s| s.remove(0))
-    }
-
-    /// `read` of several states of the same keys (per state, then per key): the latest
-    /// windows with one seek of each key's record for all of them (`read_latest_states`),
-    /// a range or a sliding window state by state.
+    /// Keys of one partition read from `inst` in each of `states` (per state, then per key),
+    /// paged at `limit`: the latest windows with one seek of each key's record for all of them
+    /// (`read_latest_states`), a range or a sliding window state by state.
+    // the partition (owner, pid, inst) and the read as the core carries it: a struct for them
+    // would be built only to be taken apart here
     #[allow(clippy::too_many_arguments)]
     pub fn read_states(
         &self,
@@ -282,13 +257,34 @@ impl Local {
                         .collect()
                 })
                 .collect()),
-            Err(ReadError::Unsupported(why)) => Err(Miss::Unsupported(why)),
+            Err(ReadError::Corrupt(why)) => Err(Miss::Corrupt(why)),
             Err(ReadError::Db(m)) => {
                 self.drop_partition(owner, pid);
                 Err(Miss::Failed(m))
             }
         }
     }
+}
+
+/// Keys' windows from a partition's folder opened read-only, with its META's (batch,
+/// watermark): the engine's reader on bytes a shard wrote, for tools and the tests that hold it
+/// to the shard's own reader (`tests/service/partition/test_readers.py`).
+#[allow(clippy::type_complexity)]
+pub fn read_folder(
+    path: &std::path::Path,
+    op: &Operator,
+    state: usize,
+    keys: &[String],
+    range: Option<(i64, i64)>,
+    limit: usize,
+) -> Result<((i64, i64), Vec<(Vec<Window>, Option<i64>)>), String> {
+    let db = rocksdb::DB::open_for_read_only(&Options::default(), path, false).map_err(|e| e.into_string())?;
+    let raw = db.get_pinned(crate::partition::layout::META).map_err(|e| e.into_string())?;
+    let meta = crate::partition::meta::Meta::decode(raw.as_deref())?;
+    let r = Reading { spec: &op.spec, codec: &op.codec, state };
+    let ks: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let per_key = read_many(&db, &r, &meta, &ks, range, limit + 1).map_err(|e| format!("{e:?}"))?;
+    Ok(((meta.last_batch, meta.watermark_ms), per_key.into_iter().map(|ws| page(ws, limit)).collect()))
 }
 
 #[cfg(test)]

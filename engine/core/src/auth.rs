@@ -1,15 +1,16 @@
-//! Client tokens at the router's door (`qstate.router.auth`, `qstate.core.transport.tokens`):
-//! who is asking and whether their token's scopes cover what the path names, before any
-//! lookup. Python reads and checks the tokens file (and re-reads it when it changes, every
-//! second) and pushes the book here; a request handed to Python carries the principal this
-//! module found (docs/architecture.md §5, native front).
+//! Client tokens at the router's doors (docs/architecture.md §7): who is asking and whether
+//! their token's scopes cover what a request names, before any lookup, for every protocol: the
+//! native front and the Python app's wrapper (`qstate.router.auth`) ask `authorize` of a path,
+//! gRPC's methods `authenticate` then `Principal::check`. Python keeps the tokens file
+//! (`qstate.core.transport.tokens`: written hashed, re-read within a second of a change) and
+//! pushes its entries here; a request handed to the app carries the principal found here.
 
 use std::collections::BTreeSet;
 
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use crate::errors::ErrorAnswer;
+use crate::errors::Failure;
 
 pub const ALL: &str = "*";
 
@@ -34,7 +35,7 @@ impl Principal {
         self.scopes.iter().cloned().collect::<Vec<_>>().join(", ")
     }
 
-    pub fn check(&self, job: &str, operator: Option<&str>) -> Result<(), ErrorAnswer> {
+    pub fn check(&self, job: &str, operator: Option<&str>) -> Result<(), Failure> {
         if self.allows(job, operator) {
             return Ok(());
         }
@@ -42,14 +43,14 @@ impl Principal {
             None => job.to_string(),
             Some(op) => format!("{job}/{op}"),
         };
-        Err(ErrorAnswer::forbidden(format!("token '{}' may read {}; not {asked}", self.name, self.listed())))
+        Err(Failure::forbidden(format!("token '{}' may read {}; not {asked}", self.name, self.listed())))
     }
 
-    pub fn check_all(&self, what: &str) -> Result<(), ErrorAnswer> {
+    pub fn check_all(&self, what: &str) -> Result<(), Failure> {
         if self.scopes.contains(ALL) {
             return Ok(());
         }
-        Err(ErrorAnswer::forbidden(format!(
+        Err(Failure::forbidden(format!(
             "token '{}' may read {}; {what} needs a token with scope *",
             self.name,
             self.listed()
@@ -69,16 +70,15 @@ pub struct Book {
     pub entries: Vec<(String, Principal)>,
 }
 
-/// Python's `str.strip()` of a header decoded as latin-1: ASCII whitespace, `\x1c`-`\x1f`,
-/// NEL (0x85) and NBSP (0xa0).
-fn latin1_strip(b: &[u8]) -> &[u8] {
-    let ws = |c: &u8| matches!(c, b' ' | b'\t'..=b'\r' | 0x1c..=0x1f | 0x85 | 0xa0);
+/// A header's token trimmed of whitespace: ASCII's, and latin-1's NEL (0x85) and NBSP (0xa0).
+fn trim(b: &[u8]) -> &[u8] {
+    let ws = |c: &u8| matches!(c, b' ' | b'\t'..=b'\r' | 0x85 | 0xa0);
     let start = b.iter().position(|c| !ws(c)).unwrap_or(b.len());
     let end = b.iter().rposition(|c| !ws(c)).map_or(start, |e| e + 1);
     &b[start..end]
 }
 
-/// `bearer(header)`: the token of `Bearer <token>` (scheme in any case), or None.
+/// The token of `Bearer <token>` (the scheme in any case), or None.
 fn bearer(header: Option<&[u8]>) -> Option<&[u8]> {
     let h = header?;
     if h.is_empty() {
@@ -91,16 +91,16 @@ fn bearer(header: Option<&[u8]>) -> Option<&[u8]> {
     if !scheme.eq_ignore_ascii_case(b"bearer") {
         return None;
     }
-    let t = latin1_strip(token);
+    let t = trim(token);
     (!t.is_empty()).then_some(t)
 }
 
 impl Book {
-    /// `TokenBook.authenticate(bearer(header))`: the header's bytes are latin-1 characters,
-    /// hashed as their UTF-8.
-    pub fn authenticate(&self, header: Option<&[u8]>) -> Result<&Principal, ErrorAnswer> {
+    /// Who sends `header` (`Authorization`, or gRPC's `authorization` metadata): its bytes are
+    /// latin-1 characters, hashed as their UTF-8 (what `qstate token add` stored).
+    pub fn authenticate(&self, header: Option<&[u8]>) -> Result<&Principal, Failure> {
         let Some(token) = bearer(header) else {
-            return Err(ErrorAnswer::unauthenticated(
+            return Err(Failure::unauthenticated(
                 "a token is needed: send Authorization: Bearer <token> (gRPC: metadata authorization)",
             ));
         };
@@ -113,7 +113,7 @@ impl Book {
                 found = Some(p);
             }
         }
-        found.ok_or_else(|| ErrorAnswer::unauthenticated("the token is not valid (unknown, revoked or mistyped)"))
+        found.ok_or_else(|| Failure::unauthenticated("the token is not valid (unknown, revoked or mistyped)"))
     }
 }
 
@@ -130,7 +130,8 @@ pub fn is_open(path: &str, metrics_public: bool) -> bool {
     OPEN.contains(&path) || path == "/ui" || path.starts_with("/ui/") || (metrics_public && path == "/metrics")
 }
 
-/// `target_of`: the job and operator a data path asks for.
+/// The job and operator a data path asks for: `/v1/state|series|top|watch/{job}/{op}/...`,
+/// `/v1/state/{job}/{op}:batchGet`, `/v1/jobs/{job}[/position]` (operator None).
 pub fn target_of(path: &str) -> Option<(&str, Option<&str>)> {
     let parts: Vec<&str> = path.splitn(6, '/').collect();
     if parts.len() == 5 && parts[1] == "v1" && parts[2] == "state" {
@@ -152,8 +153,24 @@ pub fn target_of(path: &str) -> Option<(&str, Option<&str>)> {
     None
 }
 
-/// `_authorize`: the principal, or the 401/403 to answer. `path` is the decoded path.
-pub fn authorize<'a>(book: &'a Book, header: Option<&[u8]>, path: &str) -> Result<&'a Principal, ErrorAnswer> {
+/// At the door of every HTTP request: None for a path anyone may ask (`is_open`), else
+/// `authorize`'s principal or refusal.
+pub fn door<'a>(
+    book: &'a Book,
+    header: Option<&[u8]>,
+    path: &str,
+    metrics_public: bool,
+) -> Result<Option<&'a Principal>, Failure> {
+    if is_open(path, metrics_public) {
+        return Ok(None);
+    }
+    authorize(book, header, path).map(Some)
+}
+
+/// The principal, or the 401/403 to answer: a path that names a job needs its scope, the
+/// cluster view and any other path scope `*` (the job list filters itself; /metrics takes any
+/// valid token). `path` is the decoded path.
+pub fn authorize<'a>(book: &'a Book, header: Option<&[u8]>, path: &str) -> Result<&'a Principal, Failure> {
     let p = book.authenticate(header)?;
     if let Some((job, op)) = target_of(path) {
         p.check(job, op)?;
@@ -184,7 +201,7 @@ mod tests {
     }
 
     #[test]
-    fn bearer_as_python() {
+    fn bearer_tokens() {
         assert_eq!(bearer(Some(b"Bearer abc")), Some(&b"abc"[..]));
         assert_eq!(bearer(Some(b"bEaReR  abc \xa0")), Some(&b"abc"[..]));
         assert_eq!(bearer(Some(b"Basic abc")), None);

@@ -23,9 +23,9 @@ use arc_swap::ArcSwapOption;
 use parking_lot::Mutex;
 use rocksdb::{Options, DB};
 
-use crate::layout::META;
-use crate::marker::{read_marker, signature, Marker, Signature, MARKER};
-use crate::meta::Meta;
+use crate::partition::layout::META;
+use crate::partition::marker::{read_marker, signature, Marker, Signature, MARKER};
+use crate::partition::meta::Meta;
 
 pub const MARKER_RECHECK: Duration = Duration::from_millis(100);
 /// Fresh opens tried before a read goes to the owner instead (`Partition::open`).

@@ -12,7 +12,7 @@
 //! (the panes of a sliding window) is numpy's, bit for bit: sums of doubles are numpy's
 //! pairwise sum, long sums saturate at the bound they cross (§3, "Arithmetic never wraps").
 
-use crate::hll;
+use crate::partition::hll;
 use crate::spec::{AggKind, Aggregate, OperatorSpec, StateType};
 
 pub const OVERFLOWED: u8 = 2;
@@ -25,9 +25,9 @@ pub enum Value {
     Double(f64),
 }
 
-/// Why a value cannot be answered here exactly as Python would: the request goes to Python.
+/// Bytes of a stored value that do not parse (a sketch that does not deserialize).
 #[derive(Debug, PartialEq, Eq)]
-pub struct Unsupported(pub &'static str);
+pub struct Corrupt(pub &'static str);
 
 /// Where one aggregate's fields sit in the fixed record.
 #[derive(Clone, Copy, Debug)]
@@ -66,12 +66,15 @@ fn typed_long(agg: &Aggregate, v: i64) -> Value {
     }
 }
 
-fn typed_double(agg: &Aggregate, v: f64) -> Result<Value, Unsupported> {
+/// `Aggregate.typed` of a double: a long answer truncates toward zero and saturates at the
+/// int64 bounds (a long average whose double sum left them), NaN is no value
+/// (`tests/vectors/values.json` holds Python's to the same).
+fn typed_double(agg: &Aggregate, v: f64) -> Value {
     match agg.ty {
-        StateType::Double => Ok(Value::Double(v)),
-        // Python's int(float): truncation; int(inf) raises, which only Python may word
-        StateType::Long if v.is_finite() && v.abs() < 9.2e18 => Ok(Value::Long(v.trunc() as i64)),
-        StateType::Long => Err(Unsupported("a long answer of a non-finite double")),
+        StateType::Double => Value::Double(v),
+        StateType::Long if v.is_nan() => Value::Null,
+        // `as` truncates toward zero and saturates
+        StateType::Long => Value::Long(v as i64),
     }
 }
 
@@ -135,7 +138,7 @@ impl Codec {
     }
 
     /// One stored value's `end` and its `state`-th answer (`Codec.answers_of`).
-    pub fn answer_of(&self, value: &[u8], state: usize) -> Result<(i64, Value), Unsupported> {
+    pub fn answer_of(&self, value: &[u8], state: usize) -> Result<(i64, Value), Corrupt> {
         let mut buf = Vec::new();
         let f = self.fixed(value, &mut buf);
         let end = i64_at(f, 0);
@@ -147,7 +150,7 @@ impl Codec {
                 if n == 0 {
                     Value::Null
                 } else {
-                    typed_double(agg, f64_at(f, sum) / n as f64)?
+                    typed_double(agg, f64_at(f, sum) / n as f64)
                 }
             }
             Slot::Sketch { index } => typed_long(agg, hll::estimate(self.blob(value, index))?),
@@ -157,7 +160,7 @@ impl Codec {
                 } else if long {
                     typed_long(agg, i64_at(f, v))
                 } else {
-                    typed_double(agg, f64_at(f, v))?
+                    typed_double(agg, f64_at(f, v))
                 }
             }
         };
@@ -166,7 +169,7 @@ impl Codec {
 
     /// Several stored values of one key combined into one (the panes of a window, in key
     /// order), as `Codec.fold` then `Codec.answers` do: the `state`-th answer.
-    pub fn fold_answer(&self, values: &[&[u8]], state: usize) -> Result<Value, Unsupported> {
+    pub fn fold_answer(&self, values: &[&[u8]], state: usize) -> Result<Value, Corrupt> {
         let (agg, slot) = &self.slots[state];
         let mut buf = Vec::new();
         let mut fixed: Vec<Vec<u8>> = Vec::with_capacity(values.len());
@@ -184,7 +187,7 @@ impl Codec {
                 if count == 0 {
                     Value::Null
                 } else {
-                    typed_double(agg, numpy_sum(&sums) / count as f64)?
+                    typed_double(agg, numpy_sum(&sums) / count as f64)
                 }
             }
             Slot::Sketch { index } => {
@@ -204,7 +207,7 @@ impl Codec {
                     (AggKind::Sum, true) => Value::Long(saturating_sum(with.iter().map(|f| i64_at(f, v)))),
                     (AggKind::Sum, false) => {
                         let vals: Vec<f64> = with.iter().map(|f| f64_at(f, v)).collect();
-                        typed_double(agg, numpy_sum(&vals))?
+                        typed_double(agg, numpy_sum(&vals))
                     }
                     (AggKind::Min | AggKind::Max, true) => {
                         let it = with.iter().map(|f| i64_at(f, v));
@@ -216,9 +219,9 @@ impl Codec {
                         let x = if agg.kind == AggKind::Min { fmin_reduce(&vals) } else { maximum_reduce(&vals) };
                         // a zero is +0.0, as the shard's fold answers it (numpy's reduce keeps
                         // either zero, by its SIMD blocking): -0.0 + 0.0 == +0.0
-                        typed_double(agg, x + 0.0)?
+                        typed_double(agg, x + 0.0)
                     }
-                    _ => return Err(Unsupported("a Spark-state value in panes")),
+                    _ => return Err(Corrupt("a Spark-state value in panes")),
                 }
             }
         })
@@ -290,6 +293,52 @@ fn maximum_reduce(a: &[f64]) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::vectors;
+
+    /// The answer a vector states: none, `{"i64": "digits"}`, `{"f64": "bits as hex"}`.
+    fn expected(v: &serde_json::Value) -> Value {
+        match v {
+            serde_json::Value::Null => Value::Null,
+            serde_json::Value::Object(o) if o.contains_key("i64") => {
+                Value::Long(o["i64"].as_str().expect("digits").parse().expect("i64"))
+            }
+            serde_json::Value::Object(o) => {
+                Value::Double(f64::from_bits(u64::from_str_radix(o["f64"].as_str().expect("bits"), 16).expect("hex")))
+            }
+            other => panic!("not an answer: {other}"),
+        }
+    }
+
+    fn same(a: Value, b: Value) -> bool {
+        match (a, b) {
+            (Value::Double(x), Value::Double(y)) => x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()),
+            _ => a == b,
+        }
+    }
+
+    /// tests/vectors/values.json: stored values as the shard writes them, and each state's
+    /// answer, of one value or a window's panes folded (the shard's Python reads the same).
+    #[test]
+    fn as_the_vectors_say() {
+        let v = vectors::load("values.json");
+        for case in v["cases"].as_array().expect("cases") {
+            let name = case["name"].as_str().expect("name");
+            let spec = OperatorSpec::from_json(case["spec"].to_string().as_bytes()).expect("spec");
+            let codec = Codec::new(&spec);
+            let values: Vec<Vec<u8>> = case["values"].as_array().expect("values").iter().map(vectors::hex).collect();
+            let refs: Vec<&[u8]> = values.iter().map(Vec::as_slice).collect();
+            for (state, want) in case["answers"].as_array().expect("answers").iter().enumerate() {
+                let got = if values.len() == 1 && !spec.panes() {
+                    let (end, got) = codec.answer_of(&values[0], state).expect("a value");
+                    assert_eq!(Some(end), case["end"].as_i64(), "{name}: end");
+                    got
+                } else {
+                    codec.fold_answer(&refs, state).expect("panes")
+                };
+                assert!(same(got, expected(want)), "{name}, state {state}: {got:?} != {want}");
+            }
+        }
+    }
 
     #[test]
     fn saturates() {
