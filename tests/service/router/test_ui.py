@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
+from service.core.address import quoted
 from tests.helpers import metric, wait_until
 from tests.shop import (
     BATCHES,
@@ -284,8 +285,10 @@ def test_what_the_page_shows_is_text_never_markup(live: Shop, browser: Browser) 
     try:
         key = '<img src=x onerror="window.__injected = 1">'
         w.choose(SPEC.job, SPEC.operator, "views", key)
-        # the router's 404 names the key; the page shows that message as text
-        expect(w.page.locator("#message")).to_contain_text(key, timeout=TIMEOUT_MS)
+        # the router's 404 names the key (JSON-quoted: docs/querying.md); the page shows
+        # that message as text
+        expect(w.page.locator("#message")).to_contain_text(
+            f"key {quoted(key, 200)} has no data", timeout=TIMEOUT_MS)
         expect(w.page.locator("#value")).to_have_text("—")
         assert w.page.locator("#answer img").count() == 0
         assert w.page.evaluate("() => window.__injected") is None
