@@ -12,6 +12,8 @@ PYTEST_ARGS ?=
 CARGO_TARGET_DIR ?= $(HOME)/.cache/qstate/cargo-target
 export CARGO_TARGET_DIR
 ENGINE_STAMP := $(VENV)/.engine
+# RocksDB's C++ as the engine's build leaves it: absent, the next build compiles it (minutes)
+ROCKSDB_LIB = $(wildcard $(CARGO_TARGET_DIR)/release/build/librocksdb-sys-*/out/librocksdb.a)
 ENGINE_SRC := $(shell find engine -name target -prune -o -type f \( -name '*.rs' -o -name '*.toml' -o -name Cargo.lock \) -print)
 CARGO   := cargo --locked
 
@@ -37,6 +39,9 @@ $(ENGINE_STAMP): $(ENGINE_SRC)
 		else echo "qstate's read engine needs libclang to build: apt-get install libclang-dev"; exit 1; fi; }
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip 'maturin>=1.7,<2'
+	@test -n "$(ROCKSDB_LIB)" || echo "qstate: building the read engine compiles RocksDB's C++ once for this machine, \
+	into $(CARGO_TARGET_DIR) (every clone reuses it): about 14 minutes on 2 cores \
+	(loadtest/results/setup.md), with no output until it is done"
 	cd engine/py && VIRTUAL_ENV=$(abspath $(VENV)) $(abspath $(BIN))/maturin develop --release --locked --quiet
 	@touch $(ENGINE_STAMP)
 
@@ -63,7 +68,7 @@ $(JAR_STAMP): deploy/maven/kafka-broker.pom.xml deploy/maven/spark-kafka.pom.xml
 
 # benchmarks (loadtest/): the Redis baseline needs redis-server (Debian package) and redis-py
 bench-setup: setup
-	@command -v redis-server >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq redis-server; }
+	@command -v redis-server >/dev/null 2>&1 && command -v wrk >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq redis-server wrk; }
 	$(BIN)/pip install --quiet -e '.[server,dev,feast,bench]'
 	@command -v go >/dev/null 2>&1 || { echo "the open-loop bench needs Go 1.26 (go.dev)"; exit 1; }
 	cd loadtest/openloop && go build -o $(abspath $(BIN))/qstate-openloop .

@@ -405,16 +405,43 @@ def ratios(fronts: list[str], got: dict[str, list[Result]]) -> list[str]:
     return out
 
 
+def before_after(args: argparse.Namespace, got: dict[str, list[Result]],
+                 batch_rows: list[tuple[int, str, Result]]) -> list[str]:
+    """With --before: each front's figures over its before's, same run."""
+    if args.before is None:
+        return []
+    rps = {label: summary(runs)["rps"] for label, runs in got.items()}
+    us = {label: summary(runs)["us"] for label, runs in got.items()}
+    keys = {(b, how): b * r["rps"] for b, how, r in batch_rows}
+    out = [f"- after / before (`--before {args.before}`, same run):"]
+    for f in args.fronts:
+        for where, label in (("local", local_label), ("over the hop", hop_label)):
+            now, then = label(f), label(f, True)
+            line = (f"  - {FRONT_NAMES[f]}, {where}: GET **{rps[now] / rps[then]:.2f}x** "
+                    f"({rps[then]:,.0f} → {rps[now]:,.0f} GET/s; router CPU a GET "
+                    f"{us[then]:.1f} → {us[now]:.1f} µs)")
+            for b in args.batch_sizes:
+                for how in ("gRPC MultiGet", "HTTP :batchGet"):
+                    a, z = keys.get((b, f"{how}, {now}")), keys.get((b, f"{how}, {then}"))
+                    if a and z:
+                        line += f"; {how} {b:,} **{a / z:.2f}x**"
+            out.append(line)
+    return out
+
+
 REDIS_GET = "Redis 7 GET, the router's answer bytes"
 RAW = "raw ASGI dict server (uvicorn)"
 
 
-def local_label(front: str) -> str:
-    return f"router, {FRONT_NAMES[front]}, local partitions"
+BEFORE = " (before)"  # a front of --before's checkout
 
 
-def hop_label(front: str) -> str:
-    return f"router, {FRONT_NAMES[front]}, over the hop (--no-local-reads)"
+def local_label(front: str, before: bool = False) -> str:
+    return f"router, {FRONT_NAMES[front]}{BEFORE * before}, local partitions"
+
+
+def hop_label(front: str, before: bool = False) -> str:
+    return f"router, {FRONT_NAMES[front]}{BEFORE * before}, over the hop (--no-local-reads)"
 
 
 def parse_args() -> argparse.Namespace:
@@ -446,6 +473,10 @@ def parse_args() -> argparse.Namespace:
                     "the gRPC client process; empty: any (default: %(default)s)")
     ap.add_argument("--pipeline", action="store_true",
                     help="run the tweets job and a 5K ev/s generator meanwhile, on any core")
+    ap.add_argument("--before", type=Path, default=None,
+                    help="a checkout of an earlier qstate, set up (its .venv): each front also "
+                    "runs from it, beside this one's, the before and after in one run "
+                    "(default: none)")
     ap.add_argument("--out", type=Path, default=Path("loadtest/results/router.md"),
                     help="Markdown file the section is appended to (default: %(default)s)")
     args = ap.parse_args()
@@ -453,6 +484,8 @@ def parse_args() -> argparse.Namespace:
     if not args.fronts or any(f not in FRONTS for f in args.fronts):
         ap.error(f"--fronts: some of {', '.join(FRONTS)}")
     args.batch_sizes = [int(b) for b in args.batches.split(",") if b]
+    if args.before is not None and not (args.before / ".venv/bin/python").exists():
+        ap.error(f"--before: {args.before} has no .venv/bin/python (run make setup there)")
     return args
 
 
@@ -483,15 +516,19 @@ def main() -> None:
         children += shards
         load(storage, shards, args.keys)
         routers: dict[str, RouterProcess] = {}
+        versions = [False, True] if args.before is not None else [False]
         for front in args.fronts:
             env = {**os.environ, "QSTATE_NATIVE_FRONT": FRONTS[front]}
-            for label, extra in ((local_label(front), ()), (hop_label(front),
-                                                            ("--no-local-reads",))):
-                r = RouterProcess.make(storage.uri, logs, f"router-{front}{'-hop' * bool(extra)}",
-                                       env, *extra)
-                r.args = pinned(r.args, args.server_cpus)
-                routers[label] = r.start_and_wait()
-                children.append(r)
+            for before in versions:
+                for label, extra in ((local_label(front, before), ()),
+                                     (hop_label(front, before), ("--no-local-reads",))):
+                    name = f"router-{front}{'-before' * before}{'-hop' * bool(extra)}"
+                    r = RouterProcess.make(storage.uri, logs, name, env, *extra)
+                    if before:  # the same command, the earlier checkout's interpreter
+                        r.args = [str(args.before / ".venv/bin/python"), *r.args[1:]]
+                    r.args = pinned(r.args, args.server_cpus)
+                    routers[label] = r.start_and_wait()
+                    children.append(r)
         if args.workers > 1:
             r = RouterProcess.make(storage.uri, logs, "router-workers", None, "--workers",
                                    str(args.workers))
@@ -574,6 +611,7 @@ def write(args: argparse.Namespace, point: dict[str, list[Result]], load_of: dic
             f"{', pipeline running (tweets job + 5K ev/s)' if args.pipeline else ''}\n",
             f"`{command}` ({time.strftime('%Y-%m-%d %H:%M')}, 2 cores; taskset: {pinning})\n",
             *point_table(args, point, load_of), "", *ratios(args.fronts, point),
+            *before_after(args, point, batch_rows),
             "- answer bytes equal to the first front's (a sample of keys): "
             + ", ".join(f"{label}: {n}" for label, n in same.items()), ""]
     if batch_rows:

@@ -15,17 +15,19 @@ from typing import Any, TypeVar
 
 from qstate_engine import (
     LATENCY_BUCKETS,
+    MIN_BATCH_POLL_S,
     Engine,
     Principal,
     answer_json,
     decode_value,
     parse_time,
     read_partition,
+    read_route,
     state_value,
 )
 
-__all__ = ["LATENCY_BUCKETS", "Engine", "Principal", "answer", "answer_json", "decode_value",
-           "parse_time", "read_partition", "state_value"]
+__all__ = ["LATENCY_BUCKETS", "MIN_BATCH_POLL_S", "Engine", "Principal", "answer", "answer_json",
+           "decode_value", "parse_time", "read_partition", "read_route", "state_value"]
 
 T = TypeVar("T")
 

@@ -1,4 +1,4 @@
-# The read engine's Python face (engine/py/src/face.rs, built as qstate._engine): its types
+# The read engine's Python face (engine/py/src/, built as qstate._engine): its types
 # for mypy. docs/architecture.md §5.
 import asyncio
 from collections.abc import Callable, Sequence
@@ -16,6 +16,8 @@ GrpcAnswer = tuple[str, bytes] | tuple[str, str, str, list[tuple[str, str]]]
 T = TypeVar("T")
 
 LATENCY_BUCKETS: list[float]
+# how often a read below its min_batch is read again (the read core's poll)
+MIN_BATCH_POLL_S: float
 
 class Principal:
     @staticmethod
@@ -65,6 +67,7 @@ class Engine:
 
 async def answer(call: Callable[[asyncio.AbstractEventLoop, asyncio.Future[T]], T | None]) -> T: ...
 def parse_time(name: str, value: str, now_ms: int | None = None) -> int: ...
+def read_route(method: str, raw_path: str) -> str | None: ...
 def answer_json(job: str, operator: str, state: str, key: str, found: bool, batch: int,
                 watermark: int, windows: Sequence[Window], next_from: int | None) -> bytes: ...
 def state_value(job: str, operator: str, state: str, key: str, found: bool, batch: int,

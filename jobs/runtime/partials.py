@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 from qstate.core.address import PartitionId
 from qstate.core.records import delta as deltas
 from qstate.core.records.manifest import Offsets
-from qstate.core.records.operator import OperatorSpec
+from qstate.core.records.operator import Aggregate, OperatorSpec
 from qstate.core.records.storage import Storage
 from qstate.core.windows import ALL_WINDOWS, first_open_start
 from qstate.jobs.queryable import columns
@@ -122,6 +122,88 @@ def _saturated(wrapped: pa.ChunkedArray, witness: pa.ChunkedArray) -> pa.Array:
     return pa.array(out, pa.int64(), mask=~valid)
 
 
+# ---- one aggregate's partial, by kind: the columns of ``delta_fields`` and how a task's rows
+# give them (Arrow's hash aggregation; a sketch built beside it) --------------------------------
+
+
+class _Partial:
+    """Aggregate ``name`` (``agg``) of the input column ``col``: count, min or max, or a sum of
+    doubles, as Arrow's aggregation of the same name gives it."""
+
+    def __init__(self, name: str, col: str, agg: Aggregate) -> None:
+        self.name, self.col, self.agg = name, col, agg
+
+    def prepare(self, rows: pa.Table) -> pa.Table:
+        """The task's rows with any column this aggregation needs added."""
+        return rows
+
+    def aggregations(self) -> list[tuple[str, str]]:
+        return [(self.col, self.agg.kind)]
+
+    def joined(self, out: pa.Table, rows: pa.Table, groups: list[str]) -> pa.Table:
+        """The grouped rows ``out`` (of ``rows``) with what is built beside the aggregation."""
+        return out
+
+    def columns(self, out: pa.Table) -> dict[str, pa.ChunkedArray | pa.Array]:
+        """Its delta columns, of the grouped rows."""
+        return {self.name: out.column(f"{self.col}_{self.agg.kind}")}
+
+
+class _LongSum(_Partial):
+    """Arrow's int64 sum wraps: a float64 sum of the same values beside it is the witness that
+    says where, and the sum is saturated there as the shard keeps it (``_saturated``)."""
+
+    def prepare(self, rows: pa.Table) -> pa.Table:
+        return rows.append_column(f"{self.col}__f",
+                                  rows.column(self.col).cast(pa.float64(), safe=False))
+
+    def aggregations(self) -> list[tuple[str, str]]:
+        return [(self.col, "sum"), (f"{self.col}__f", "sum")]
+
+    def columns(self, out: pa.Table) -> dict[str, pa.ChunkedArray | pa.Array]:
+        return {self.name: _saturated(out.column(f"{self.col}_sum"),
+                                      out.column(f"{self.col}__f_sum"))}
+
+
+class _Avg(_Partial):
+    """A double sum and a count: the shard divides at read time."""
+
+    def prepare(self, rows: pa.Table) -> pa.Table:
+        return rows.set_column(rows.schema.get_field_index(self.col), self.col,
+                               rows.column(self.col).cast(pa.float64(), safe=False))
+
+    def aggregations(self) -> list[tuple[str, str]]:
+        return [(self.col, "sum"), (self.col, "count")]
+
+    def columns(self, out: pa.Table) -> dict[str, pa.ChunkedArray | pa.Array]:
+        return {f"{self.name}__sum": out.column(f"{self.col}_sum"),
+                f"{self.name}__n": out.column(f"{self.col}_count")}
+
+
+class _Sketch(_Partial):
+    """approx_count_distinct: an HLL sketch per group, built beside the aggregation
+    (``_sketches``) and joined to it under the input column's name."""
+
+    def aggregations(self) -> list[tuple[str, str]]:
+        return []
+
+    def joined(self, out: pa.Table, rows: pa.Table, groups: list[str]) -> pa.Table:
+        sketches = _sketches(rows, groups, self.col, self.agg.lg_k)
+        return out.join(sketches, groups, join_type="left outer", use_threads=False)
+
+    def columns(self, out: pa.Table) -> dict[str, pa.ChunkedArray | pa.Array]:
+        return {self.name: out.column(self.col)}
+
+
+def _partial(name: str, col: str, agg: Aggregate) -> _Partial:
+    if agg.kind == "sum" and agg.type == "long":
+        return _LongSum(name, col, agg)
+    kinds: dict[str, type[_Partial]] = {"count": _Partial, "min": _Partial, "max": _Partial,
+                                        "sum": _Partial, "avg": _Avg,
+                                        "approx_count_distinct": _Sketch}
+    return kinds[agg.kind](name, col, agg)
+
+
 def aggregate(rows: pa.Table, plan: Plan) -> pa.Table:
     """The partial rows of ``rows`` (one task's): ``PART``, key, start, end, tag and the
     partial columns ``qstate.core.records.delta.delta_fields`` names."""
@@ -139,27 +221,14 @@ def aggregate(rows: pa.Table, plan: Plan) -> pa.Table:
     else:
         groups = [PART, KEY, "_s", "_g"]
         bounds = [("_e", "max")]
+    parts = [_partial(name, INPUT(i), a) for i, (name, a) in enumerate(spec.states.items())]
     aggs: list[tuple[str, str]] = list(bounds)
-    sketch_cols: list[tuple[str, int]] = []
-    for i, a in enumerate(spec.states.values()):
-        col = INPUT(i)
-        if a.kind == "avg":
-            rows = rows.set_column(rows.schema.get_field_index(col), col,
-                                   rows.column(col).cast(pa.float64(), safe=False))
-            aggs += [(col, "sum"), (col, "count")]
-        elif a.kind == "approx_count_distinct":
-            sketch_cols.append((col, a.lg_k))
-        else:
-            aggs.append((col, {"count": "count", "sum": "sum", "min": "min",
-                               "max": "max"}[a.kind]))
-            if a.kind == "sum" and a.type == "long":  # Arrow's int64 sum wraps: a witness
-                rows = rows.append_column(f"{col}__f",
-                                          rows.column(col).cast(pa.float64(), safe=False))
-                aggs.append((f"{col}__f", "sum"))
+    for part in parts:
+        rows = part.prepare(rows)
+        aggs += part.aggregations()
     out = rows.group_by(groups, use_threads=False).aggregate(aggs)
-    for col, lg_k in sketch_cols:
-        sk = _sketches(rows, groups, col, lg_k)
-        out = out.join(sk, groups, join_type="left outer", use_threads=False)
+    for part in parts:
+        out = part.joined(out, rows, groups)
     start_col = "_s_min" if w.kind == "session" else "_s"
     columns: dict[str, pa.Array | pa.ChunkedArray] = {
         PART: out.column(PART), "key": out.column(KEY),
@@ -167,17 +236,8 @@ def aggregate(rows: pa.Table, plan: Plan) -> pa.Table:
         "tag": out.column("_g") if spec.panes else pa.nulls(out.num_rows, pa.int64())}
     if w.kind == "none":
         columns["start"] = columns["end"] = pa.nulls(out.num_rows, pa.int64())
-    for i, (name, a) in enumerate(spec.states.items()):
-        col = INPUT(i)
-        if a.kind == "avg":
-            columns[f"{name}__sum"] = out.column(f"{col}_sum")
-            columns[f"{name}__n"] = out.column(f"{col}_count")
-        elif a.kind == "approx_count_distinct":
-            columns[name] = out.column(col)
-        elif a.kind == "sum" and a.type == "long":
-            columns[name] = _saturated(out.column(f"{col}_sum"), out.column(f"{col}__f_sum"))
-        else:
-            columns[name] = out.column(f"{col}_{a.kind}")
+    for part in parts:
+        columns.update(part.columns(out))
     schema = deltas.delta_schema(spec)
     table = pa.table(columns)
     return table.select([PART, *schema.names]).cast(

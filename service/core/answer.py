@@ -235,7 +235,7 @@ class ErrorBody(BaseModel):
     """Every 4xx/5xx body. ``error`` names the failure (a class of qstate.core.errors)."""
 
     model_config = ConfigDict(extra="ignore", json_schema_extra={"examples": [{
-        "error": "NotFound", "message": "key 'tw-9' has no data in tweets/per_tweet_1h/"
+        "error": "NotFound", "message": 'key "tw-9" has no data in tweets/per_tweet_1h/'
         "impressions as of batch 311", "batch": 311, "watermark": 1767225590000}]})
 
     error: str = Field(description="What failed: InvalidRequest, InvalidAddress, NotFound, "

@@ -34,7 +34,9 @@ from qstate.embedded.prometheus import Target, targets_path, write_targets
 
 __all__ = ["TOPICS", "Demo", "DemoConfig", "Status"]
 
-console = Console()
+# lines as they are, never broken at the console's width: a command or URL in the guide is
+# copied from a log or a pipe (80 columns to rich) as often as from a terminal
+console = Console(soft_wrap=True)
 TOPICS = ("tweet-events", "ad-events")
 # The jobs and generators are batch work: on the demo's one machine they take the CPU the
 # router, shards and broker leave, so reads and commits wait less behind Spark tasks

@@ -14,7 +14,7 @@ import numpy as np
 from qstate.core.errors import InvalidRequest
 from qstate.core.records.operator import Aggregate, OperatorSpec
 from qstate.core.windows import first_open_start
-from qstate.partition.codec import stored_as_long
+from qstate.partition.codec import ranked, stored_as_long
 from qstate.partition.layout import NO_WINDOW
 
 __all__ = ["RANKED_KINDS", "Ranked", "check_top", "current_start", "rank_of", "ranked_states",
@@ -65,17 +65,8 @@ def ranks_of(spec: OperatorSpec, records: np.ndarray, state: int
     """Each record's value of ``state`` as an order-preserving u64, and which have one.
     Longs flip the sign bit; doubles flip it too, or every bit when negative, so -inf <
     ... < -0 = 0 < ... < inf < NaN (Spark orders NaN above every number)."""
-    name, a = list(spec.states.items())[state]
-    if a.kind == "count":
-        vals, has = records[name], np.ones(len(records), bool)
-    elif a.kind == "avg":
-        n = records[f"{name}__n"]
-        has = n > 0
-        with np.errstate(invalid="ignore", divide="ignore"):
-            vals = np.where(has, records[f"{name}__sum"] / np.where(has, n, 1), 0.0)
-    else:
-        vals, has = records[name], records[f"{name}__has"] >= 1
-    if stored_as_long(a):
+    vals, has = ranked(spec, records, state)
+    if stored_as_long(list(spec.states.values())[state]):
         return vals.astype(np.int64).view(np.uint64) ^ _SHIFT, has
     bits = (vals.astype(np.float64) + 0.0).view(np.uint64)  # + 0.0: -0.0 ranks as 0.0
     return np.where(bits >> np.uint64(63), ~bits, bits | _SHIFT), has

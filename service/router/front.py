@@ -51,9 +51,12 @@ class NativeFront:
     async def start(self, host: str, port: int, fd: int | None = None) -> int:
         """The app's server on its socket, then the public port (``fd``: a listening socket
         the parent of ``--workers`` bound): the port bound."""
+        # the scheme a client spoke to the front: X-Forwarded-Proto, which the front sets (and
+        # drops from outside); only the front can reach this socket (its folder is 0700)
         config = uvicorn.Config(self.app, uds=str(self.socket), log_level="warning",
                                 access_log=False, http="httptools", lifespan="off",
-                                timeout_graceful_shutdown=int(GRACE_S))
+                                timeout_graceful_shutdown=int(GRACE_S), proxy_headers=True,
+                                forwarded_allow_ips="*")
         self._server = _AppServer(config)
         self._serving = asyncio.create_task(self._server.serve())
         while not self._server.started:

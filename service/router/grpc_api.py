@@ -197,8 +197,12 @@ def _read_method(engine: Engine, auth: GrpcAuth, method: str
 
     async def handle(raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         t0 = time.perf_counter()
-        got = await answer(lambda loop, fut: engine.grpc(method, raw, auth.metadata(context),
-                                                         loop, fut))
+        try:
+            got = await answer(lambda loop, fut: engine.grpc(method, raw, auth.metadata(context),
+                                                             loop, fut))
+        except QStateError as exc:  # the engine failed inside (EngineFailed): its 500
+            await _fail(context, method, exc)
+            raise AssertionError("abort raises") from exc
         if got[0] == "ok":
             ok.inc()
             latency.observe(time.perf_counter() - t0)

@@ -41,7 +41,9 @@ def with_limits(app: Any, engine: Engine, max_body_bytes: int, max_concurrent: i
             return await send_error(send, engine.refusal("too-large"))
         inflight += 1
         try:
-            if scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE") and declared is None:
+            chunked = any(k == b"transfer-encoding" for k, _ in scope["headers"])
+            if scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE") and declared is None \
+                    and not chunked:
                 return await app(scope, receive, send)
             chunks, size, more = [], 0, True
             while more:

@@ -27,7 +27,7 @@ from qstate.router.describer import Describer
 from qstate.router.engine import ENGINE_THREADS, EngineLink
 from qstate.router.front import NativeFront
 from qstate.router.grpc_api import QueryableStateService, serve_api
-from qstate.router.http import create_app
+from qstate.router.http import create_asgi
 from qstate.router.limits import with_limits
 from qstate.router.local import LocalReader
 from qstate.router.query import QueryService
@@ -115,7 +115,7 @@ async def serve(o: RouterOptions, scratch: Path | None = None) -> None:
     await grpc_server.start()
     following = asyncio.create_task(health.follow(ready))
 
-    app = link.counted(create_app(query, engine, ready=ready, hub=hub))
+    app = link.counted(create_asgi(query, engine, ready=ready, hub=hub))
     counting = asyncio.create_task(link.sync_counts())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

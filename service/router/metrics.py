@@ -26,12 +26,33 @@ from qstate.core.errors import (
     Unavailable,
 )
 
-__all__ = ["BOARD_ANSWERS", "CATCHUPS", "ENGINE_PANICS", "FOLLOWER_READS", "FRONT_REQUESTS",
-           "GRPC_LATENCY", "GRPC_REQUESTS",
-           "HTTP_LATENCY", "HTTP_REQUESTS",
-           "LOCAL_READS", "METHODS", "REFUSED", "REMOTE_READS", "SHARD_READS", "UNAVAILABLE",
-           "UNAVAILABLE_REASONS", "WATCHERS", "WATCH_COALESCED", "WATCH_DELAY", "WATCH_EVENTS",
-           "WATCH_FAILURES", "count_error", "exposition", "http_method"]
+__all__ = [
+    "BOARD_ANSWERS",
+    "CATCHUPS",
+    "ENGINE_PANICS",
+    "FOLLOWER_READS",
+    "FRONT_REQUESTS",
+    "GRPC_LATENCY",
+    "GRPC_REQUESTS",
+    "HTTP_LATENCY",
+    "HTTP_REQUESTS",
+    "KEYS_WAITING",
+    "LOCAL_READS",
+    "METHODS",
+    "REFUSED",
+    "REMOTE_READS",
+    "SHARD_READS",
+    "UNAVAILABLE",
+    "UNAVAILABLE_REASONS",
+    "WATCHERS",
+    "WATCH_COALESCED",
+    "WATCH_DELAY",
+    "WATCH_EVENTS",
+    "WATCH_FAILURES",
+    "count_error",
+    "exposition",
+    "http_method",
+]
 
 # the engine's bounds, so its histograms join these bucket by bucket (add_engine_counts)
 _BUCKETS = tuple(LATENCY_BUCKETS)
@@ -83,6 +104,11 @@ ENGINE_PANICS = Counter(
     "follower (a pass of the follower); each one a bug to report", ["at"])
 for _at in ("front", "accept", "call", "follower"):
     ENGINE_PANICS.labels(_at)
+KEYS_WAITING = Gauge(
+    "qstate_router_shard_keys_waiting",
+    "Keys the router has asked of shard servers (owners, followers) whose answers have not "
+    "come yet: queued to leave in a MultiGet or in one in flight (QSTATE_MAX_SHARD_QUEUE "
+    "bounds the queue of each shard)", multiprocess_mode="livesum")
 
 REFUSED = Counter("qstate_router_refused_total",
                   "Requests refused before any lookup, HTTP and gRPC, by reason: "
@@ -186,6 +212,7 @@ def add_engine_counts(taken: dict[str, Any]) -> None:
         FRONT_REQUESTS.labels(route, by).inc(n)
     for at, n in taken["panics"]:
         ENGINE_PANICS.labels(at).inc(n)
+    KEYS_WAITING.set(taken["keys_waiting"])
 
 
 def _add_histogram(child: Any, buckets: list[int], total: float) -> None:

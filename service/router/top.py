@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from qstate._engine import Engine
+from qstate._engine import MIN_BATCH_POLL_S, Engine
 from qstate.core.address import PartitionId
 from qstate.core.errors import InvalidRequest, NotFound, QStateError, Unavailable, from_grpc
 from qstate.core.records.operator import OperatorSpec
@@ -38,8 +38,6 @@ __all__ = ["PartitionTop", "TopReads", "TopResult"]
 log = logging.getLogger(__name__)
 
 _TRANSPORT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-# a top-N below its min_batch is read again this often (the read core polls its keys so too)
-MIN_BATCH_POLL_S = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,7 +184,7 @@ class TopReads:
             if time.monotonic() >= deadline:
                 p = min(behind, key=lambda p: got[p].batch)
                 raise self.engine.behind(spec.job, spec.operator, p, got[p].batch, want)
-            await asyncio.sleep(MIN_BATCH_POLL_S)
+            await asyncio.sleep(MIN_BATCH_POLL_S)  # as the read core polls its keys
             got = {**got, **await self._read(spec, q, state, behind, start)}
 
     async def _read(self, spec: OperatorSpec, q: TopQuery, state: int, parts: Iterable[int],

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from rocksdict import BlockBasedOptions, Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import BlockBasedOptions, DBCompressionType, Options, Rdict, WriteBatch, WriteOptions
 
 from qstate.core.errors import StaleEpoch
 from qstate.core.records.operator import OperatorSpec
@@ -46,6 +46,9 @@ class ApplyStats:
 def _options(memory: MemoryBudget) -> Options:
     opts = Options(raw_mode=True)
     opts.create_if_missing(True)
+    # the one codec every reader of a partition has: the read engine's RocksDB is built with
+    # snappy alone (engine/core/Cargo.toml), so a table file in any other could not be read
+    opts.set_compression_type(DBCompressionType.snappy())
     # most keys of a batch are new at millions of keys: a Bloom filter answers "absent"
     # without reading a block
     table = BlockBasedOptions()

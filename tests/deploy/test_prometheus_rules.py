@@ -18,7 +18,7 @@ from tests.deploy.kit import PROMETHEUS_DIR, ROOT, alert_rules, tool
 ALERTS = {"QStateFreshnessLow", "QStateShardDown", "QStatePartitionsRestoring",
           "QStateDeadLetters", "QStateCommitsFailing", "QStateCommitsStalled",
           "QStateJobDown", "QStateJobProcessDown", "QStateRouterDown", "QStateRouterUnavailable",
-          "QStateWatermarkInFuture"}
+          "QStateWatermarkInFuture", "QStateEnginePanicked"}
 
 
 def promtool(*args: str | Path, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:

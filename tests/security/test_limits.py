@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -106,17 +107,34 @@ def _log(router: RouterProcess) -> str:
     return router.log_path.read_text(errors="replace")
 
 
-async def _park_until_refused(send: Callable[[int], Awaitable[object]],
+WAITING = "qstate_router_shard_keys_waiting"
+
+
+async def _waiting_keys(url: str) -> float:
+    """Keys the router has asked of its (frozen) shard and not been answered, as it says."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with httpx.AsyncClient(timeout=10) as c:
+        text = (await c.get(f"{url}/metrics")).text
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == WAITING)
+
+
+async def _park_until_refused(url: str, send: Callable[[int], Awaitable[object]],
                               refused: Callable[[object], bool], most: int
                               ) -> tuple[object, list[asyncio.Task[object]]]:
-    """Start requests one at a time (``send(i)``), leaving those that wait in flight, until
-    one is refused at once; returns it and the waiting ones. Fails if ``most`` requests
-    never got a refusal."""
+    """Start one-key requests one at a time (``send(i)``), each left in flight once the router
+    at ``url`` says it waits for the shard (its key among those asked and not answered), until
+    one is refused at once instead; returns it and the waiting ones. Fails if ``most``
+    requests never got a refusal, or one neither waits nor is answered within 30 s."""
     waiting: list[asyncio.Task[object]] = []
     for i in range(most):
         task = asyncio.ensure_future(send(i))
-        done, _ = await asyncio.wait({task}, timeout=1.5)
-        if not done:
+        deadline = time.monotonic() + 30
+        while not task.done() and await _waiting_keys(url) < len(waiting) + 1:
+            assert time.monotonic() < deadline, f"request {i} neither waits nor was answered"
+            await asyncio.wait({task}, timeout=0.02)
+        if not task.done():
             waiting.append(task)
             continue
         answer = task.result()
@@ -181,7 +199,7 @@ def test_requests_beyond_the_limit_get_429_at_once_and_the_waiting_ones_are_answ
         async with httpx.AsyncClient(base_url=url, timeout=60) as c:
             with lab.frozen():
                 refusal, waiting = await _park_until_refused(
-                    lambda i: c.get(f"{STATE}/{KEYS[i]}"),
+                    url, lambda i: c.get(f"{STATE}/{KEYS[i]}"),
                     lambda r: isinstance(r, httpx.Response) and r.status_code == 429,
                     SLOTS + 3)
                 assert len(waiting) == SLOTS
@@ -218,7 +236,8 @@ def test_grpc_calls_beyond_the_limit_get_resource_exhausted_at_once(lab: Lab) ->
 
             with lab.frozen():
                 refusal, waiting = await _park_until_refused(
-                    get, lambda r: isinstance(r, grpc.aio.AioRpcError), SLOTS + 3)
+                    lab.routers["tight"].url, get,
+                    lambda r: isinstance(r, grpc.aio.AioRpcError), SLOTS + 3)
             assert isinstance(refusal, grpc.aio.AioRpcError)
             assert refusal.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             assert len(waiting) == SLOTS
@@ -270,7 +289,7 @@ def test_single_gets_beyond_the_shard_queue_get_429_and_the_queued_ones_are_answ
         async with httpx.AsyncClient(base_url=router.url, timeout=60) as c:
             with lab.frozen():
                 refusal, waiting = await _park_until_refused(
-                    lambda i: c.get(f"{STATE}/{KEYS[i]}"),
+                    router.url, lambda i: c.get(f"{STATE}/{KEYS[i]}"),
                     lambda r: isinstance(r, httpx.Response) and r.status_code == 429,
                     QUEUE + 6)
             assert isinstance(refusal, httpx.Response)

@@ -95,13 +95,17 @@ impl Engine {
         let Some(r) = self.refresher.load_full() else { return };
         let mut rx = self.refreshes.subscribe();
         let seen = *rx.borrow_and_update();
-        {
+        let ask = {
             let mut asked = self.asked.lock();
             // one refresh at a time: a forced one is asked beside one that was not
-            if asked.is_none_or(|forced| force && !forced) {
+            let ask = asked.is_none_or(|forced| force && !forced);
+            if ask {
                 *asked = Some(force);
-                r(force);
             }
+            ask
+        };
+        if ask {
+            r(force); // not under the lock: the control plane may answer before it returns
         }
         let wait = self.settings.load().shard_timeout;
         let _ = tokio::time::timeout(wait, rx.wait_for(|n| *n > seen)).await;

@@ -44,6 +44,8 @@ pub struct Taken {
     pub front: Vec<(&'static str, &'static str, u64)>,
     /// panics caught, by where: "front", "accept", "call", "follower"
     pub panics: Vec<(&'static str, u64)>,
+    /// keys asked of shard servers whose answers have not come yet (a gauge, now)
+    pub keys_waiting: u64,
 }
 
 #[derive(Default)]
@@ -63,6 +65,16 @@ pub struct Metrics {
     local_reads: AtomicU64,
     remote_reads: AtomicU64,
     follower_reads: AtomicU64,
+    keys_waiting: AtomicU64,
+}
+
+/// Keys asked of a shard server, counted waiting until dropped (answered or given up).
+pub struct Waiting<'a>(&'a AtomicU64, u64);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(self.1, Ordering::Relaxed);
+    }
 }
 
 impl Metrics {
@@ -113,6 +125,12 @@ impl Metrics {
         self.remote_reads.fetch_add(n, Ordering::Relaxed);
     }
 
+    /// `n` keys asked of a shard server until the guard is dropped.
+    pub fn waiting(&self, n: u64) -> Waiting<'_> {
+        self.keys_waiting.fetch_add(n, Ordering::Relaxed);
+        Waiting(&self.keys_waiting, n)
+    }
+
     pub fn follower_reads(&self, n: u64) {
         self.follower_reads.fetch_add(n, Ordering::Relaxed);
     }
@@ -133,6 +151,7 @@ impl Metrics {
             catchups: c.catchups.into_iter().collect(),
             front: c.front.into_iter().map(|((r, b), n)| (r, b, n)).collect(),
             panics: c.panics.into_iter().collect(),
+            keys_waiting: self.keys_waiting.load(Ordering::Relaxed),
         }
     }
 }

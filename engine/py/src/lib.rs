@@ -7,7 +7,10 @@
 //! `qstate.errors.EngineFailed`, a failure as the `qstate.errors` class it names.
 
 mod bridge;
+mod engine;
 mod face;
+mod principal;
+mod values;
 
 use pyo3::prelude::*;
 

@@ -4,6 +4,6 @@ batch, several states, series: answered by the read core), ``top``, ``stream`` (
 ``jobs`` (the job list, a job, position, the cluster), ``probes`` (/healthz, /readyz,
 /metrics); ``params`` holds the parameters they share, ``app`` assembles them."""
 
-from qstate.router.http.app import create_app, json_response
+from qstate.router.http.app import create_app, create_asgi, json_response
 
-__all__ = ["create_app", "json_response"]
+__all__ = ["create_app", "create_asgi", "json_response"]

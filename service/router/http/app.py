@@ -22,7 +22,7 @@ from qstate.core.config import DEFAULTS
 from qstate.core.errors import InvalidRequest, QStateError
 from qstate.router.http.jobs import add_job_routes, json_response
 from qstate.router.http.probes import add_probes
-from qstate.router.http.reads import add_read_routes
+from qstate.router.http.reads import COUNTED, add_read_routes, reads_first
 from qstate.router.http.stream import add_watch_route
 from qstate.router.http.top import add_top_route
 from qstate.router.metrics import HTTP_LATENCY, HTTP_REQUESTS, http_method
@@ -31,7 +31,7 @@ from qstate.router.ui import mount_ui
 from qstate.router.watch import WatchHub
 from qstate.router.wire import JSON, error_response
 
-__all__ = ["create_app", "json_response"]
+__all__ = ["create_app", "create_asgi", "json_response"]
 
 
 def _not_null(param: dict[str, Any]) -> None:
@@ -62,6 +62,8 @@ class _Measured:
         started = False
 
         def count(status: int) -> None:
+            if scope.get(COUNTED):  # a read: the engine counted it
+                return
             # the route's template, never the path asked: a label per key would be a
             # series per key
             route = getattr(scope.get("route"), "path_format", None) or "unmatched"
@@ -88,8 +90,6 @@ def create_app(query: QueryService, engine: Engine, ready: Callable[[], bool] = 
     app = FastAPI(title="qstate", version="1",
                   description="Live per-key window aggregates of Spark Structured Streaming "
                               "jobs, served from RocksDB shards.")
-    app.add_middleware(_Measured)
-
     def _error(exc: QStateError) -> Response:
         status, body, headers = error_response(exc)
         return Response(body, status_code=status, headers=headers)
@@ -127,6 +127,7 @@ def create_app(query: QueryService, engine: Engine, ready: Callable[[], bool] = 
 
     watches = hub or WatchHub.of(query, DEFAULTS)
     add_read_routes(app, engine, query.max_windows, query.min_batch_wait_s)
+    app.add_middleware(_Measured)
     add_top_route(app, query, watches)
     add_watch_route(app, watches, query.max_top_n, query.retry_after_s)
     add_job_routes(app, query)
@@ -164,3 +165,9 @@ def create_app(query: QueryService, engine: Engine, ready: Callable[[], bool] = 
     add_probes(app, ready)
     mount_ui(app)
     return app
+
+
+def create_asgi(query: QueryService, engine: Engine, ready: Callable[[], bool] = lambda: True,
+                hub: WatchHub | None = None) -> Any:
+    """The router's HTTP app as served: the read core ahead of FastAPI's (``reads_first``)."""
+    return reads_first(create_app(query, engine, ready, hub), engine)

@@ -2,10 +2,10 @@
 many keys of several states, a key's windows as points. FastAPI holds their definition (the
 typed signatures below make the OpenAPI document and /docs); the read core answers them
 (``qstate._engine``: the request's raw path, query and body, parsed, checked, read and
-answered there, once), so these routes answer exactly what the native front answers
-(docs/architecture.md §5, one read core). Behind the native front they are reached only by
-what it hands over (a HEAD, say); under the Python front (``QSTATE_NATIVE_FRONT=false``) by
-every read.
+answered there, once), so the app answers exactly what the native front answers
+(docs/architecture.md §5, one read core). Which requests are reads is the core's rule too
+(``reads_first``). Behind the native front the app sees only what it hands over (a HEAD, say);
+under the Python front (``QSTATE_NATIVE_FRONT=false``) every read.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from fastapi import Body, FastAPI
 from fastapi.routing import APIRoute
 from starlette.convertors import PathConvertor, register_url_convertor
 
-from qstate._engine import Engine, answer
+from qstate._engine import Engine, answer, read_route
 from qstate.core.answer import NEXT_FROM, BatchAnswer, Series, StateAnswer, error_responses
+from qstate.core.errors import QStateError
 from qstate.router.http.params import (
     BatchGetIn,
     From,
@@ -31,8 +32,10 @@ from qstate.router.http.params import (
     min_batch_param,
     savepoint_param,
 )
+from qstate.router.metrics import HTTP_REQUESTS, http_method
+from qstate.router.wire import send_error
 
-__all__ = ["add_read_routes"]
+__all__ = ["COUNTED", "add_read_routes", "reads_first"]
 
 JSON = (b"content-type", b"application/json")
 
@@ -47,32 +50,61 @@ class _KeyConvertor(PathConvertor):
 register_url_convertor("key", _KeyConvertor())
 
 
-def _answered_by_core(route: APIRoute, engine: Engine) -> None:
-    """``route``'s requests go to the read core as they came: FastAPI matched them, the
-    definition stays the document's; its parameters are not read here (the core reads the
-    raw path's segments, as the native front does)."""
+def _raw_path(scope: dict[str, Any]) -> str:
+    raw = scope.get("raw_path")
+    return raw.decode("utf-8", "replace") if raw else quote(scope["path"])
+
+
+# set in a request's scope the read core answered: the engine counted it (route, method,
+# status, latency) as the native front counts its own, so the app's ``_Measured`` does not
+COUNTED = "qstate.counted"
+
+
+def _core(engine: Engine) -> Any:
+    """The read core as an ASGI app: the request's method, raw path, query, content type and
+    body as they came."""
 
     async def asgi(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        method = "GET" if scope["method"] == "HEAD" else scope["method"]
-        raw = scope.get("raw_path")
-        raw_path = raw.decode("utf-8", "replace") if raw else quote(scope["path"])
+        scope[COUNTED] = True
+        method = scope["method"]
         query = scope["query_string"].decode("utf-8", "replace")
         ctype = next((v for k, v in scope["headers"] if k == b"content-type"), None)
-        chunks, more = [], scope["method"] not in ("GET", "HEAD")
+        chunks, more = [], method not in ("GET", "HEAD")
         while more:
             msg = await receive()
             if msg["type"] != "http.request":
                 return  # the client went away
             chunks.append(msg.get("body", b""))
             more = msg.get("more_body", False)
-        body = b"".join(chunks)
-        status, headers, out = await answer(lambda loop, fut: engine.http(
-            method, raw_path, query, ctype, body, loop, fut))
+        body, raw_path = b"".join(chunks), _raw_path(scope)
+        try:
+            status, headers, out = await answer(lambda loop, fut: engine.http(
+                method, raw_path, query, ctype, body, loop, fut))
+        except QStateError as exc:  # the engine failed (a panic it caught): counted here
+            await send_error(send, exc)
+            route = read_route("GET" if method == "HEAD" else method, raw_path) or "unmatched"
+            HTTP_REQUESTS.labels(route, http_method(method), str(exc.http_status)).inc()
+            return
         await send({"type": "http.response.start", "status": status,
                     "headers": [JSON, *((k.encode(), v.encode()) for k, v in headers)]})
         await send({"type": "http.response.body", "body": out})
 
-    route.app = asgi  # type: ignore[assignment]  # an ASGI app, as Starlette's own
+    return asgi
+
+
+def reads_first(app: Any, engine: Engine) -> Any:
+    """``app`` (the FastAPI app) behind the read core: a read goes to the core before
+    anything of FastAPI runs (its middleware, its routing), as the native front sends it.
+    Which requests are reads is the core's rule (``qstate._engine.read_route``: names are raw
+    path segments), not FastAPI's match on the decoded path."""
+    core = _core(engine)
+
+    async def asgi(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and read_route(scope["method"], _raw_path(scope)):
+            return await core(scope, receive, send)
+        return await app(scope, receive, send)
+
+    return asgi
 
 
 def add_read_routes(app: FastAPI, engine: Engine, max_windows: int,
@@ -82,11 +114,16 @@ def add_read_routes(app: FastAPI, engine: Engine, max_windows: int,
     savepoint = savepoint_param()
     errors = error_responses()
 
+    core = _core(engine)
+
     def read(path: str, method: str, **kw: Any) -> Callable[[Callable[..., Any]], None]:
         def define(endpoint: Callable[..., Any]) -> None:
             app.add_api_route(path, endpoint, methods=[method], **kw)
-            _answered_by_core(next(r for r in app.router.routes  # the route just added
-                                   if isinstance(r, APIRoute) and r.path == path), engine)
+            route = next(r for r in app.router.routes  # the route just added
+                         if isinstance(r, APIRoute) and r.path == path)
+            # what FastAPI still routes here (a HEAD; a path whose decoded form reads as one
+            # but whose raw segments do not: the core's 404) goes to the core too
+            route.app = core  # type: ignore[assignment]  # an ASGI app, as Starlette's own
         return define
 
     @read("/v1/state/{job}/{operator}/{state}/{key:key}", "GET", response_model=StateAnswer,
@@ -125,3 +162,4 @@ def add_read_routes(app: FastAPI, engine: Engine, max_windows: int,
                    to: To = None, limit: int | None = limit, min_batch: int | None = min_batch,
                    savepoint: str | None = savepoint) -> None:
         """A definition: the read core answers it."""
+

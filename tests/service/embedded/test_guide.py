@@ -64,3 +64,16 @@ def test_queries_name_curl_lines_the_ui_docs_and_metrics() -> None:
     assert "QSTATE_CLUSTER_TOKEN_FILE=.qstate/cluster-token .venv/bin/qstate state inspect" \
         in text
     assert os.path.exists(ROOT / "clients" / "node" / "query.mjs")
+
+
+def test_the_guide_is_not_broken_at_the_consoles_width_in_a_log() -> None:
+    """Read from a log or a pipe (rich's console is 80 columns wide there), each command and
+    URL of the guide stays on its line whole: copied, it runs."""
+    from qstate.embedded.demo import console
+
+    text = guide.queries("http://127.0.0.1:8000", 50051, "tw-" + "1" * 12)
+    with console.capture() as cap:
+        console.print(text, markup=False, highlight=False)
+    printed = cap.get().splitlines()
+    assert printed == text.splitlines()
+    assert any(line.endswith("?from=now-15m'") and len(line) > 80 for line in printed)

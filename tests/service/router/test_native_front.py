@@ -20,6 +20,7 @@ import contextlib
 import json
 import os
 import socket
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -32,10 +33,12 @@ import pytest
 from httpx_sse import connect_sse
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from hypothesis.control import currently_in_test_context
 
 from qstate.core.answer import WatchEvent
 from qstate.core.transport.tokens import add_token
 from qstate.embedded.procs import RouterProcess
+from qstate.router.engine import ENGINE_THREADS
 from tests.helpers import Scrape, http_message, wait_until
 from tests.shop import KEYS, MANY, Shop, own_shop
 from tests.watching import EVENT_S, OP, STATE, WATCHED, OwnJob, first_value
@@ -55,6 +58,20 @@ LONG = 2000  # under `make soak` (QSTATE_LONG=1)
 
 
 @dataclass(frozen=True)
+class Framing:
+    """How a request is sent: its HTTP version, with or without Host, its body chunked, or
+    sent twice down one kept-alive connection (pipelined: both answers are compared)."""
+
+    version: bytes = b"HTTP/1.1"
+    host: bool = True
+    chunked: bool = False
+    pipelined: bool = False
+
+
+PLAIN = Framing()
+
+
+@dataclass(frozen=True)
 class Answer:
     status: int
     headers: tuple[tuple[bytes, bytes], ...]  # lower-cased names, sorted, SKIP_HEADERS left out
@@ -69,9 +86,10 @@ class Pair:
     tokens: dict[str, str]  # who -> token
 
     def both(self, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]],
-             body: bytes | None = None) -> tuple[Answer, Answer]:
-        return (ask(self.native.http_port, method, target, headers, body),
-                ask(self.python.http_port, method, target, headers, body))
+             body: bytes | None = None, framing: Framing = PLAIN
+             ) -> tuple[list[Answer], list[Answer]]:
+        return (ask(self.native.http_port, method, target, headers, body, framing),
+                ask(self.python.http_port, method, target, headers, body, framing))
 
     def bearer(self, who: str) -> list[tuple[bytes, bytes]]:
         return [(b"authorization", f"Bearer {self.tokens[who]}".encode())]
@@ -90,45 +108,82 @@ def _read_until_closed(s: socket.socket) -> bytes:
     return b"".join(chunks)
 
 
-def _dechunk(raw: bytes) -> bytes:
+def _chunks(raw: bytes) -> tuple[bytes, bytes]:
+    """A chunked body at the start of ``raw``, decoded, and what follows it."""
     out, rest = [], raw
     while rest:
         size, _, rest = rest.partition(b"\r\n")
-        n = int(size.split(b";")[0], 16)
+        n = int(size.split(b";")[0] or b"0", 16)
         if n == 0:
+            _, _, rest = rest.partition(b"\r\n")  # the last chunk's (empty) trailer
             break
         out.append(rest[:n])
         rest = rest[n + 2:]
-    return b"".join(out)
+    return b"".join(out), rest
 
 
-def ask(port: int, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]],
-        body: bytes | None) -> Answer:
-    """One HTTP/1.1 request sent exactly as given (``target`` unnormalized), on its own
-    connection, and its answer."""
-    head = [method + b" " + target + b" HTTP/1.1", b"host: " + HOST, b"connection: close"]
-    head += [k + b": " + v for k, v in headers]
-    if body is not None:
-        head.append(b"content-length: " + str(len(body)).encode())
-    # a body over the limit is refused by its declared length before a byte of it is read:
-    # it is not sent, so neither server closes on unread bytes (a reset that may lose the
-    # answer on its way to us)
-    sent = b"" if body is None or len(body) > MAX_BODY else body
-    with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            s.sendall(b"\r\n".join(head) + b"\r\n\r\n" + sent)
-        raw = _read_until_closed(s)
-    top, _, payload = raw.partition(b"\r\n\r\n")
+def _answer(raw: bytes, port: int, head: bool) -> tuple[Answer, bytes]:
+    """The first answer of ``raw`` (what a connection sent until it closed), and the rest; the
+    server's own address in a header (a redirect of a request without Host names it) as
+    ``{router}``. ``head``: the answer to a HEAD, which has no body whatever its headers say."""
+    top, _, rest = raw.partition(b"\r\n\r\n")
     lines = top.split(b"\r\n")
     status = int(lines[0].split(b" ")[1]) if lines[0] else 0
     hs = []
     for line in lines[1:]:
         k, _, v = line.partition(b":")
         hs.append((k.strip().lower(), v.strip()))
-    if (b"transfer-encoding", b"chunked") in hs:
-        payload = _dechunk(payload)
-    kept = tuple(sorted(h for h in hs if h[0] not in SKIP_HEADERS))
-    return Answer(status, kept, payload)
+    length = next((int(v) for k, v in hs if k == b"content-length"), None)
+    if head:
+        payload = b""
+    elif (b"transfer-encoding", b"chunked") in hs:
+        payload, rest = _chunks(rest)
+    elif length is not None:
+        payload, rest = rest[:length], rest[length:]
+    else:
+        payload, rest = rest, b""
+    me = f"127.0.0.1:{port}".encode()
+    kept = tuple(sorted((k, v.replace(me, b"{router}")) for k, v in hs if k not in SKIP_HEADERS))
+    return Answer(status, kept, payload), rest
+
+
+def ask(port: int, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]],
+        body: bytes | None, framing: Framing = PLAIN) -> list[Answer]:
+    """A request sent exactly as given (``target`` unnormalized) on a connection of its own,
+    framed as ``framing`` says, and its answers (two when pipelined; status 0: none came)."""
+    head = [method + b" " + target + b" " + framing.version]
+    if framing.host:
+        head.append(b"host: " + HOST)
+    head += [k + b": " + v for k, v in headers]
+    if body is not None:
+        head.append(b"transfer-encoding: chunked" if framing.chunked
+                    else b"content-length: " + str(len(body)).encode())
+    # a body over the limit is refused by its declared length before a byte of it is read:
+    # it is not sent, so neither server closes on unread bytes (a reset that may lose the
+    # answer on its way to us); a chunked one declares none, and is sent
+    if body is None:
+        sent = b""
+    elif framing.chunked:
+        sent = b"".join(b"%x\r\n%s\r\n" % (len(c), c)
+                        for c in (body[i:i + 4096] for i in range(0, len(body), 4096))) + \
+            b"0\r\n\r\n"
+    else:
+        sent = b"" if len(body) > MAX_BODY else body
+    one = b"\r\n".join(head) + b"\r\n\r\n"
+    last = b"\r\n".join([*head, b"connection: close"]) + b"\r\n\r\n" + sent
+    # a body refused over the limit ends its connection (nothing after it is read): pipelined,
+    # only bodies a server reads whole
+    pipelined = framing.pipelined and (body is None or len(body) <= MAX_BODY)
+    wire = one + sent + last if pipelined else last
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            s.sendall(wire)
+        raw = _read_until_closed(s)
+    out = []
+    for _ in range(2 if pipelined else 1):
+        a, raw = _answer(raw, port, method == b"HEAD")
+        out.append(a)
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -151,7 +206,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
 
 
 def _local_reads(p: Pair, r: RouterProcess) -> float:
-    a = ask(r.http_port, b"GET", b"/metrics", p.bearer("admin"), None)
+    [a] = ask(r.http_port, b"GET", b"/metrics", p.bearer("admin"), None)
     from prometheus_client.parser import text_string_to_metric_families
 
     samples = [s for f in text_string_to_metric_families(a.body.decode()) for s in f.samples]
@@ -375,6 +430,19 @@ class Request:
     target: bytes
     headers: list[tuple[bytes, bytes]]
     body: bytes | None = None
+    framing: Framing = PLAIN
+
+
+@st.composite
+def framing(draw: st.DrawFn, usual: int, body: bool) -> Framing:
+    """Mostly HTTP/1.1 with Host, once a request; at times HTTP/1.0, no Host, a chunked body,
+    or two requests down one connection."""
+    if draw(st.integers(0, 99)) < usual:
+        return PLAIN
+    version = draw(st.sampled_from([b"HTTP/1.1", b"HTTP/1.0"]))
+    # a chunked body in HTTP/1.0, which has no such coding, is faulty framing (RFC 9112 §6.1)
+    return Framing(version, draw(st.booleans()), body and draw(st.booleans()),
+                   version == b"HTTP/1.1" and draw(st.booleans()))
 
 
 @st.composite
@@ -401,7 +469,7 @@ def point_get(draw: st.DrawFn) -> Request:
     # a GET may carry a body too: read (and measured) before the answer, by both
     body = either(draw, usual, st.none(), st.sampled_from([b"", b"x", b"x" * (MAX_BODY + 1)]))
     return Request(method, with_query(target, draw(query(usual))), draw(credentials(usual)),
-                   body)
+                   body, draw(framing(usual, body is not None)))
 
 
 @st.composite
@@ -414,7 +482,7 @@ def batch_get(draw: st.DrawFn) -> Request:
         headers.append((b"content-type", draw(CONTENT_TYPES) or b"text/plain"))
     method = either(draw, usual, st.just(b"POST"), st.one_of(METHODS, st.just(b"GET")))
     return Request(method, with_query(target, draw(query(usual))), headers,
-                   draw(batch_body(usual)))
+                   draw(batch_body(usual)), draw(framing(usual, True)))
 
 
 STATES = st.sampled_from(["views", "avg_ms"])
@@ -456,7 +524,7 @@ def states_batch_get(draw: st.DrawFn) -> Request:
     headers = draw(credentials(usual)) + ([] if ctype is None else [(b"content-type", ctype)])
     method = either(draw, usual, st.just(b"POST"), st.one_of(METHODS, st.just(b"GET")))
     return Request(method, with_query(target, draw(query(usual))), headers,
-                   draw(states_body(usual)))
+                   draw(states_body(usual)), draw(framing(usual, True)))
 
 
 # a request the HTTP parser refuses before any route sees it: uvicorn (httptools) answers
@@ -467,12 +535,69 @@ PARSER_REFUSED = Answer(400, ((b"content-type", b"text/plain; charset=utf-8"),),
                         b"Invalid HTTP request received.")
 
 
+READ_ROUTES = {"state": "/v1/state/{job}/{operator}/{state}/{key}",
+               "series": "/v1/series/{job}/{operator}/{state}/{key}",
+               "batch": "/v1/state/{job}/{operator}/{state}:batchGet",
+               "states": "/v1/state/{job}/{operator}:batchGet"}
+FRONT = "qstate_router_front_requests_total"
+
+
+def read_route(method: bytes, target: bytes) -> str | None:
+    """The read route a request is, as the design says the native front tells them (names
+    are raw path segments, each non-empty; a key is the rest): the requests it answers
+    through the read core, every other one being the app's to answer."""
+    path = target.split(b"?", 1)[0].decode("latin-1")
+    if method == b"GET":
+        for kind in ("state", "series"):
+            prefix = f"/v1/{kind}/"
+            parts = path[len(prefix):].split("/", 3) if path.startswith(prefix) else []
+            if len(parts) == 4 and all(parts[:3]):
+                return READ_ROUTES[kind]
+    if method == b"POST" and path.startswith("/v1/state/") and path.endswith(":batchGet"):
+        names = path[len("/v1/state/"):-len(":batchGet")].split("/")
+        if all(names) and len(names) in (2, 3):
+            return READ_ROUTES["batch" if len(names) == 3 else "states"]
+    return None
+
+
+def front_counts(p: Pair) -> Counter[tuple[str, ...]]:
+    """The native front's requests so far, by route and who answered (one more: this ask)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    [a] = ask(p.native.http_port, b"GET", b"/metrics", p.bearer("admin"), None)
+    got = Scrape([s for f in text_string_to_metric_families(a.body.decode()) for s in f.samples])
+    return Counter({k: int(v) for k, v in got.by(FRONT, "route", "answered_by").items()})
+
+
 def compare(p: Pair, r: Request) -> Answer:
-    native, python = p.both(r.method, r.target, resolve(p, r.headers), r.body)
-    if python == PARSER_REFUSED and native.status in (0, 400):
-        return python
-    assert native == python, f"{r!r:.2000}\nnative: {native!r:.1000}\npython: {python!r:.1000}"
-    return native
+    """Both fronts' answers to ``r`` (two, pipelined), equal; and each answered by whom the
+    design says: a read, or a refusal at the door (401, 403, 413), by the native front's
+    engine, anything else by the app behind it; one hyper's parser refuses is counted by
+    neither. A native connection closed without an answer is a failure, never a match."""
+    before = front_counts(p)
+    natives, pythons = p.both(r.method, r.target, resolve(p, r.headers), r.body, r.framing)
+    moved = front_counts(p) - before
+    want: Counter[tuple[str, ...]] = Counter({("other", "app"): 1})  # the second scrape
+    faulty = r.framing.version == b"HTTP/1.0" and r.framing.chunked
+    for native, python in zip(natives, pythons, strict=True):
+        assert native.status != 0, f"{r!r:.2000}\nthe native front closed without an answer"
+        if python == PARSER_REFUSED or faulty:
+            # refused by hyper's parser, before the front: 400 (faulty framing, which uvicorn
+            # reads as HTTP/1.1 instead), 414 (a URI over the 64 KiB the http crate holds)
+            assert native.status in (400, 414), f"{r!r:.2000}\nnative: {native!r:.1000}"
+            continue
+        assert native == python, f"{r!r:.2000}\nnative: {native!r:.1000}\npython: {python!r:.1000}"
+        route = read_route(r.method, r.target)
+        by = "engine" if route is not None or native.status in (401, 403, 413) else "app"
+        want[(route or "other", by)] += 1
+        if currently_in_test_context():  # a property's example (the statistics say what ran)
+            event(f"{'read' if route else 'not a read'} answered by the {by}")
+            f = r.framing
+            event("framing: " + ", ".join(
+                [f.version.decode()] + ["no Host"] * (not f.host) + ["chunked"] * f.chunked
+                + ["pipelined"] * f.pipelined))
+    assert moved == want, f"{r!r:.2000}\ncounted {dict(moved)}, the design says {dict(want)}"
+    return natives[0]
 
 
 # ---- the properties --------------------------------------------------------------------
@@ -517,7 +642,7 @@ COUNTED = {"qstate_router_http_requests_total": ("route", "method", "status"),
 def counts(p: Pair, r: RouterProcess) -> dict[tuple[str, ...], float]:
     from prometheus_client.parser import text_string_to_metric_families
 
-    body = ask(r.http_port, b"GET", b"/metrics", p.bearer("admin"), None).body.decode()
+    body = ask(r.http_port, b"GET", b"/metrics", p.bearer("admin"), None)[0].body.decode()
     got = Scrape([s for f in text_string_to_metric_families(body) for s in f.samples])
     return {(name, *k): v for name, labels in COUNTED.items()
             for k, v in got.by(name, *labels).items()}
@@ -531,9 +656,11 @@ def test_both_count_the_same_series(pair: Pair) -> None:
 
     # no min_batch: how many times a read that waits for a batch polls is the timers' (an
     # asyncio timer may wake a little before its time and poll once more), not a rule
+    # nor a chunked body in HTTP/1.0: faulty framing, which hyper refuses and uvicorn reads
     @settings(QUICK, max_examples=60, database=None)
     @given(r=st.one_of(point_get(), batch_get(), states_batch_get()).filter(
-        lambda r: b"min_batch" not in r.target))
+        lambda r: b"min_batch" not in r.target and
+        not (r.framing.version == b"HTTP/1.0" and r.framing.chunked)))
     def send(r: Request) -> None:
         compare(pair, r)
 
@@ -555,8 +682,9 @@ def test_both_count_the_same_series(pair: Pair) -> None:
     moved = {}
     for r in (pair.native, pair.python):
         after = counts(pair, r)
+        # less the scrapes of /metrics compare() makes of the native front (its front counts)
         moved[r.name] = {k: v - before[r.name].get(k, 0.0) for k, v in after.items()
-                         if v != before[r.name].get(k, 0.0)}
+                         if v != before[r.name].get(k, 0.0) and "/metrics" not in k}
     assert moved["front-native"] == moved["front-python"]
     # the native front's own answers are among them
     for route, method in (("/v1/state/{job}/{operator}/{state}/{key}", "GET"),
@@ -602,7 +730,7 @@ def test_handed_over_routes_answer_alike(pair: Pair, who: str | None) -> None:
 def watchers(p: Pair, r: RouterProcess) -> float:
     from prometheus_client.parser import text_string_to_metric_families
 
-    body = ask(r.http_port, b"GET", b"/metrics", p.bearer("admin"), None).body.decode()
+    body = ask(r.http_port, b"GET", b"/metrics", p.bearer("admin"), None)[0].body.decode()
     got = Scrape([s for f in text_string_to_metric_families(body) for s in f.samples])
     return got.value("qstate_router_watchers", form="keys", protocol="http")
 
@@ -674,7 +802,8 @@ def test_kept_connections_spread_over_the_front_threads(pair: Pair) -> None:
     r = pair.native
     assert r.proc is not None
     before = _front_ticks(r.proc.pid)
-    assert len(before) >= 2, f"the router runs {len(before)} front threads"
+    # as many as the router's rule gives this machine (one core: one, which serves them all)
+    assert len(before) == ENGINE_THREADS, f"the router runs {len(before)} front threads"
     request = (b"GET /v1/state/shop/views_1m/views/" + KEYS[0].encode() + b" HTTP/1.1\r\nhost: "
                + HOST + b"\r\n" + b"".join(k + b": " + v + b"\r\n" for k, v in
                                            pair.bearer("admin")) + b"\r\n")

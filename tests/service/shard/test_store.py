@@ -384,3 +384,19 @@ def test_aggregates_added_to_an_operator_begin_empty_beside_the_kept_ones(
     stale = read_windows(store.db, Codec(old), "k", (-FAR, FAR))[1]
     assert view(stale) == [(0, 10, [3, 6])]
     check_index(store)
+
+
+def test_partitions_are_written_in_the_one_codec_every_reader_has(tmp_path: Path) -> None:
+    """snappy, the only codec the read engine's RocksDB is built with (engine/core/Cargo.toml),
+    at every level: a table file in another could not be read by a router."""
+    w = WindowSpec("tumbling", 10)
+    store = PartitionStore(tmp_path / "p", make_spec(w))
+    run(store, SparkModel(w), [([ev("k", t) for t in range(50)], 10)])
+    store.db.flush()
+    store.close()
+    [options] = sorted((tmp_path / "p").glob("OPTIONS-*"))[-1:]
+    said = dict(line.strip().split("=", 1) for line in options.read_text().splitlines()
+                if "=" in line and line.strip().split("=", 1)[0] in
+                ("compression", "bottommost_compression"))
+    assert said == {"compression": "kSnappyCompression",
+                    "bottommost_compression": "kDisableCompressionOption"}  # i.e. the same

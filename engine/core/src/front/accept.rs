@@ -12,7 +12,8 @@ use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 
-use super::handle::{handle, Ctx};
+use super::handle::{handle, Ctx, Reached};
+use super::linger::Lingering;
 use crate::settings::Fault;
 
 /// A front thread as the acceptor sees it: where its connections go, and how many it has.
@@ -70,7 +71,9 @@ pub async fn serve(
 ) {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut http = hyper::server::conn::http1::Builder::new();
-    http.keep_alive(true).pipeline_flush(true).timer(hyper_util::rt::TokioTimer::new());
+    // no pipeline_flush: with it, hyper 1.12 buffers the answer it writes itself to a request
+    // it cannot parse (a 400, a 414) and closes the connection without sending it
+    http.keep_alive(true).timer(hyper_util::rt::TokioTimer::new());
     loop {
         let handed = tokio::select! {
             s = inbox.recv() => s,
@@ -81,10 +84,12 @@ pub async fn serve(
         let opened = Opened(open.clone());
         let Ok(stream) = TcpStream::from_std(stream) else { continue };
         let c = ctx.clone();
-        let service = hyper::service::service_fn(move |req| handle(c.clone(), req));
+        // how the client reached this port: what the app is told when the request says none
+        let reached = Reached { address: stream.local_addr().ok(), tls: tls.is_some() };
+        let service = hyper::service::service_fn(move |req| handle(c.clone(), req, reached));
         match &tls {
             None => {
-                let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+                let conn = graceful.watch(http.serve_connection(TokioIo::new(Lingering::new(stream)), service));
                 tokio::spawn(async move {
                     let _ = conn.await;
                     drop(opened);
@@ -93,7 +98,7 @@ pub async fn serve(
             Some(acceptor) => {
                 let (acceptor, http, w) = (acceptor.clone(), http.clone(), graceful.watcher());
                 tokio::spawn(async move {
-                    if let Ok(s) = acceptor.accept(stream).await {
+                    if let Ok(s) = acceptor.accept(Lingering::new(stream)).await {
                         let _ = w.watch(http.serve_connection(TokioIo::new(s), service)).await;
                     }
                     drop(opened);

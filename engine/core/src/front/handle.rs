@@ -33,6 +33,13 @@ const JSON: &str = "application/json";
 /// The `route` label of a request that is not a read (the app's to answer).
 const OTHER: &str = "other";
 
+/// How a connection reached the front: the address it connected to, and whether it speaks TLS.
+#[derive(Clone, Copy)]
+pub struct Reached {
+    pub address: Option<std::net::SocketAddr>,
+    pub tls: bool,
+}
+
 pub struct Ctx {
     pub engine: Arc<Engine>,
     pub upstream: Upstream,
@@ -98,19 +105,6 @@ fn failed(engine: &Engine, f: &Failure) -> Response<Full<Bytes>> {
     full(a.status, &a.headers, a.body)
 }
 
-fn method_label(m: &Method) -> &'static str {
-    match *m {
-        Method::GET => "GET",
-        Method::POST => "POST",
-        Method::HEAD => "HEAD",
-        Method::OPTIONS => "OPTIONS",
-        Method::PUT => "PUT",
-        Method::PATCH => "PATCH",
-        Method::DELETE => "DELETE",
-        _ => "other",
-    }
-}
-
 enum Received {
     Whole(Bytes),
     TooLarge,
@@ -151,12 +145,17 @@ async fn read_body(mut body: Incoming, limit: usize) -> Received {
 
 /// A request, answered; a panic in it is a 500 (`EngineFailed`) and a count, never a
 /// connection closed without a word.
-pub async fn handle(ctx: Arc<Ctx>, req: Request<Incoming>) -> Result<Answer, Infallible> {
+pub async fn handle(ctx: Arc<Ctx>, req: Request<Incoming>, reached: Reached) -> Result<Answer, Infallible> {
     let engine = ctx.engine.clone();
-    match AssertUnwindSafe(answer(ctx, req)).catch_unwind().await {
+    // the path split once: the read it is (if any) holds its raw parts
+    let raw_path = req.uri().path().to_owned();
+    let target = http::route(http::method_label(req.method().as_str()), &raw_path);
+    let label = target.map_or(OTHER, |t| t.route.template());
+    match AssertUnwindSafe(answer(ctx, req, target, reached)).catch_unwind().await {
         Ok(a) => Ok(a),
         Err(panic) => {
             engine.metrics.panicked("front");
+            engine.metrics.front(label, "engine");
             let what = panic
                 .downcast_ref::<&str>()
                 .map(|s| s.to_string())
@@ -170,15 +169,23 @@ pub async fn handle(ctx: Arc<Ctx>, req: Request<Incoming>) -> Result<Answer, Inf
     }
 }
 
-async fn answer(ctx: Arc<Ctx>, req: Request<Incoming>) -> Answer {
+/// `target`: the read the request is, by its method and raw path (`http::route`), or None.
+async fn answer(ctx: Arc<Ctx>, req: Request<Incoming>, target: Option<http::Target<'_>>, reached: Reached) -> Answer {
     let t0 = Instant::now();
     let engine = &ctx.engine;
     let cfg = engine.settings.load_full();
     let (mut parts, body) = req.into_parts();
     parts.headers.remove(PRINCIPAL_HEADER);
-    let raw_path = parts.uri.path().to_string();
-    // the path as the app routes it (percent-decoded): what a token's scopes are checked on
-    let path = percent_encoding::percent_decode_str(&raw_path).decode_utf8_lossy().into_owned();
+    // the path as the app routes it (percent-decoded): what a token's scopes are checked on,
+    // in both fronts (`auth::target_of`), and which paths are exempt from the budget
+    let path = percent_encoding::percent_decode_str(parts.uri.path()).decode_utf8_lossy();
+    let method = http::method_label(parts.method.as_str());
+    // answered here (a read, or a refusal at the door), counted by its route
+    let label = target.map_or(OTHER, |t| t.route.template());
+    let here = |r: Response<Full<Bytes>>, slot: Option<Slot>| {
+        engine.metrics.front(label, "engine");
+        guarded(r, slot)
+    };
 
     // who is asking, before anything else
     let mut principal = None;
@@ -186,12 +193,12 @@ async fn answer(ctx: Arc<Ctx>, req: Request<Incoming>) -> Answer {
         let header = parts.headers.get("authorization").map(HeaderValue::as_bytes);
         match door(&book, header, &path, cfg.metrics_public) {
             Ok(who) => principal = who.map(|p| p.header()),
-            Err(f) => return guarded(failed(engine, &f), None),
+            Err(f) => return here(failed(engine, &f), None),
         }
     }
 
     // the budget: one in-flight count for both paths (probes, /metrics and watches exempt)
-    let exempt = matches!(path.as_str(), "/healthz" | "/readyz" | "/metrics")
+    let exempt = matches!(&*path, "/healthz" | "/readyz" | "/metrics")
         || (parts.method == Method::GET && path.starts_with("/v1/watch/"));
     let mut slot = None;
     let mut data = Bytes::new();
@@ -206,11 +213,11 @@ async fn answer(ctx: Arc<Ctx>, req: Request<Incoming>) -> Answer {
                 ),
                 cfg.retry_after_s,
             );
-            return guarded(failed(engine, &f), None);
+            return here(failed(engine, &f), None);
         }
         let over = declared.and_then(|d| std::str::from_utf8(d).ok()).and_then(|s| s.trim().parse::<u128>().ok());
         if over.is_some_and(|n| n > cfg.max_body_bytes as u128) {
-            return guarded(failed(engine, &Failure::too_large(cfg.max_body_bytes)), None);
+            return here(failed(engine, &Failure::too_large(cfg.max_body_bytes)), None);
         }
         ctx.inflight.fetch_add(1, Ordering::AcqRel);
         slot = Some(Slot(ctx.inflight.clone()));
@@ -221,17 +228,17 @@ async fn answer(ctx: Arc<Ctx>, req: Request<Incoming>) -> Answer {
     if !bodiless {
         match read_body(body, cfg.max_body_bytes).await {
             Received::Whole(b) => data = b,
-            Received::TooLarge => return guarded(failed(engine, &Failure::too_large(cfg.max_body_bytes)), slot),
+            Received::TooLarge => return here(failed(engine, &Failure::too_large(cfg.max_body_bytes)), slot),
             // the client went away while sending: nobody reads an answer
-            Received::Gone => return guarded(full(400, &[], Vec::new()), slot),
+            Received::Gone => return here(full(400, &[], Vec::new()), slot),
         }
     }
 
     // a read: the core answers it
-    let method = method_label(&parts.method);
-    if let Some(route) = http::route(method, &raw_path) {
+    if let Some(target) = target {
+        let route = target.route;
         let ct = parts.headers.get(CONTENT_TYPE).map(HeaderValue::as_bytes);
-        let a = match http::ask(route, &raw_path, parts.uri.query().unwrap_or(""), ct, &data, cfg.max_windows) {
+        let a = match http::ask(target, parts.uri.query().unwrap_or(""), ct, &data, cfg.max_windows) {
             Ok(ask) => {
                 let got = read::answer(engine, ask).await;
                 if let Err(f) = &got {
@@ -245,8 +252,7 @@ async fn answer(ctx: Arc<Ctx>, req: Request<Incoming>) -> Answer {
             }
         };
         engine.metrics.request(route.template(), method, a.status, t0.elapsed().as_secs_f64());
-        engine.metrics.front(route.template(), "engine");
-        return guarded(full(a.status, &a.headers, a.body), slot);
+        return here(full(a.status, &a.headers, a.body), slot);
     }
 
     // anything else: the app
@@ -256,6 +262,20 @@ async fn answer(ctx: Arc<Ctx>, req: Request<Incoming>) -> Answer {
         }
     }
     engine.metrics.front(OTHER, "app");
+    // what the app builds its URLs of (a redirect): the host the client asked, else the
+    // address it reached, and the scheme it spoke (uvicorn reads X-Forwarded-Proto of the
+    // front alone: the header from outside is dropped)
+    for h in ["x-forwarded-proto", "x-forwarded-for", "x-forwarded-host", "forwarded"] {
+        parts.headers.remove(h);
+    }
+    if !parts.headers.contains_key(hyper::header::HOST) {
+        if let Some(v) = reached.address.and_then(|a| HeaderValue::from_str(&a.to_string()).ok()) {
+            parts.headers.insert(hyper::header::HOST, v);
+        }
+    }
+    if reached.tls {
+        parts.headers.insert(HeaderName::from_static("x-forwarded-proto"), HeaderValue::from_static("https"));
+    }
     let resp = ctx.upstream.forward(parts, data).await;
     resp.map(|b| Guarded { inner: b, _slot: slot })
 }

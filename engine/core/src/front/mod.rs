@@ -7,10 +7,12 @@
 //!
 //! - `accept`: the accept loop and the connections each thread serves;
 //! - `handle`: one request: who asks, its budget, the core or the app, a panic caught;
+//! - `linger`: a connection's close that lets the client read its answer;
 //! - `upstream`: the app behind the front; `tls`: the port's certificates.
 
 mod accept;
 mod handle;
+mod linger;
 pub mod tls;
 mod upstream;
 

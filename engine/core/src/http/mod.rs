@@ -44,37 +44,58 @@ impl Route {
     }
 }
 
-/// The read route of a request, by its method and raw path (names are path segments, each
+/// A request's method as the metrics label it (`qstate.router.metrics.METHODS`, else
+/// `other`): a label per method a client invents would be a series per method.
+pub fn method_label(method: &str) -> &'static str {
+    match method {
+        "GET" => "GET",
+        "POST" => "POST",
+        "HEAD" => "HEAD",
+        "OPTIONS" => "OPTIONS",
+        "PUT" => "PUT",
+        "PATCH" => "PATCH",
+        "DELETE" => "DELETE",
+        _ => "other",
+    }
+}
+
+/// A read request's route and its raw path's parts, split once (`route`): the names, raw
+/// (the third empty for `States`), and the key, raw (maybe empty; a point or series read).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Target<'a> {
+    pub route: Route,
+    names: [&'a str; 3],
+    key: &'a str,
+}
+
+const NAME: &str = "a name in the path";
+
+/// The read a request is, by its method and raw path (names are path segments, each
 /// non-empty, split before they are decoded; a key is everything after the third name, maybe
 /// empty); None: not a read.
-pub fn route(method: &str, raw_path: &str) -> Option<Route> {
-    let named = |names: &[&str]| names.iter().all(|n| !n.is_empty());
-    let point = |prefix: &str| {
-        let s = segments(raw_path, prefix);
-        s.len() == 4 && named(&s[..3])
+pub fn route<'a>(method: &str, raw_path: &'a str) -> Option<Target<'a>> {
+    let point = |prefix: &str, route: Route| {
+        let mut s = raw_path.strip_prefix(prefix)?.splitn(4, '/');
+        let names = [s.next()?, s.next()?, s.next()?];
+        let key = s.next()?;
+        names.iter().all(|n| !n.is_empty()).then_some(Target { route, names, key })
     };
     match method {
-        "GET" if raw_path.starts_with("/v1/state/") => point("/v1/state/").then_some(Route::Point),
-        "GET" if raw_path.starts_with("/v1/series/") => point("/v1/series/").then_some(Route::Series),
+        "GET" if raw_path.starts_with("/v1/state/") => point("/v1/state/", Route::Point),
+        "GET" if raw_path.starts_with("/v1/series/") => point("/v1/series/", Route::Series),
         "POST" => {
-            let names = batch_names(raw_path)?;
-            match names.len() {
-                3 if named(&names) => Some(Route::Batch),
-                2 if named(&names) => Some(Route::States),
+            let names: Vec<&str> = raw_path.strip_prefix("/v1/state/")?.strip_suffix(":batchGet")?.split('/').collect();
+            if names.iter().any(|n| n.is_empty()) {
+                return None;
+            }
+            match names[..] {
+                [job, operator, state] => Some(Target { route: Route::Batch, names: [job, operator, state], key: "" }),
+                [job, operator] => Some(Target { route: Route::States, names: [job, operator, ""], key: "" }),
                 _ => None,
             }
         }
         _ => None,
     }
-}
-
-/// `job/operator/state/key` after `prefix`, the key being the rest (slashes and all).
-fn segments<'a>(raw_path: &'a str, prefix: &str) -> Vec<&'a str> {
-    raw_path.strip_prefix(prefix).map_or_else(Vec::new, |rest| rest.splitn(4, '/').collect())
-}
-
-fn batch_names(raw_path: &str) -> Option<Vec<&str>> {
-    Some(raw_path.strip_prefix("/v1/state/")?.strip_suffix(":batchGet")?.split('/').collect())
 }
 
 /// A path segment percent-decoded (`what` names it in the 400 when it is not UTF-8).
@@ -162,8 +183,7 @@ fn body_of(body: &[u8], several: bool) -> Result<(Vec<String>, Vec<String>), Fai
 /// `route` is `route(method, raw_path)`'s; `max_windows` the bound a refused `limit`'s message
 /// names.
 pub fn ask(
-    route: Route,
-    raw_path: &str,
+    target: Target<'_>,
     query: &str,
     content_type: Option<&[u8]>,
     body: &[u8],
@@ -188,41 +208,30 @@ pub fn ask(
         })?),
     };
     let mut ask = Ask { range, limit, min_batch, savepoint: p.savepoint, local: true, ..Ask::default() };
-    match route {
+    let name = |n: &str| decoded(n, NAME).map(Cow::into_owned);
+    let [job, operator, state] = target.names;
+    ask.job = name(job)?;
+    ask.operator = name(operator)?;
+    match target.route {
         Route::Point | Route::Series => {
-            let prefix = if route == Route::Point { "/v1/state/" } else { "/v1/series/" };
-            let s = segments(raw_path, prefix);
-            let [job, operator, state, key] = s[..] else { return Err(Failure::no_route()) };
-            ask.job = decoded(job, "a name in the path")?.into_owned();
-            ask.operator = decoded(operator, "a name in the path")?.into_owned();
-            ask.states = vec![decoded(state, "a name in the path")?.into_owned()];
-            ask.keys = vec![decoded(key, "the key")?.into_owned()];
+            ask.states = vec![name(state)?];
+            ask.keys = vec![decoded(target.key, "the key")?.into_owned()];
             ask.point = true;
         }
         Route::Batch | Route::States => {
-            let names = batch_names(raw_path).unwrap_or_default();
-            if names.len() != if route == Route::States { 2 } else { 3 } {
-                return Err(Failure::no_route());
-            }
-            let names: Vec<String> = names
-                .iter()
-                .map(|n| decoded(n, "a name in the path").map(Cow::into_owned))
-                .collect::<Result<_, _>>()?;
             if !is_json(content_type) {
                 return Err(Failure::invalid(
                     "a batch read's body is JSON: send it with content-type: application/json",
                 ));
             }
-            let several = route == Route::States;
+            let several = target.route == Route::States;
             let (keys, states) = body_of(body, several)?;
-            ask.job = names[0].clone();
-            ask.operator = names[1].clone();
             ask.keys = keys;
             if several {
                 ask.states = states;
                 ask.several = true;
             } else {
-                ask.states = vec![names[2].clone()];
+                ask.states = vec![name(state)?];
             }
         }
     }
@@ -280,33 +289,42 @@ pub fn answer(route: Route, read: Result<Outcome, Failure>) -> Answer {
 mod tests {
     use super::*;
 
+    fn routed(method: &str, raw_path: &str) -> Option<Route> {
+        route(method, raw_path).map(|t| t.route)
+    }
+
+    fn asked(method: &str, raw_path: &str, query: &str, ct: Option<&[u8]>, body: &[u8]) -> Result<Ask, Failure> {
+        ask(route(method, raw_path).expect("a read route"), query, ct, body, 10)
+    }
+
     #[test]
     fn routes() {
-        assert_eq!(route("GET", "/v1/state/j/o/s/k"), Some(Route::Point));
-        assert_eq!(route("GET", "/v1/state/j/o/s/a/b"), Some(Route::Point));
-        assert_eq!(route("GET", "/v1/state/j/o/s/"), Some(Route::Point), "an empty key: the core's 400");
-        assert_eq!(route("GET", "/v1/state/j/o/s"), None);
-        assert_eq!(route("GET", "/v1/state//o/s/k"), None, "a name is never empty");
-        assert_eq!(route("POST", "/v1/state/j//s:batchGet"), None);
-        assert_eq!(route("HEAD", "/v1/state/j/o/s/k"), None);
-        assert_eq!(route("GET", "/v1/series/j/o/s/k"), Some(Route::Series));
-        assert_eq!(route("POST", "/v1/state/j/o/s:batchGet"), Some(Route::Batch));
-        assert_eq!(route("POST", "/v1/state/j/o:batchGet"), Some(Route::States));
-        assert_eq!(route("POST", "/v1/state/j:batchGet"), None);
-        assert_eq!(route("POST", "/v1/state/j/o/s/k"), None);
+        assert_eq!(routed("GET", "/v1/state/j/o/s/k"), Some(Route::Point));
+        assert_eq!(routed("GET", "/v1/state/j/o/s/a/b"), Some(Route::Point));
+        assert_eq!(routed("GET", "/v1/state/j/o/s/"), Some(Route::Point), "an empty key: the core's 400");
+        assert_eq!(routed("GET", "/v1/state/j/o/s"), None);
+        assert_eq!(routed("GET", "/v1/state//o/s/k"), None, "a name is never empty");
+        assert_eq!(routed("POST", "/v1/state/j//s:batchGet"), None);
+        assert_eq!(routed("HEAD", "/v1/state/j/o/s/k"), None);
+        assert_eq!(routed("GET", "/v1/series/j/o/s/k"), Some(Route::Series));
+        assert_eq!(routed("POST", "/v1/state/j/o/s:batchGet"), Some(Route::Batch));
+        assert_eq!(routed("POST", "/v1/state/j/o:batchGet"), Some(Route::States));
+        assert_eq!(routed("POST", "/v1/state/j:batchGet"), None);
+        assert_eq!(routed("POST", "/v1/state/j/o/s/k"), None);
+        assert_eq!(routed("POST", "/v1/state/j/o/s/x:batchGet"), None);
+        let t = route("GET", "/v1/state/j%2E/o/s/a/b").unwrap();
+        assert_eq!((t.names, t.key), (["j%2E", "o", "s"], "a/b"));
     }
 
     #[test]
     fn requests() {
-        let a =
-            ask(Route::Point, "/v1/state/j/o/s/a%2Fb%20c", "limit=5&from=0&limit=7&to=&x=1", None, b"", 10).unwrap();
+        let a = asked("GET", "/v1/state/j/o/s/a%2Fb%20c", "limit=5&from=0&limit=7&to=&x=1", None, b"").unwrap();
         assert_eq!((a.job.as_str(), a.states[0].as_str(), a.keys[0].as_str()), ("j", "s", "a/b c"));
         assert_eq!((a.limit, a.range), (Some(7), Some((0, crate::time::FAR))));
-        assert_eq!(ask(Route::Point, "/v1/state/j/o/s/%FF", "", None, b"", 10).unwrap_err().class, "InvalidAddress");
-        assert!(ask(Route::Point, "/v1/state/j/o/s/k", "limit=x", None, b"", 10).is_err());
+        assert_eq!(asked("GET", "/v1/state/j/o/s/%FF", "", None, b"").unwrap_err().class, "InvalidAddress");
+        assert!(asked("GET", "/v1/state/j/o/s/k", "limit=x", None, b"").is_err());
         let json = Some(&b"application/json; charset=utf-8"[..]);
-        let b = ask(Route::States, "/v1/state/j/o:batchGet", "", json, br#"{"keys": ["a"], "states": ["v", "w"]}"#, 10)
-            .unwrap();
+        let b = asked("POST", "/v1/state/j/o:batchGet", "", json, br#"{"keys": ["a"], "states": ["v", "w"]}"#).unwrap();
         assert_eq!(
             (b.keys, b.states, b.several),
             (vec!["a".to_string()], vec!["v".to_string(), "w".to_string()], true)
@@ -314,12 +332,9 @@ mod tests {
         for body in
             [&br#"{"keys": ["a"], "x": 1}"#[..], br#"{"keys": [1]}"#, br#"["a"]"#, b"", br#"{"keys": ["\ud800"]}"#]
         {
-            assert_eq!(
-                ask(Route::Batch, "/v1/state/j/o/s:batchGet", "", json, body, 10).unwrap_err().class,
-                "InvalidRequest"
-            );
+            assert_eq!(asked("POST", "/v1/state/j/o/s:batchGet", "", json, body).unwrap_err().class, "InvalidRequest");
         }
-        assert!(ask(Route::Batch, "/v1/state/j/o/s:batchGet", "", Some(b"text/plain"), br#"{"keys": []}"#, 10).is_err());
+        assert!(asked("POST", "/v1/state/j/o/s:batchGet", "", Some(b"text/plain"), br#"{"keys": []}"#).is_err());
         assert!(is_json(Some(b"application/problem+json")));
         assert!(!is_json(Some(b"application/jsonx")));
     }

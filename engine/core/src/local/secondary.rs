@@ -349,30 +349,29 @@ mod tests {
             })
         };
         let (mut short, mut torn) = (Vec::new(), Vec::new());
-        let began = Instant::now();
-        let (mut reads, mut failed) = (0, 0);
-        while began.elapsed() < Duration::from_secs(2) {
-            reads += 1;
+        let (reads, mut held) = (400, 0);
+        for _ in 0..reads {
             let marker = read_marker(&primary).expect("marker");
-            // a fresh open, or the standby caught up: both must hold the marker's batch
-            match p.follow() {
-                Ok((inst, _)) => {
-                    if inst.meta.last_batch < marker.batch {
-                        short.push((inst.meta.last_batch, marker.batch));
-                    }
-                    let k = value(&inst, b"k").map(|v| String::from_utf8(v).expect("utf-8"));
-                    if k != Some(inst.meta.last_batch.to_string()) {
-                        torn.push((inst.meta.last_batch, k)); // k is written with each META
-                    }
+            // a fresh open, or the standby caught up: both must hold the marker's batch; a
+            // follow may give up (files moving under every open it tries: the read then goes
+            // to the owner), which checks nothing, so enough of them must hold an instance
+            if let Ok((inst, _)) = p.follow() {
+                held += 1;
+                if inst.meta.last_batch < marker.batch {
+                    short.push((inst.meta.last_batch, marker.batch));
                 }
-                Err(_) => failed += 1,
+                let k = value(&inst, b"k").map(|v| String::from_utf8(v).expect("utf-8"));
+                if k != Some(inst.meta.last_batch.to_string()) {
+                    torn.push((inst.meta.last_batch, k)); // k is written with each META
+                }
             }
         }
         stop.store(true, Ordering::Relaxed);
         writer.join().expect("writer");
+        assert!(held >= reads / 4, "only {held} of {reads} follows held an instance: too few to say anything");
         assert!(
             short.is_empty(),
-            "of {reads} reads ({failed} gave up), these held an older batch than the marker (held, marker): {short:?}"
+            "of {held} instances held, these held an older batch than the marker (held, marker): {short:?}"
         );
         assert!(torn.is_empty(), "a value of another batch than META's (META, value): {torn:?}");
     }

@@ -219,6 +219,7 @@ async fn ask(
     };
     let queries = idx.iter().map(|&i| KeyQuery { key: r.keys[i].clone(), partition: id.partition }).collect();
     let asked = remote.ask(address, &q, queries).map_err(Asked::Full)?;
+    let _waiting = engine.metrics.waiting(idx.len() as u64);
     asked.answers().await.map_err(Asked::Failed)
 }
 

@@ -15,6 +15,8 @@
 
 pub mod ask;
 pub mod fetch;
+#[cfg(test)]
+mod tests;
 pub mod wait;
 
 use std::sync::Arc;

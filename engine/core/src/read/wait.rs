@@ -81,7 +81,29 @@ async fn at_least(engine: &Arc<Engine>, r: &Read, want: Option<i64>, hits: &mut 
 }
 
 /// The outcome once every key has `min_batch` and each key's states are at one batch.
-pub async fn settle(engine: &Arc<Engine>, reads: &[Read], mut hits: Vec<Vec<Hit>>) -> Result<Outcome, Failure> {
+pub async fn settle(engine: &Arc<Engine>, reads: &[Read], hits: Vec<Vec<Hit>>) -> Result<Outcome, Failure> {
+    settle_with(engine, reads, hits, |r| again(engine, r)).await
+}
+
+/// Every state read again (one seek a key when every partition is here and current).
+async fn again(engine: &Arc<Engine>, reads: &[Read]) -> Result<Vec<Vec<Hit>>, Failure> {
+    match fetch::now(engine, reads)? {
+        Some(h) => Ok(h),
+        None => fetch::all(engine, reads).await,
+    }
+}
+
+/// `settle`, each state read again by `again` (its tests write those reads).
+pub async fn settle_with<'a, F, Fut>(
+    engine: &Arc<Engine>,
+    reads: &'a [Read],
+    mut hits: Vec<Vec<Hit>>,
+    mut again: F,
+) -> Result<Outcome, Failure>
+where
+    F: FnMut(&'a [Read]) -> Fut,
+    Fut: std::future::Future<Output = Result<Vec<Vec<Hit>>, Failure>>,
+{
     let mut floor = reads[0].min_batch;
     let mut round = 1;
     loop {
@@ -110,9 +132,6 @@ pub async fn settle(engine: &Arc<Engine>, reads: &[Read], mut hits: Vec<Vec<Hit>
         // every state again, at the newest batch this round saw
         round += 1;
         floor = hits.iter().flatten().map(|h| h.batch).max();
-        hits = match fetch::now(engine, reads)? {
-            Some(h) => h,
-            None => fetch::all(engine, reads).await?,
-        };
+        hits = again(reads).await?;
     }
 }

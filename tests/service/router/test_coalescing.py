@@ -1,0 +1,37 @@
+"""Keys of one shard asked at once leave together (docs/architecture.md §5): the read engine
+coalesces the keys that many concurrent requests ask of one owner into few MultiGet calls
+(at most two in flight a shard; ``engine/core/src/remote.rs``), and every key still gets its
+own answer. Over the session's shop, through the router that reads from the owners
+(``--no-local-reads``), with the owning shard's own counts of calls and keys."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+
+from tests.helpers import metric
+from tests.shop import BATCHES, KEYS, Shop, views
+
+CALLS = "qstate_shard_lookup_seconds_count"  # MultiGet calls a shard answered
+KEYS_LOOKED_UP = "qstate_shard_lookup_keys_total"
+
+
+def test_concurrent_reads_of_one_shard_leave_in_fewer_calls_than_keys(shop: Shop) -> None:
+    shard = shop.shards[0]
+    mine = [k for k in KEYS if shop.owner_of(k) is shard][:60]
+    url, shard_url = shop.routers["grpc"].url, shop.metrics_url(shard)
+    calls = metric(shard_url, CALLS)
+    found = metric(shard_url, KEYS_LOOKED_UP, status="FOUND")
+
+    async def read_all() -> list[httpx.Response]:
+        limits = httpx.Limits(max_connections=len(mine))
+        async with httpx.AsyncClient(base_url=url, limits=limits, timeout=30) as c:
+            return await asyncio.gather(*(c.get(f"/v1/state/shop/views_1m/views/{k}")
+                                          for k in mine))
+
+    answers = asyncio.run(read_all())
+    assert [a.json()["windows"][-1]["value"] for a in answers] == \
+        [views(k, BATCHES - 1) for k in mine]
+    assert metric(shard_url, KEYS_LOOKED_UP, status="FOUND") == found + len(mine)
+    assert metric(shard_url, CALLS) - calls < len(mine)
