@@ -162,4 +162,3 @@ def add_read_routes(app: FastAPI, engine: Engine, max_windows: int,
                    to: To = None, limit: int | None = limit, min_batch: int | None = min_batch,
                    savepoint: str | None = savepoint) -> None:
         """A definition: the read core answers it."""
-

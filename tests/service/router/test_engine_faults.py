@@ -23,6 +23,7 @@ from tests.helpers import http_message, metric, wait_until
 from tests.shop import KEYS, Shop, own_shop
 
 PANICS = "qstate_router_engine_panics_total"
+REQUESTS = "qstate_router_http_requests_total"
 READ = "/v1/state/shop/views_1m/views/"
 
 
@@ -43,6 +44,9 @@ def test_a_panic_in_a_read_is_a_500_and_the_router_goes_on(shop: Shop, tmp_path:
     with shop.router_with(tmp_path, "panics", QSTATE_FAULT="router.read-panic@2:views_1m") as r:
         wait_until(lambda: _read_locally(r), 30, "the router reading the shop in-process")
         before = metric(r.url, PANICS, at="front")
+        served = {"route": "/v1/state/{job}/{operator}/{state}/{key}", "method": "GET",
+                  "status": "500"}
+        failed = metric(r.url, REQUESTS, **served)
         for key in KEYS[:5]:  # each read panics: each is answered, the router lives on
             got = httpx.get(f"{r.url}{READ}{key}", timeout=10)
             assert got.status_code == 500, got.text
@@ -51,6 +55,7 @@ def test_a_panic_in_a_read_is_a_500_and_the_router_goes_on(shop: Shop, tmp_path:
             assert body["error"] == "EngineFailed", body
             assert "router.read-panic@2" in body["message"], body
         assert metric(r.url, PANICS, at="front") == before + 5
+        assert metric(r.url, REQUESTS, **served) == failed + 5  # counted as every read is
         assert httpx.get(f"{r.url}/healthz", timeout=10).status_code == 200
         # gRPC's read is the engine's too, called from Python: the panic is an error there
         calls = metric(r.url, PANICS, at="call")

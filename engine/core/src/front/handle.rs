@@ -146,12 +146,14 @@ async fn read_body(mut body: Incoming, limit: usize) -> Received {
 /// A request, answered; a panic in it is a 500 (`EngineFailed`) and a count, never a
 /// connection closed without a word.
 pub async fn handle(ctx: Arc<Ctx>, req: Request<Incoming>, reached: Reached) -> Result<Answer, Infallible> {
+    let t0 = Instant::now();
     let engine = ctx.engine.clone();
     // the path split once: the read it is (if any) holds its raw parts
     let raw_path = req.uri().path().to_owned();
-    let target = http::route(http::method_label(req.method().as_str()), &raw_path);
+    let method = http::method_label(req.method().as_str());
+    let target = http::route(method, &raw_path);
     let label = target.map_or(OTHER, |t| t.route.template());
-    match AssertUnwindSafe(answer(ctx, req, target, reached)).catch_unwind().await {
+    match AssertUnwindSafe(answer(ctx, req, target, reached, t0)).catch_unwind().await {
         Ok(a) => Ok(a),
         Err(panic) => {
             engine.metrics.panicked("front");
@@ -164,14 +166,24 @@ pub async fn handle(ctx: Arc<Ctx>, req: Request<Incoming>, reached: Reached) -> 
             let f = Failure::engine(format!(
                 "the router's read engine failed while answering this request ({what}); it goes on answering others"
             ));
-            Ok(guarded(failed(&engine, &f), None))
+            let r = failed(&engine, &f);
+            // a read is counted by its route as its other answers are (the app never sees it)
+            if let Some(t) = target {
+                engine.metrics.request(t.route.template(), method, r.status().as_u16(), t0.elapsed().as_secs_f64());
+            }
+            Ok(guarded(r, None))
         }
     }
 }
 
 /// `target`: the read the request is, by its method and raw path (`http::route`), or None.
-async fn answer(ctx: Arc<Ctx>, req: Request<Incoming>, target: Option<http::Target<'_>>, reached: Reached) -> Answer {
-    let t0 = Instant::now();
+async fn answer(
+    ctx: Arc<Ctx>,
+    req: Request<Incoming>,
+    target: Option<http::Target<'_>>,
+    reached: Reached,
+    t0: Instant,
+) -> Answer {
     let engine = &ctx.engine;
     let cfg = engine.settings.load_full();
     let (mut parts, body) = req.into_parts();
