@@ -266,9 +266,12 @@ impl Local {
     }
 }
 
-/// Keys' windows from a partition's folder opened read-only, with its META's (batch,
-/// watermark): the engine's reader on bytes a shard wrote, for tools and the tests that hold it
-/// to the shard's own reader (`tests/service/partition/test_readers.py`).
+/// Keys' windows from a partition's folder, with its META's (batch, watermark): the engine's
+/// reader on bytes a shard wrote, for tools and the tests that hold it to the shard's own
+/// reader (`tests/service/partition/test_readers.py`). Opened as the router opens a
+/// co-located partition (a secondary instance in a scratch folder of its own, caught up with
+/// the marker's batch), never read-only: a read-only open of a live primary can list a table
+/// file that a compaction under way then deletes ("Can't access 000009.sst", seen in CI).
 #[allow(clippy::type_complexity)]
 pub fn read_folder(
     path: &std::path::Path,
@@ -278,12 +281,19 @@ pub fn read_folder(
     range: Option<(i64, i64)>,
     limit: usize,
 ) -> Result<((i64, i64), Vec<(Vec<Window>, Option<i64>)>), String> {
-    let db = rocksdb::DB::open_for_read_only(&Options::default(), path, false).map_err(|e| e.into_string())?;
-    let raw = db.get_pinned(crate::partition::layout::META).map_err(|e| e.into_string())?;
-    let meta = crate::partition::meta::Meta::decode(raw.as_deref())?;
+    static OPENED: AtomicU64 = AtomicU64::new(0);
+    let n = OPENED.fetch_add(1, Ordering::Relaxed);
+    let scratch = std::env::temp_dir().join(format!("qstate-read-folder-{}-{n}", std::process::id()));
+    let mut opts = Options::default();
+    // required by secondary instances
+    opts.set_max_open_files(-1);
+    // its scratch folder goes when `p` is dropped
+    let p = Partition::new(path.to_path_buf(), scratch, Arc::new(opts));
+    let (inst, _) = p.follow().map_err(|e| format!("{}: {e:?}", path.display()))?;
+    let meta = &inst.meta;
     let r = Reading { spec: &op.spec, codec: &op.codec, state };
     let ks: Vec<&str> = keys.iter().map(String::as_str).collect();
-    let per_key = read_many(&db, &r, &meta, &ks, range, limit + 1).map_err(|e| format!("{e:?}"))?;
+    let per_key = read_many(inst.db(), &r, meta, &ks, range, limit + 1).map_err(|e| format!("{e:?}"))?;
     Ok(((meta.last_batch, meta.watermark_ms), per_key.into_iter().map(|ws| page(ws, limit)).collect()))
 }
 
