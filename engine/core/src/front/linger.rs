@@ -47,16 +47,11 @@ impl AsyncWrite for Lingering {
         Pin::new(self.stream()).poll_shutdown(cx)
     }
 
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(self.stream()).poll_write_vectored(cx, bufs)
-    }
-
+    // not vectored: hyper then flattens an answer's head and body into one buffer and one
+    // `write` (one `sendto` a request under strace), as the front did before `pipeline_flush`
+    // was dropped, not a `writev` of the two (loadtest/results/router.md, 2026-12-02 16:07)
     fn is_write_vectored(&self) -> bool {
-        self.0.as_ref().is_some_and(|s| s.is_write_vectored())
+        false
     }
 }
 
