@@ -75,11 +75,18 @@ fn alive(pid: i32) -> bool {
     r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
+/// What every secondary instance of a shard's partition is opened with (the router's own
+/// also share one block cache: `Local::new`).
+fn secondary_options() -> Options {
+    let mut opts = Options::default();
+    opts.set_max_open_files(-1); // required by secondary instances
+    opts
+}
+
 impl Local {
     /// `cache_bytes`: one LRU block cache every secondary shares.
     pub fn new(scratch: PathBuf, cache_bytes: usize) -> Local {
-        let mut opts = Options::default();
-        opts.set_max_open_files(-1); // required by secondary instances
+        let mut opts = secondary_options();
         let mut table = BlockBasedOptions::default();
         table.set_block_cache(&Cache::new_lru_cache(cache_bytes));
         opts.set_block_based_table_factory(&table);
@@ -284,11 +291,8 @@ pub fn read_folder(
     static OPENED: AtomicU64 = AtomicU64::new(0);
     let n = OPENED.fetch_add(1, Ordering::Relaxed);
     let scratch = std::env::temp_dir().join(format!("qstate-read-folder-{}-{n}", std::process::id()));
-    let mut opts = Options::default();
-    // required by secondary instances
-    opts.set_max_open_files(-1);
     // its scratch folder goes when `p` is dropped
-    let p = Partition::new(path.to_path_buf(), scratch, Arc::new(opts));
+    let p = Partition::new(path.to_path_buf(), scratch, Arc::new(secondary_options()));
     let (inst, _) = p.follow().map_err(|e| format!("{}: {e:?}", path.display()))?;
     let meta = &inst.meta;
     let r = Reading { spec: &op.spec, codec: &op.codec, state };
