@@ -68,10 +68,11 @@ $(JAR_STAMP): deploy/maven/kafka-broker.pom.xml deploy/maven/spark-kafka.pom.xml
 
 # benchmarks (loadtest/): the Redis baseline needs redis-server (Debian package) and redis-py
 bench-setup: setup
-	@command -v redis-server >/dev/null 2>&1 && command -v wrk >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq redis-server wrk; }
+	@command -v redis-server >/dev/null 2>&1 && command -v wrk >/dev/null 2>&1 && command -v h2load >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq redis-server wrk nghttp2-client; }
 	$(BIN)/pip install --quiet -e '.[server,dev,feast,bench]'
 	@command -v go >/dev/null 2>&1 || { echo "the open-loop bench needs Go 1.26 (go.dev)"; exit 1; }
 	cd loadtest/openloop && go build -o $(abspath $(BIN))/qstate-openloop .
+	@test -x $(BIN)/ghz || GOBIN=$(abspath $(BIN)) go install github.com/bojand/ghz/cmd/ghz@v0.120.0
 
 run: setup
 	$(BIN)/qstate run

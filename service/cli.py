@@ -71,6 +71,8 @@ def shard(
     port: Annotated[int, option("shard_port", "--port")] = S.shard_port,
     metrics_port: Annotated[int, option("shard_metrics_port", "--metrics-port")
                             ] = S.shard_metrics_port,
+    reader_port: Annotated[int, option("shard_reader_port", "--reader-port")
+                           ] = S.shard_reader_port,
     server_id: Annotated[str, option("shard_id", "--id")] = S.shard_id,
     advertise: Annotated[str, option("shard_advertise", "--advertise")] = S.shard_advertise,
     data_dir: Annotated[Path, option("shard_data_dir", "--data-dir")] = Path(S.shard_data),
@@ -86,7 +88,8 @@ def shard(
 
     _arm_fault()
     try:
-        run(ShardOptions(host, port, data_dir, storage, server_id, metrics_port, advertise, S))
+        run(ShardOptions(host, port, data_dir, storage, server_id, metrics_port, advertise, S,
+                         reader_port))
     except StartFailed as exc:
         raise _refused_start(exc) from None
 

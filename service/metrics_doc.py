@@ -28,7 +28,8 @@ def _rows(module: ModuleType) -> list[tuple[str, str, tuple[str, ...], str]]:
         else:  # a custom collector: its describe() lists the families it collects
             describe = getattr(obj, "describe", None)
             for family in describe() if describe is not None else ():
-                rows.append((family.name, family.type, tuple(getattr(family, "_labelnames", ())),
+                name = family.name + "_total" if family.type == "counter" else family.name
+                rows.append((name, family.type, tuple(getattr(family, "_labelnames", ())),
                              family.documentation))
     return sorted(set(rows))  # a labelled child (``SHARD_READS.labels("local")``) repeats
 

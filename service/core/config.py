@@ -12,12 +12,13 @@ from __future__ import annotations
 import os
 import sys
 from functools import lru_cache
-from typing import Final
+from typing import Any, Final
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["DEFAULTS", "Settings", "settings", "settings_table"]
+__all__ = ["DEFAULTS", "ENGINE_SETTINGS", "Settings", "engine_settings", "settings",
+           "settings_table"]
 
 
 class Settings(BaseSettings):
@@ -111,6 +112,18 @@ class Settings(BaseSettings):
         9465, ge=0, description="HTTP /metrics /healthz /readyz port of a shard server; 0: "
         "any free port (printed at start and registered in storage). `qstate run` uses it "
         "and the next one for its two shards.")
+    shard_reader: bool = Field(
+        True, description="Shard: answer other hosts' routers' reads of its partitions natively "
+        "(the read engine's reader, on its own port, registered in storage) instead of through "
+        "the server's Python MultiGet (docs/architecture.md §5, cluster reads). False: for "
+        "comparison, and as a way out.")
+    shard_reader_port: int = Field(
+        0, ge=0, description="Shard: the reader's gRPC port (0: any free port; registered in "
+        "storage, where routers find it). Deployments that open ports name one "
+        "(deploy/k8s uses 7101).")
+    shard_reader_cache_mb: int = Field(
+        64, ge=8, description="Shard: the block cache in MiB of the RocksDB secondaries its "
+        "reader reads the server's partitions with (besides QSTATE_SHARD_MEMORY_MB).")
     shard_id: str = Field("", description="Stable id of a shard server. Empty: host-port.")
     shard_advertise: str = Field(
         "", description="host:port others use to reach a shard server. Empty: its bind address.")
@@ -314,6 +327,18 @@ class Settings(BaseSettings):
 # The documented defaults, unaffected by environment and config file: what library code
 # falls back to when a caller passes nothing.
 DEFAULTS: Final[Settings] = Settings.model_construct()
+
+
+# the settings the read engine answers under (a router's, a shard's reader), by their names
+# here: the engine has no defaults of its own (engine/core/src/settings.rs)
+ENGINE_SETTINGS = ("max_batch_keys", "max_windows", "max_request_windows", "min_batch_wait_s",
+                   "retry_after_s", "max_body_bytes", "max_concurrent_requests",
+                   "metrics_public", "shard_timeout_s", "max_shard_queue", "fault")
+
+
+def engine_settings(cfg: Settings) -> dict[str, Any]:
+    """What the engine reads of ``cfg``: every setting it uses, by name."""
+    return {name: getattr(cfg, name) for name in ENGINE_SETTINGS}
 
 
 def settings_table() -> str:

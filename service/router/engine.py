@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from qstate._engine import Engine
-from qstate.core.config import Settings
+from qstate.core.config import Settings, engine_settings
 from qstate.core.transport.security import cluster_token
 from qstate.core.transport.tokens import TokenBook, WatchedTokens
 from qstate.router.metrics import add_engine_counts
 from qstate.router.routing import RoutingTable
 
-__all__ = ["ENGINE_THREADS", "EngineLink", "engine_settings"]
+__all__ = ["ENGINE_THREADS", "EngineLink"]
 
 log = logging.getLogger(__name__)
 
@@ -33,17 +33,6 @@ ENGINE_THREADS = max(1, min(4, os.cpu_count() or 1))
 
 Callers = tuple[str | None, bytes | None, str | None]
 SYNC_S = 0.5  # how often the engine's counts reach /metrics
-
-# the settings the engine answers under, by their names in qstate.core.config (one source)
-ENGINE_SETTINGS = ("max_batch_keys", "max_windows", "max_request_windows", "min_batch_wait_s",
-                   "retry_after_s", "max_body_bytes", "max_concurrent_requests",
-                   "metrics_public", "shard_timeout_s", "max_shard_queue", "fault")
-
-
-def engine_settings(cfg: Settings) -> dict[str, Any]:
-    """What the engine reads of ``cfg``: every setting it uses, by name."""
-    return {name: getattr(cfg, name) for name in ENGINE_SETTINGS}
-
 
 class EngineLink:
     """The engine of one router process, and what was pushed to it last (pushed again only
@@ -87,7 +76,9 @@ class EngineLink:
             followers = [a.follower_addresses(op, p) if a is not None else []
                          for p in range(spec.partitions)]
             ops.append((spec.to_json(), owners, followers))
-        self.engine.set_table(ops, str(routing.storage.root), routing.disclose_jobs)
+        # a server's live reads go to its reader when it registered one (§5, cluster reads)
+        readers = [(i.address, i.reader) for i in routing.servers if i.reader]
+        self.engine.set_table(ops, str(routing.storage.root), routing.disclose_jobs, readers)
         self.push_callers()
 
     def push_callers(self) -> None:

@@ -27,6 +27,7 @@ from qstate.router.describer import Describer
 from qstate.router.engine import ENGINE_THREADS, EngineLink
 from qstate.router.front import NativeFront
 from qstate.router.grpc_api import QueryableStateService, serve_api
+from qstate.router.grpc_port import NativeGrpc
 from qstate.router.http import create_asgi
 from qstate.router.limits import with_limits
 from qstate.router.local import LocalReader
@@ -111,8 +112,14 @@ async def serve(o: RouterOptions, scratch: Path | None = None) -> None:
         return bool(routing.specs) and (not cfg.native_front or engine.ready())
 
     health = Health(grpc_server, [qpb.DESCRIPTOR.services_by_name["QueryableState"].full_name])
-    security.server_port(grpc_server, f"{host}:{o.grpc_port}", cfg)
+    # the engine holds the public gRPC port too (Get and MultiGet in Rust), the Python server
+    # the rest behind it on a private socket (qstate.router.grpc_port)
+    native_grpc = NativeGrpc(engine, grpc_server) if cfg.native_front else None
+    if native_grpc is None:
+        security.server_port(grpc_server, f"{host}:{o.grpc_port}", cfg)
     await grpc_server.start()
+    if native_grpc is not None:
+        native_grpc.start(host, o.grpc_port, cfg, reuse_port=o.http_fd is not None)
     following = asyncio.create_task(health.follow(ready))
 
     app = link.counted(create_asgi(query, engine, ready=ready, hub=hub))
@@ -166,6 +173,8 @@ async def serve(o: RouterOptions, scratch: Path | None = None) -> None:
         await serving
     if tokens is not None:
         tokens.cancel()
+    if native_grpc is not None:
+        native_grpc.stop()
     await grpc_server.stop(grace=1)
     counting.cancel()
     link.take_counts()  # the last ones

@@ -94,14 +94,16 @@ UNAVAILABLE = Counter("qstate_router_unavailable_total",
 
 FRONT_REQUESTS = Counter(
     "qstate_router_front_requests_total",
-    "Requests of the native front by route template (other: not a read) and who answered: "
-    "engine (the read core, on the front's threads) or app (handed to the Python app behind "
+    "Requests of the native front by route template (other: not a read; grpc:Get, "
+    "grpc:MultiGet, grpc:other: calls of the gRPC port) and who answered: engine (the read "
+    "core, on the engine's threads) or app (handed to the Python app or gRPC server behind "
     "it)", ["route", "answered_by"])
 ENGINE_PANICS = Counter(
     "qstate_router_engine_panics_total",
     "Panics the read engine caught, by where: front (a request, answered 500), accept (a "
     "connection being handed out, lost), call (a call from Python, raised as EngineFailed), "
-    "follower (a pass of the follower); each one a bug to report", ["at"])
+    "follower (a pass of the follower), grpc (a read call of the gRPC port, answered "
+    "INTERNAL); each one a bug to report", ["at"])
 for _at in ("front", "accept", "call", "follower"):
     ENGINE_PANICS.labels(_at)
 KEYS_WAITING = Gauge(
@@ -213,6 +215,10 @@ def add_engine_counts(taken: dict[str, Any]) -> None:
     for at, n in taken["panics"]:
         ENGINE_PANICS.labels(at).inc(n)
     KEYS_WAITING.set(taken["keys_waiting"])
+    for method, code, n in taken["grpc"]:
+        GRPC_REQUESTS.labels(method, code).inc(n)
+    for method, buckets, total in taken["grpc_latency"]:
+        _add_histogram(GRPC_LATENCY.labels(method), buckets, total)
 
 
 def _add_histogram(child: Any, buckets: list[int], total: float) -> None:

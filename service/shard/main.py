@@ -36,6 +36,7 @@ from qstate.proto import shard_pb2_grpc as pb_grpc
 from qstate.shard import metrics
 from qstate.shard.memory import MemoryBudget, limit_malloc_arenas
 from qstate.shard.partitions import Partitions
+from qstate.shard.reader import ShardReader
 from qstate.shard.savepoints import SavepointReads
 from qstate.shard.server import ShardService
 
@@ -63,6 +64,7 @@ class ShardOptions:
     metrics_port: int
     advertise: str
     settings: Settings
+    reader_port: int = 0  # the reader's (QSTATE_SHARD_READER_PORT; 0: any free port)
 
     @property
     def id(self) -> str:
@@ -140,12 +142,22 @@ async def serve(o: ShardOptions) -> None:
     probe, probe_task = await serve_probe(
         probe_app(ready, lambda: {"server_id": server_id, "address": address}),
         o.host, o.metrics_port)
+    reader, reader_address = None, ""
+    if cfg.shard_reader:  # other hosts' routers read here natively (docs/architecture.md §5)
+        reader = ShardReader(partitions, cfg)
+        partitions.on_change = reader.changed
+        reader_port = reader.serve(address, o.host, o.reader_port, cfg,
+                                   cfg.cluster_token or None)
+        reader_address = f"{address.rsplit(':', 1)[0]}:{reader_port}"
+        metrics.READER.watch(reader.counts)
     info = ServerInfo(server_id, address, f"{o.host}:{bound_port(probe)}", os.getpid(),
-                      now_ms(), socket.gethostname(), str((o.data_dir / server_id).resolve()))
+                      now_ms(), socket.gethostname(), str((o.data_dir / server_id).resolve()),
+                      reader_address)
     register_server(storage, info)
     follow = asyncio.create_task(_follow_assignments(partitions, cfg.assignment_poll_s))
     log.warning("shard %s serving on %s (metrics on %s)", server_id, address, info.metrics)
-    print(f"qstate shard {server_id} ready grpc={address} metrics={info.metrics}", flush=True)
+    print(f"qstate shard {server_id} ready grpc={address} metrics={info.metrics}"
+          + (f" reader={reader_address}" if reader_address else ""), flush=True)
 
     stop, draining = asyncio.Event(), asyncio.Event()
 
@@ -166,6 +178,8 @@ async def serve(o: ShardOptions) -> None:
     await server.stop(grace=2)
     probe.should_exit = True
     await probe_task
+    if reader is not None:
+        reader.close()
     savepoints.close()
     partitions.close()
 

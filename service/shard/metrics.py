@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
-from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from qstate.core.errors import InvalidAddress, QStateError
@@ -26,8 +26,9 @@ if TYPE_CHECKING:
     from qstate.shard.memory import MemoryBudget
 
 __all__ = ["APPLIED_ROWS", "APPLY_SECONDS", "CAUGHT_UP", "COMMITS", "COMMIT_SECONDS", "HELD",
-           "LAST_SKIPPED", "LOOKUPS", "LOOKUP_SECONDS", "MEMORY", "STATES", "STATE_WRITES",
-           "TOP_PARTITIONS", "TOP_SECONDS", "HeldCollector", "refused_commit", "watch_memory"]
+           "LAST_SKIPPED", "LOOKUPS", "LOOKUP_SECONDS", "MEMORY", "READER", "STATES",
+           "STATE_WRITES", "TOP_PARTITIONS", "TOP_SECONDS", "HeldCollector", "ReaderCollector",
+           "refused_commit", "watch_memory"]
 
 COMMITS = Counter("qstate_shard_commits_total",
                   "Partition commits by result: applied, skipped (this server already had the "
@@ -210,3 +211,48 @@ class HeldCollector(Collector):
 
 HELD = HeldCollector()
 REGISTRY.register(HELD)
+
+
+class ReaderCollector(Collector):
+    """``qstate_shard_reader_keys_total{status}`` and ``qstate_shard_reader_calls_total``:
+    what the server's reader (the read engine on its own port, which other hosts' routers ask
+    for live reads: ``qstate.shard.reader``) answered, read from the engine at each scrape,
+    so a read is counted by the time its answer is sent."""
+
+    STATUSES = ("FOUND", "ABSENT", "NOT_OWNED", "RESTORING")
+
+    def __init__(self) -> None:
+        self._counts: Callable[[], tuple[list[tuple[str, int]], int, int]] | None = None
+
+    def watch(self, counts: Callable[[], tuple[list[tuple[str, int]], int, int]]) -> None:
+        self._counts = counts
+
+    def _families(self) -> tuple[CounterMetricFamily, CounterMetricFamily,
+                                 CounterMetricFamily]:
+        return (CounterMetricFamily("qstate_shard_reader_keys",
+                                    "Keys the server's reader (the read engine on its own port: "
+                                    "other hosts' routers' live reads) answered, by status",
+                                    labels=["status"]),
+                CounterMetricFamily("qstate_shard_reader_calls",
+                                    "MultiGet calls the server's reader answered (refusals "
+                                    "included)"),
+                CounterMetricFamily("qstate_shard_reader_panics",
+                                    "Calls of the server's reader a panic in the engine ended "
+                                    "(answered INTERNAL; the port goes on): a bug to report"))
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(self._families())
+
+    def collect(self) -> Iterator[Metric]:
+        families = keys, calls, panics = self._families()
+        got, n, p = self._counts() if self._counts is not None else ([], 0, 0)
+        by = dict(got)
+        for status in self.STATUSES:
+            keys.add_metric([status], by.get(status, 0))
+        calls.add_metric([], n)
+        panics.add_metric([], p)
+        return iter(families)
+
+
+READER = ReaderCollector()
+REGISTRY.register(READER)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,7 @@ from qstate.core.records.operator import OperatorSpec, load_spec
 from qstate.core.records.storage import Storage
 from qstate.partition.files import partition_dir
 from qstate.shard import metrics
-from qstate.shard.held import Held
+from qstate.shard.held import Held, Ready
 from qstate.shard.memory import MemoryBudget, process_budget
 from qstate.shard.recovery import Recovery
 from qstate.shard.snapshot import Snapshotter
@@ -76,6 +77,8 @@ class Partitions:
         self._bg = ThreadPoolExecutor(2, thread_name_prefix="restore")
         self.snapshots = Snapshotter(storage, server_dir / ".scratch", snapshot_every,
                                      snapshots_kept, self._bg)
+        # told each time what is held, ready or restoring changes (``qstate.shard.reader``)
+        self.on_change: Callable[[], None] = lambda: None
         self.recovery = Recovery(storage, server_dir, self.spec,
                                  lambda job: self.epochs.get(job, 0), restore_retry_s)
 
@@ -123,6 +126,7 @@ class Partitions:
                 self._held[pid].owner = pid in owned
             for pid in sorted(mine - current):
                 self._acquire(pid, pid in owned)
+            self.on_change()
             log.warning("epoch %d of %s: %d partitions here, %d of them followed (+%d -%d)",
                         a.epoch, a.job, len(mine), len(mine - owned), len(mine - current),
                         len(current - mine))
@@ -139,7 +143,8 @@ class Partitions:
     def _acquire(self, pid: PartitionId, owner: bool) -> None:
         spec = self.spec(pid.job, pid.operator)
         held = Held(PartitionStore(partition_dir(self.server_dir, pid), spec,
-                                   self.rank_index, self.memory), owner=owner)
+                                   self.rank_index, self.memory), owner=owner,
+                    ready=Ready(lambda: self.on_change()))
         self._held[pid] = held
         self._bg.submit(self.recovery.bring_up, pid, held, lambda: self._held.get(pid) is held)
 

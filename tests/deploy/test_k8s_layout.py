@@ -106,6 +106,7 @@ def test_shard_probes_and_headless_service_use_its_metrics_port() -> None:
     ports = {p["name"]: p["containerPort"] for p in shard["ports"]}
     opts = options(shard["args"])
     assert ports == {"shard-grpc": int(opts["--port"]),
+                     "shard-reader": int(opts["--reader-port"]),
                      "shard-metrics": int(opts["--metrics-port"])}
     assert shard["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "shard-metrics"}
     assert shard["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "shard-metrics"}
@@ -115,7 +116,7 @@ def test_shard_probes_and_headless_service_use_its_metrics_port() -> None:
 
 
 def test_qstate_containers_declare_the_ports_their_command_line_binds() -> None:
-    flags = ("--port", "--metrics-port", "--http-port", "--grpc-port")
+    flags = ("--port", "--metrics-port", "--reader-port", "--http-port", "--grpc-port")
     for d in k8s_docs():
         for c in containers(d):
             if c.get("image", "").startswith("qstate:") and c["args"][0] != "job":

@@ -29,11 +29,10 @@ import numpy as np
 import orjson
 
 from qstate.core.address import check_key, check_name, partition_of
-from qstate.core.config import DEFAULTS
+from qstate.core.config import DEFAULTS, ENGINE_SETTINGS
 from qstate.core.errors import InvalidRequest, QStateError, error_classes
 from qstate.core.records.operator import AggKind, Aggregate, OperatorSpec, StateType, WindowSpec
 from qstate.partition.codec import INT64_MAX, INT64_MIN, OVERFLOWED, Codec
-from qstate.router.engine import ENGINE_SETTINGS
 
 HERE = Path(__file__).parent
 NOW_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z

@@ -20,11 +20,10 @@ import pytest
 
 from qstate._engine import parse_time
 from qstate.core.address import check_key, check_name, partition_of
-from qstate.core.config import DEFAULTS
+from qstate.core.config import DEFAULTS, ENGINE_SETTINGS
 from qstate.core.errors import InvalidRequest, QStateError, error_classes
 from qstate.core.records.operator import OperatorSpec
 from qstate.partition.codec import Codec
-from qstate.router.engine import ENGINE_SETTINGS
 from qstate.router.http.params import TIME_PATTERN
 
 HERE = Path(__file__).parent

@@ -46,6 +46,9 @@ pub struct Taken {
     pub panics: Vec<(&'static str, u64)>,
     /// keys asked of shard servers whose answers have not come yet (a gauge, now)
     pub keys_waiting: u64,
+    /// gRPC calls answered on the engine's gRPC port, by method and code name
+    pub grpc: Vec<(&'static str, &'static str, u64)>,
+    pub grpc_latency: Vec<(&'static str, Histogram)>,
 }
 
 #[derive(Default)]
@@ -57,6 +60,8 @@ struct Counts {
     catchups: HashMap<&'static str, Histogram>,
     front: HashMap<(&'static str, &'static str), u64>,
     panics: HashMap<&'static str, u64>,
+    grpc: HashMap<(&'static str, &'static str), u64>,
+    grpc_latency: HashMap<&'static str, Histogram>,
 }
 
 #[derive(Default)]
@@ -83,6 +88,13 @@ impl Metrics {
         let mut c = self.counts.lock();
         *c.requests.entry((route, method, status)).or_default() += 1;
         c.latency.entry(route).or_default().observe(seconds);
+    }
+
+    /// One gRPC call answered on the engine's port: its method, code and latency.
+    pub fn grpc(&self, method: &'static str, code: &'static str, seconds: f64) {
+        let mut c = self.counts.lock();
+        *c.grpc.entry((method, code)).or_default() += 1;
+        c.grpc_latency.entry(method).or_default().observe(seconds);
     }
 
     /// A request of the native front, by route and who answered it ("engine" or "app").
@@ -152,6 +164,8 @@ impl Metrics {
             front: c.front.into_iter().map(|((r, b), n)| (r, b, n)).collect(),
             panics: c.panics.into_iter().collect(),
             keys_waiting: self.keys_waiting.load(Ordering::Relaxed),
+            grpc: c.grpc.into_iter().map(|((m, code), n)| (m, code, n)).collect(),
+            grpc_latency: c.grpc_latency.into_iter().collect(),
         }
     }
 }

@@ -35,11 +35,14 @@ pub struct Table {
     /// whether an unknown job's 404 may name the jobs served (not where client tokens scope
     /// what a caller may see)
     pub disclose_jobs: bool,
+    /// a shard server's address -> its reader's, for those that have one (their live reads
+    /// are asked there, natively: `reader`; a savepoint still of the server's own port)
+    pub readers: HashMap<String, String>,
 }
 
 impl Table {
     pub fn new(storage: String, disclose_jobs: bool) -> Table {
-        Table { jobs: HashMap::new(), storage, disclose_jobs }
+        Table { jobs: HashMap::new(), storage, disclose_jobs, readers: HashMap::new() }
     }
 
     pub fn insert(&mut self, entry: Entry) {
@@ -60,6 +63,11 @@ impl Table {
         let mut names: Vec<&str> = self.jobs.keys().map(String::as_str).collect();
         names.sort_unstable();
         names
+    }
+
+    /// Where a live read of `address`'s partitions is asked: its reader, else its own port.
+    pub fn read_address<'a>(&'a self, address: &'a str) -> &'a str {
+        self.readers.get(address).map_or(address, String::as_str)
     }
 
     pub fn is_empty(&self) -> bool {

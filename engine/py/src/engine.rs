@@ -1,4 +1,4 @@
-//! `Engine`: one per router process. Python pushes what it knows (settings, the routing table,
+//! `Engine`: one per router process (and one per shard server, for its reader). Python pushes what it knows (settings, the routing table,
 //! co-located servers and their ready partitions, client tokens, how to call shards) and asks
 //! the read core for answers: HTTP's (`http`), gRPC's (`grpc`) and hits (`read`).
 
@@ -17,12 +17,15 @@ use qstate_engine_core::address::PartitionId;
 use qstate_engine_core::auth::{door, Book, Principal as CorePrincipal};
 use qstate_engine_core::engine::Engine as Core;
 use qstate_engine_core::errors::{seconds, Failure};
+use qstate_engine_core::front::grpc_port::{GrpcPort, GrpcPortConfig};
 use qstate_engine_core::front::{Front, FrontConfig};
 use qstate_engine_core::grpc::{self, Method};
 use qstate_engine_core::http;
 use qstate_engine_core::local::{LocalServer, Operator};
 use qstate_engine_core::metrics::Histogram;
 use qstate_engine_core::read::{self as core_read, Ask, Now, Outcome};
+use qstate_engine_core::reader::serve::{ReaderConfig, ReaderServer};
+use qstate_engine_core::reader::Reader;
 use qstate_engine_core::remote::Callers;
 use qstate_engine_core::settings::{Fault, Settings};
 use qstate_engine_core::spec::OperatorSpec;
@@ -63,6 +66,10 @@ fn settings_of(d: &Bound<'_, PyDict>) -> PyResult<Settings> {
 pub struct Engine {
     core: Arc<Core>,
     front: parking_lot::Mutex<Option<Front>>,
+    /// the owner's reader, in a shard server's process
+    reader: parking_lot::Mutex<Option<ReaderServer>>,
+    /// the router's public gRPC port
+    grpc_port: parking_lot::Mutex<Option<GrpcPort>>,
 }
 
 type Op = (Vec<u8>, Vec<Option<String>>, Vec<Vec<String>>);
@@ -126,15 +133,31 @@ impl Engine {
     fn new(scratch: PathBuf, cache_bytes: usize, settings: &Bound<'_, PyDict>) -> PyResult<Self> {
         let core =
             Core::new(scratch, cache_bytes, settings_of(settings)?).map_err(|e| PyOSError::new_err(e.to_string()))?;
-        Ok(Engine { core: Arc::new(core), front: parking_lot::Mutex::new(None) })
+        Ok(Engine {
+            core: Arc::new(core),
+            front: parking_lot::Mutex::new(None),
+            reader: parking_lot::Mutex::new(None),
+            grpc_port: parking_lot::Mutex::new(None),
+        })
     }
 
     /// The routing table: per operator its spec (`OperatorSpec.to_json()`), each partition's
     /// owner (None: unassigned) and followers; the storage it came from, and whether an unknown
     /// job's 404 may name the jobs served.
-    fn set_table(&self, py: Python<'_>, ops: Vec<Op>, storage: String, disclose_jobs: bool) -> PyResult<()> {
+    /// `readers`: (a shard server's address, its reader's) for the servers that have one: a
+    /// live read of their partitions is asked there (docs/architecture.md §5, cluster reads).
+    #[pyo3(signature = (ops, storage, disclose_jobs, readers=None))]
+    fn set_table(
+        &self,
+        py: Python<'_>,
+        ops: Vec<Op>,
+        storage: String,
+        disclose_jobs: bool,
+        readers: Option<Vec<(String, String)>>,
+    ) -> PyResult<()> {
         guard(py, Some(&self.core), || {
             let mut t = Table::new(storage, disclose_jobs);
+            t.readers = readers.unwrap_or_default().into_iter().collect();
             for (spec, owners, followers) in ops {
                 let spec = OperatorSpec::from_json(&spec).map_err(PyValueError::new_err)?;
                 t.insert(Entry {
@@ -412,6 +435,84 @@ impl Engine {
         Ok(bound)
     }
 
+    /// Serve the router's public gRPC port on the listening socket `fd`: `Get` and
+    /// `MultiGet` answered by the read core, every other call passed to the Python gRPC
+    /// server on the Unix socket `upstream`; TLS when a certificate and key are given.
+    #[pyo3(signature = (upstream, fd, threads, tls_cert=None, tls_key=None))]
+    fn serve_grpc(
+        &self,
+        py: Python<'_>,
+        upstream: PathBuf,
+        fd: i32,
+        threads: usize,
+        tls_cert: Option<PathBuf>,
+        tls_key: Option<PathBuf>,
+    ) -> PyResult<()> {
+        // SAFETY: a listening socket Python holds for this process and hands over (a copy)
+        let listener = unsafe { TcpListener::from_raw_fd(libc_dup(fd)?) };
+        let tls = pem_pair(tls_cert, tls_key)?;
+        let core = self.core.clone();
+        let port = py
+            .detach(|| GrpcPort::start(core, GrpcPortConfig { listener, tls, upstream, threads }))
+            .map_err(|e| PyOSError::new_err(e.to_string()))?;
+        *self.grpc_port.lock() = Some(port);
+        Ok(())
+    }
+
+    /// Stop the gRPC port: no new call, those under way have a second.
+    fn stop_grpc(&self, py: Python<'_>) {
+        let port = self.grpc_port.lock().take();
+        if let Some(mut p) = port {
+            py.detach(|| p.stop());
+        }
+    }
+
+    /// Serve the owner's reader (docs/architecture.md §5, cluster reads): other hosts'
+    /// routers' `MultiGet` of the partitions the shard server `owner` (this process) holds,
+    /// on `host:port`, asking callers for `token`, with TLS when a certificate and key are
+    /// given. The port bound.
+    #[pyo3(signature = (owner, threads, host="127.0.0.1", port=0, tls_cert=None, tls_key=None, token=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn serve_reader(
+        &self,
+        py: Python<'_>,
+        owner: &str,
+        threads: usize,
+        host: &str,
+        port: u16,
+        tls_cert: Option<PathBuf>,
+        tls_key: Option<PathBuf>,
+        token: Option<String>,
+    ) -> PyResult<u16> {
+        let listener =
+            TcpListener::bind((host, port)).map_err(|e| PyOSError::new_err(format!("{host}:{port}: {e}")))?;
+        let bound = listener.local_addr().map_err(|e| PyOSError::new_err(e.to_string()))?.port();
+        let tls = pem_pair(tls_cert, tls_key)?;
+        let core = self.core.clone();
+        let server = py
+            .detach(|| ReaderServer::start(core, Reader::new(owner), ReaderConfig { listener, tls, token, threads }))
+            .map_err(|e| PyOSError::new_err(e.to_string()))?;
+        *self.reader.lock() = Some(server);
+        Ok(bound)
+    }
+
+    /// The partitions the reader's shard holds but is restoring (they answer RESTORING).
+    fn set_restoring(&self, partitions: Vec<(String, String, u32)>) {
+        if let Some(r) = &*self.reader.lock() {
+            r.reader.set_restoring(
+                partitions
+                    .into_iter()
+                    .map(|(job, operator, partition)| PartitionId { job, operator, partition })
+                    .collect(),
+            );
+        }
+    }
+
+    /// What the reader answered so far: keys by status, calls, panics caught.
+    fn reader_counts(&self) -> (Vec<(&'static str, u64)>, u64, u64) {
+        self.reader.lock().as_ref().map(|r| r.reader.counts()).unwrap_or_default()
+    }
+
     /// Stop the front: no new connection, the requests under way finish (at most `grace_s`).
     fn stop(&self, py: Python<'_>, grace_s: f64) {
         let front = self.front.lock().take();
@@ -433,6 +534,8 @@ impl Engine {
         d.set_item("front", t.front)?;
         d.set_item("panics", t.panics)?;
         d.set_item("keys_waiting", t.keys_waiting)?;
+        d.set_item("grpc", t.grpc)?;
+        d.set_item("grpc_latency", histograms(t.grpc_latency))?;
         Ok(d)
     }
 
@@ -454,6 +557,11 @@ impl Engine {
     /// Close every partition and remove the scratch folder.
     fn close(&self, py: Python<'_>) {
         self.stop(py, 0.0);
+        self.stop_grpc(py);
+        let reader = self.reader.lock().take();
+        if let Some(mut r) = reader {
+            py.detach(|| r.stop());
+        }
         py.detach(|| {
             self.core.stop_follower();
             self.core.local.close()
@@ -465,6 +573,15 @@ impl Engine {
 /// each bucket's count (not cumulative, +Inf last) and the sum.
 fn histograms(by: Vec<(&'static str, Histogram)>) -> Vec<(&'static str, Vec<u64>, f64)> {
     by.into_iter().map(|(label, h)| (label, h.counts.to_vec(), h.sum)).collect()
+}
+
+/// A certificate chain and key read from their PEM files, when both are given.
+fn pem_pair(cert: Option<PathBuf>, key: Option<PathBuf>) -> PyResult<Option<(Vec<u8>, Vec<u8>)>> {
+    let read = |p: &PathBuf| std::fs::read(p).map_err(|e| PyOSError::new_err(format!("{}: {e}", p.display())));
+    match (cert, key) {
+        (Some(c), Some(k)) => Ok(Some((read(&c)?, read(&k)?))),
+        _ => Ok(None),
+    }
 }
 
 fn libc_dup(fd: i32) -> PyResult<i32> {

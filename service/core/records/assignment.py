@@ -43,6 +43,16 @@ class ServerInfo:
     started_ms: int = 0
     hostname: str = ""  # with data_dir: lets a router on the same host read in-process
     data_dir: str = ""
+    # host:port of its reader (the engine's, docs/architecture.md §5): where routers ask live
+    # reads of its partitions; empty: its own port
+    reader: str = ""
+
+    @classmethod
+    def from_json(cls, data: bytes) -> ServerInfo:
+        """A registration as stored, ignoring fields a newer qstate added (a rolling upgrade
+        has routers older than the servers)."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in orjson.loads(data).items() if k in known})
 
 
 @dataclass
@@ -121,8 +131,8 @@ def list_servers(storage: Storage) -> list[ServerInfo]:
     for n in storage.list_names(paths.servers_dir()):
         if n.endswith(paths.JSON):
             try:
-                out.append(ServerInfo(**orjson.loads(
-                    storage.read_bytes(f"{paths.servers_dir()}/{n}"))))
+                out.append(ServerInfo.from_json(
+                    storage.read_bytes(f"{paths.servers_dir()}/{n}")))
             except FileNotFoundError:  # unregistered while we listed
                 continue
     return out

@@ -23,12 +23,11 @@ from rocksdict import Checkpoint
 
 from qstate._engine import Engine, answer
 from qstate.core.address import PartitionId, partition_of
-from qstate.core.config import DEFAULTS
+from qstate.core.config import DEFAULTS, engine_settings
 from qstate.core.errors import Unavailable
 from qstate.core.records.assignment import ServerInfo
 from qstate.core.records.operator import OperatorSpec, WindowSpec
 from qstate.partition.files import partition_dir
-from qstate.router.engine import engine_settings
 from qstate.router.hits import Hit, Row
 from qstate.router.local import LocalReader
 from qstate.shard.store import PartitionStore

@@ -8,9 +8,12 @@
 //! - `accept`: the accept loop and the connections each thread serves;
 //! - `handle`: one request: who asks, its budget, the core or the app, a panic caught;
 //! - `linger`: a connection's close that lets the client read its answer;
-//! - `upstream`: the app behind the front; `tls`: the port's certificates.
+//! - `upstream`: the app behind the front; `tls`: the port's certificates;
+//! - `grpc_port`: the router's public gRPC port, `Get`/`MultiGet` answered here, every other
+//!   call passed to the Python gRPC server behind it.
 
 mod accept;
+pub mod grpc_port;
 mod handle;
 mod linger;
 pub mod tls;

@@ -56,8 +56,16 @@ impl hyper::rt::Write for Unix {
     }
 }
 
+/// Connections to the app's Unix socket (HTTP/1.1 for the HTTP port's app, HTTP/2 for the
+/// gRPC port's: `grpc_port`).
 #[derive(Clone)]
 pub struct Connector(Arc<PathBuf>);
+
+impl Connector {
+    pub fn new(socket: PathBuf) -> Connector {
+        Connector(Arc::new(socket))
+    }
+}
 
 impl tower_service::Service<Uri> for Connector {
     type Response = Unix;
@@ -86,7 +94,7 @@ impl Upstream {
         let client = Client::builder(TokioExecutor::new())
             .set_host(false)
             .pool_idle_timeout(std::time::Duration::from_secs(30))
-            .build(Connector(Arc::new(socket)));
+            .build(Connector::new(socket));
         Upstream { client }
     }
 

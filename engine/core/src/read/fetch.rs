@@ -218,7 +218,11 @@ async fn ask(
         savepoint: r.savepoint.as_deref(),
     };
     let queries = idx.iter().map(|&i| KeyQuery { key: r.keys[i].clone(), partition: id.partition }).collect();
-    let asked = remote.ask(address, &q, queries).map_err(Asked::Full)?;
+    // a live read goes to the server's reader when it has one; a savepoint to its own port
+    let table = engine.table.load();
+    let to = if r.savepoint.is_none() { table.read_address(address) } else { address };
+    let asked = remote.ask(to, &q, queries).map_err(Asked::Full)?;
+    drop(table);
     let _waiting = engine.metrics.waiting(idx.len() as u64);
     asked.answers().await.map_err(Asked::Failed)
 }
