@@ -96,6 +96,11 @@ pub struct Failure {
 
 pub type Result<T> = std::result::Result<T, Failure>;
 
+/// What a caught panic said (its payload, when it is a string).
+pub fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned()).unwrap_or_default()
+}
+
 /// `s` shown in a message: its first `n` characters as a JSON string.
 pub fn quoted(s: &str, n: usize) -> String {
     let shown: String = s.chars().take(n).collect();

@@ -53,9 +53,7 @@ pub fn py_err(py: Python<'_>, f: &Failure) -> PyErr {
 }
 
 /// What a panic said.
-pub fn panic_message(p: &(dyn Any + Send)) -> String {
-    p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned()).unwrap_or_default()
-}
+pub use qstate_engine_core::errors::panic_message;
 
 /// The failure of a call that panicked inside the engine.
 pub fn panicked(engine: Option<&Engine>, p: &(dyn Any + Send)) -> Failure {

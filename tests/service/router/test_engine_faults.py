@@ -57,15 +57,15 @@ def test_a_panic_in_a_read_is_a_500_and_the_router_goes_on(shop: Shop, tmp_path:
         assert metric(r.url, PANICS, at="front") == before + 5
         assert metric(r.url, REQUESTS, **served) == failed + 5  # counted as every read is
         assert httpx.get(f"{r.url}/healthz", timeout=10).status_code == 200
-        # gRPC's read is the engine's too, called from Python: the panic is an error there
-        calls = metric(r.url, PANICS, at="call")
+        # gRPC's read is the engine's too, on its own gRPC port: the panic is INTERNAL there
+        calls = metric(r.url, PANICS, at="grpc")
         with grpc.insecure_channel(r.grpc_address) as ch, pytest.raises(grpc.RpcError) as e:
             qpb_grpc.QueryableStateStub(ch).Get(qpb.GetRequest(
                 job="shop", operator="views_1m", state="views", key=KEYS[0]), timeout=10)
         assert e.value.code() == grpc.StatusCode.INTERNAL, e.value
         assert "router.read-panic@2" in (e.value.details() or "")
         assert dict(e.value.trailing_metadata() or ())["qstate-error"] == "EngineFailed"
-        assert metric(r.url, PANICS, at="call") == calls + 1
+        assert metric(r.url, PANICS, at="grpc") == calls + 1
         assert r.alive()
 
 

@@ -28,7 +28,7 @@ use tonic::metadata::{MetadataMap, MetadataValue};
 
 use super::upstream::Connector;
 use crate::engine::Engine;
-use crate::errors::Failure;
+use crate::errors::{panic_message, Failure};
 use crate::grpc::{self, Method};
 use crate::grpc_threads::{self, Served};
 use crate::read;
@@ -128,9 +128,12 @@ impl tower_service::Service<Request<Body>> for Svc {
             let engine = inner.engine.clone();
             // a panic in a read (a planted one, a bug) answers this call, never ends the port
             let got = tokio::spawn(async move { read_call(&engine, method, req).await }).await;
-            let got = got.unwrap_or_else(|_| {
+            let got = got.unwrap_or_else(|j| {
                 inner.engine.metrics.panicked("grpc");
-                Err(Refused::Read(Failure::engine("the read engine failed on this call (a panic, caught)".into())))
+                let what = if j.is_panic() { panic_message(&*j.into_panic()) } else { String::new() };
+                Err(Refused::Read(Failure::engine(format!(
+                    "the router's read engine failed ({what}); it goes on answering"
+                ))))
             });
             let code = match &got {
                 Ok(_) => "OK",

@@ -22,7 +22,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use super::upstream::Upstream;
 use crate::auth::door;
 use crate::engine::Engine;
-use crate::errors::{seconds, Failure};
+use crate::errors::{panic_message, seconds, Failure};
 use crate::http;
 use crate::read;
 
@@ -158,11 +158,7 @@ pub async fn handle(ctx: Arc<Ctx>, req: Request<Incoming>, reached: Reached) -> 
         Err(panic) => {
             engine.metrics.panicked("front");
             engine.metrics.front(label, "engine");
-            let what = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_default();
+            let what = panic_message(&*panic);
             let f = Failure::engine(format!(
                 "the router's read engine failed while answering this request ({what}); it goes on answering others"
             ));

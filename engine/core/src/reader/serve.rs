@@ -18,7 +18,7 @@ use tonic::metadata::{MetadataMap, MetadataValue};
 
 use super::{multi_get, Reader};
 use crate::engine::Engine;
-use crate::errors::Failure;
+use crate::errors::{panic_message, Failure};
 use crate::grpc_threads::{self, Served};
 use crate::shardpb::{LookupReply, LookupRequest};
 
@@ -110,9 +110,12 @@ impl tower_service::Service<tonic::Request<LookupRequest>> for Call {
             match task.await {
                 Ok(Ok(reply)) => Ok(tonic::Response::new(reply)),
                 Ok(Err(f)) => Err(status(&f)),
-                Err(_) => {
+                Err(j) => {
                     inner.reader.panics.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    Err(status(&Failure::engine("the shard's reader failed on this call (a panic, caught)".into())))
+                    let what = if j.is_panic() { panic_message(&*j.into_panic()) } else { String::new() };
+                    Err(status(&Failure::engine(format!(
+                        "the shard's reader failed on this call ({what}); it goes on"
+                    ))))
                 }
             }
         })
