@@ -12,7 +12,7 @@ use futures::future::join_all;
 use crate::address::{partition_of, PartitionId};
 use crate::engine::Engine;
 use crate::errors::{seconds, Failure};
-use crate::local::Miss;
+use crate::local::{Miss, Operator};
 use crate::partition::codec::Value;
 use crate::partition::read::Window;
 use crate::read::{Hit, Read};
@@ -125,14 +125,31 @@ async fn partition(engine: &Arc<Engine>, r: &Read, p: u32, idx: &[usize]) -> Res
     }
 }
 
-/// Keys of a partition on this host: current (one `stat`), or caught up first, off the thread
-/// that answers (a catch-up is milliseconds of RocksDB work, or a wait for the reader doing it).
+/// Keys of a partition on this host (`here_keys`), as the read `r` asks them.
 async fn here(
     engine: &Arc<Engine>,
     r: &Read,
     owner: &Arc<str>,
     id: &PartitionId,
     idx: &[usize],
+) -> Result<Vec<Hit>, Miss> {
+    let ks: Vec<&str> = idx.iter().map(|&i| r.keys[i].as_str()).collect();
+    here_keys(engine, owner, id, &r.entry.op, r.state, &ks, r.range, r.limit).await
+}
+
+/// Keys of a partition on this host, in one state: current (one `stat`), or caught up first,
+/// off the thread that answers (a catch-up is milliseconds of RocksDB work, or a wait for the
+/// reader doing it). The owner's reader reads so too (`reader`).
+#[allow(clippy::too_many_arguments)]
+pub async fn here_keys(
+    engine: &Arc<Engine>,
+    owner: &Arc<str>,
+    id: &PartitionId,
+    op: &Operator,
+    state: usize,
+    keys: &[&str],
+    range: Option<(i64, i64)>,
+    limit: usize,
 ) -> Result<Vec<Hit>, Miss> {
     let local = &engine.local;
     let part = local.lookup(owner, id).ok_or(Miss::NotHere)?;
@@ -150,9 +167,8 @@ async fn here(
         }
     };
     engine.settings.load().read_fault(&id.operator, inst.meta.last_batch);
-    let ks: Vec<&str> = idx.iter().map(|&i| r.keys[i].as_str()).collect();
-    let mut hits = local.read_states(owner, id, &inst, &r.entry.op, &[r.state], &ks, r.range, r.limit)?;
-    engine.metrics.local_reads(ks.len() as u64);
+    let mut hits = local.read_states(owner, id, &inst, op, &[state], keys, range, limit)?;
+    engine.metrics.local_reads(keys.len() as u64);
     Ok(hits.remove(0))
 }
 

@@ -26,6 +26,7 @@ use crate::engine::Engine;
 use crate::errors::Failure;
 use crate::local::Miss;
 use crate::partition::codec::Value;
+use crate::read::fetch::here_keys;
 use crate::read::Hit;
 use crate::shardpb::{window, KeyResult, KeyStatus, LookupReply, LookupRequest, Window};
 
@@ -142,7 +143,7 @@ pub async fn multi_get(engine: &Arc<Engine>, reader: &Reader, req: LookupRequest
         let status = if restoring.contains(&id) {
             Err(KeyStatus::Restoring)
         } else {
-            match read(engine, &reader.owner, &id, &entry.op, state, &keys, range, limit).await {
+            match here_keys(engine, &reader.owner, &id, &entry.op, state, &keys, range, limit).await {
                 Ok(hits) => Ok(hits),
                 Err(Miss::NotHere) => Err(KeyStatus::NotOwned), // not held, or dropped under the read
                 Err(Miss::Failed(m)) => {
@@ -178,39 +179,6 @@ pub async fn multi_get(engine: &Arc<Engine>, reader: &Reader, req: LookupRequest
         }
     }
     Ok(LookupReply { results })
-}
-
-/// Keys of one partition this host holds, current as of its marker (caught up first, off
-/// the thread that answers, when a commit came since: `read::fetch` reads so too).
-#[allow(clippy::too_many_arguments)]
-async fn read(
-    engine: &Arc<Engine>,
-    owner: &Arc<str>,
-    id: &PartitionId,
-    op: &crate::local::Operator,
-    state: usize,
-    keys: &[&str],
-    range: Option<(i64, i64)>,
-    limit: usize,
-) -> Result<Vec<Hit>, Miss> {
-    let local = &engine.local;
-    let part = local.lookup(owner, id).ok_or(Miss::NotHere)?;
-    let inst = match local.current(owner, id, &part)? {
-        Some(inst) => inst,
-        None => {
-            let (e, o, i) = (engine.clone(), owner.clone(), id.clone());
-            let (inst, took) = tokio::task::spawn_blocking(move || e.local.instance(&o, &i))
-                .await
-                .map_err(|j| Miss::Failed(format!("a catch-up failed: {j}")))??;
-            if let Some(d) = took {
-                engine.metrics.catchup("read", d);
-            }
-            inst
-        }
-    };
-    let mut hits = local.read_states(owner, id, &inst, op, &[state], keys, range, limit)?;
-    engine.metrics.local_reads(keys.len() as u64);
-    Ok(hits.remove(0))
 }
 
 /// A hit in the shard's form (the inverse of `read::fetch`'s reading of it).
