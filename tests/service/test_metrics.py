@@ -162,14 +162,15 @@ def test_router_counts_requests_by_route_template_status_and_read_path(
     # every key asked was read once, through this router's path
     read = len(found) + 2 + len(batch)
     assert delta(READS, "path") == {(READ_PATH[route],): read}
-    # ... and the shards saw exactly the remote reads
+    # ... and the shards saw exactly the remote reads (their readers' and their Python's)
     looked_up: dict[str, float] = {}
     for u, b in zip(shards, shards_before, strict=True):
         a = scrape(u)
-        for (status,), v in a.by("qstate_shard_lookup_keys_total", "status").items():
-            n = v - b.by("qstate_shard_lookup_keys_total", "status").get((status,), 0.0)
-            if n:
-                looked_up[status] = looked_up.get(status, 0) + n
+        for series in ("qstate_shard_reader_keys_total", "qstate_shard_lookup_keys_total"):
+            for (status,), v in a.by(series, "status").items():
+                n = v - b.by(series, "status").get((status,), 0.0)
+                if n:
+                    looked_up[status] = looked_up.get(status, 0) + n
         no_key_in_labels(a)
     assert looked_up == ({} if route == "local" else {"FOUND": len(found) + len(batch),
                                                       "ABSENT": 2})
