@@ -22,6 +22,18 @@ use tonic::transport::{Identity, Server, ServerTlsConfig};
 /// process is closed then, not waited for).
 const GRACE: Duration = Duration::from_secs(1);
 
+/// A read failure as gRPC says it: the class's code, the message, the trailers a client
+/// reads back (`errors::Failure::trailers`).
+pub fn status(f: &crate::errors::Failure) -> tonic::Status {
+    let mut meta = tonic::metadata::MetadataMap::new();
+    for (k, v) in f.trailers() {
+        if let Ok(v) = tonic::metadata::MetadataValue::try_from(v.as_str()) {
+            meta.insert(k, v);
+        }
+    }
+    tonic::Status::with_metadata(tonic::Code::from(f.grpc_code() as i32), f.message.clone(), meta)
+}
+
 /// The serving threads; dropping it (or `stop`) ends them.
 pub struct Served {
     stop: watch::Sender<bool>,

@@ -7,10 +7,8 @@
 //! rules and largest message (`QSTATE_MAX_BODY_BYTES`: RESOURCE_EXHAUSTED beyond it).
 
 use std::convert::Infallible;
-use std::future::Future;
 use std::net::TcpListener as StdListener;
 use std::path::PathBuf;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -24,13 +22,13 @@ use hyper::{Request, Response, Uri};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tonic::body::Body;
-use tonic::metadata::{MetadataMap, MetadataValue};
+use tonic::codegen::BoxFuture;
 
 use super::upstream::Connector;
 use crate::engine::Engine;
 use crate::errors::{panic_message, Failure};
 use crate::grpc::{self, Method};
-use crate::grpc_threads::{self, Served};
+use crate::grpc_threads::{self, status, Served};
 use crate::read;
 
 const GET: &str = "/qstate.v1.QueryableState/Get";
@@ -84,8 +82,6 @@ impl Drop for Slot<'_> {
         self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
-
-type BoxFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
 
 #[derive(Clone)]
 struct Svc(Arc<Inner>);
@@ -147,7 +143,7 @@ impl tower_service::Service<Request<Body>> for Svc {
             drop(slot);
             Ok(match got {
                 Ok(bytes) => answered(bytes),
-                Err(Refused::Read(f)) => refused(&f),
+                Err(Refused::Read(f)) => status(&f).into_http(),
                 Err(Refused::Call(s)) => s.into_http(),
             })
         })
@@ -243,15 +239,4 @@ fn answered(bytes: Vec<u8>) -> Response<Body> {
     let mut r = Response::new(Body::new(StreamBody::new(futures::stream::iter(frames))));
     *r.headers_mut() = grpc_headers();
     r
-}
-
-/// A refusal as grpc.aio's `abort` sent it: the code, the message, the class's trailers.
-fn refused(f: &Failure) -> Response<Body> {
-    let mut meta = MetadataMap::new();
-    for (k, v) in f.trailers() {
-        if let Ok(v) = MetadataValue::try_from(v.as_str()) {
-            meta.insert(k, v);
-        }
-    }
-    tonic::Status::with_metadata(tonic::Code::from(f.grpc_code() as i32), f.message.clone(), meta).into_http()
 }

@@ -5,21 +5,19 @@
 //! them (docs/security.md).
 
 use std::convert::Infallible;
-use std::future::Future;
 use std::net::TcpListener as StdListener;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use subtle::ConstantTimeEq;
 use tonic::body::Body;
-use tonic::codegen::{http, Body as HttpBody};
-use tonic::metadata::{MetadataMap, MetadataValue};
+use tonic::codegen::{http, Body as HttpBody, BoxFuture};
+use tonic::metadata::MetadataMap;
 
 use super::{multi_get, Reader};
 use crate::engine::Engine;
 use crate::errors::{panic_message, Failure};
-use crate::grpc_threads::{self, Served};
+use crate::grpc_threads::{self, status, Served};
 use crate::shardpb::{LookupReply, LookupRequest};
 
 const MULTI_GET: &str = "/qstate.shard.v1.Shard/MultiGet";
@@ -69,19 +67,6 @@ impl Inner {
         got.is_some_and(|g| g.as_bytes().ct_eq(want.as_bytes()).into())
     }
 }
-
-/// A refusal as gRPC says it: the class's code, the message, the trailers the router reads.
-fn status(f: &Failure) -> tonic::Status {
-    let mut meta = MetadataMap::new();
-    for (k, v) in f.trailers() {
-        if let Ok(v) = MetadataValue::try_from(v.as_str()) {
-            meta.insert(k, v);
-        }
-    }
-    tonic::Status::with_metadata(tonic::Code::from(f.grpc_code() as i32), f.message.clone(), meta)
-}
-
-type BoxFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
 
 #[derive(Clone)]
 struct Svc(Arc<Inner>);
