@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from qstate_engine import (
     LATENCY_BUCKETS,
+    LOOKUP_BUCKETS,
     MIN_BATCH_POLL_S,
     Engine,
     Principal,
@@ -26,8 +27,9 @@ from qstate_engine import (
     state_value,
 )
 
-__all__ = ["LATENCY_BUCKETS", "MIN_BATCH_POLL_S", "Engine", "Principal", "answer", "answer_json",
-           "decode_value", "parse_time", "read_partition", "read_route", "state_value"]
+__all__ = ["LATENCY_BUCKETS", "LOOKUP_BUCKETS", "MIN_BATCH_POLL_S", "Engine", "Principal",
+           "answer", "answer_json", "decode_value", "parse_time", "read_partition", "read_route",
+           "state_value"]
 
 T = TypeVar("T")
 

@@ -9,6 +9,7 @@ one-minute window of each batch.
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -82,6 +83,15 @@ class Shop:
         assert after[mine] - before[mine] >= at_least, (route, before, after)
         assert {p: n for p, n in after.items() if p != mine} == {
             p: n for p, n in before.items() if p != mine}, (route, before, after)
+
+    @contextmanager
+    def paused(self, shard: ShardProcess) -> Iterator[None]:
+        """``shard`` stopped (SIGSTOP: its sockets open, nothing answered) for the block."""
+        os.kill(shard.pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            os.kill(shard.pid, signal.SIGCONT)
 
     @contextmanager
     def router_with(self, logs: Path, name: str, **settings: str) -> Iterator[RouterProcess]:

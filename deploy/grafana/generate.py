@@ -58,11 +58,14 @@ def prom(expr: str, legend: str, ref: str) -> dict[str, Any]:
 
 def quantiles(metric: str, by: str, selector: str = "", qs: tuple[float, ...] = (0.5, 0.99)
               ) -> list[tuple[str, str]]:
-    """histogram_quantile of ``metric`` per ``by`` (legend: the labels and the quantile)."""
+    """histogram_quantile of ``metric`` per ``by`` (legend: the labels and the quantile);
+    ``metric`` may name several (``a|b``) on the same bounds: their buckets added (each summed
+    first: their series differ only by name, which a rate drops)."""
     legend = " ".join(f"{{{{{label.strip()}}}}}" for label in by.split(","))
-    series = f"{metric}_bucket{{{selector}}}" if selector else f"{metric}_bucket"
-    return [(f"histogram_quantile({q}, sum by ({by}, le) (rate({series}[{RATE}])))",
-             f"{legend} p{q * 100:g}") for q in qs]
+    sums = " + ".join(
+        f"sum by ({by}, le) (rate({m}_bucket{f'{{{selector}}}' if selector else ''}[{RATE}]))"
+        for m in metric.split("|"))
+    return [(f"histogram_quantile({q}, {sums})", f"{legend} p{q * 100:g}") for q in qs]
 
 
 def timeseries(title: str, exprs: list[tuple[str, str]], unit: str, description: str,
@@ -152,8 +155,9 @@ def overview() -> dict[str, Any]:
         *quantiles("qstate_shard_commit_seconds", "instance", JOB),
     ], "s", "Time to apply one batch on a shard server"), 12, 8)
     g.add(timeseries("Lookup time", [
-        *quantiles("qstate_shard_lookup_seconds", "instance"),
-    ], "s", "One MultiGet call on a shard server (reads over gRPC)"), 12, 8)
+        *quantiles("qstate_shard_reader_seconds|qstate_shard_lookup_seconds", "instance"),
+    ], "s", "One MultiGet call on a shard server (other hosts' routers' reads), whoever "
+       "answered it: its reader (the read engine) or its Python (savepoint reads)"), 12, 8)
     g.add(timeseries("RocksDB on disk", [
         (f"sum by (instance) (qstate_shard_rocksdb_bytes{{{JOB}}})", "{{instance}}"),
     ], "bytes", "SST and WAL bytes of the partitions each server holds"), 12, 8)

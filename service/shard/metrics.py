@@ -15,9 +15,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
-from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
+from qstate._engine import LOOKUP_BUCKETS
 from qstate.core.errors import InvalidAddress, QStateError
 
 if TYPE_CHECKING:
@@ -51,8 +57,11 @@ CAUGHT_UP = Counter("qstate_shard_caught_up_batches_total",
                     "partition up (after a restart or a move) or a gap a commit found",
                     ["job", "operator"])
 LOOKUPS = Counter("qstate_shard_lookup_keys_total", "Keys looked up", ["status"])
-LOOKUP_SECONDS = Histogram("qstate_shard_lookup_seconds", "Time per MultiGet call",
-                           buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05))
+# the bounds of the reader's qstate_shard_reader_seconds too: one panel sums the two
+LOOKUP_SECONDS = Histogram("qstate_shard_lookup_seconds",
+                           "Time per MultiGet call answered by the server's Python (savepoint "
+                           "reads; every read with QSTATE_SHARD_READER=false)",
+                           buckets=tuple(LOOKUP_BUCKETS))
 TOP_PARTITIONS = Counter("qstate_shard_top_partitions_total",
                          "Partitions a Top call answered, by how: read (from the rank index "
                          "or the panes) or cached (the same top-N at the same batch)", ["how"])
@@ -213,22 +222,27 @@ HELD = HeldCollector()
 REGISTRY.register(HELD)
 
 
+# keys by status, calls, panics, and the calls' latency: each bucket's count (not
+# cumulative, +Inf last, on LOOKUP_BUCKETS) and their sum (``Engine.reader_counts``)
+ReaderCounts = tuple[list[tuple[str, int]], int, int, tuple[list[int], float]]
+
+
 class ReaderCollector(Collector):
-    """``qstate_shard_reader_keys_total{status}`` and ``qstate_shard_reader_calls_total``:
-    what the server's reader (the read engine on its own port, which other hosts' routers ask
-    for live reads: ``qstate.shard.reader``) answered, read from the engine at each scrape,
-    so a read is counted by the time its answer is sent."""
+    """``qstate_shard_reader_keys_total{status}``, ``qstate_shard_reader_calls_total`` and
+    ``qstate_shard_reader_seconds``: what the server's reader (the read engine on its own
+    port, which other hosts' routers ask for live reads: ``qstate.shard.reader``) answered,
+    read from the engine at each scrape, so a read is counted by the time its answer is sent."""
 
     STATUSES = ("FOUND", "ABSENT", "NOT_OWNED", "RESTORING")
 
     def __init__(self) -> None:
-        self._counts: Callable[[], tuple[list[tuple[str, int]], int, int]] | None = None
+        self._counts: Callable[[], ReaderCounts] | None = None
 
-    def watch(self, counts: Callable[[], tuple[list[tuple[str, int]], int, int]]) -> None:
+    def watch(self, counts: Callable[[], ReaderCounts]) -> None:
         self._counts = counts
 
     def _families(self) -> tuple[CounterMetricFamily, CounterMetricFamily,
-                                 CounterMetricFamily]:
+                                 CounterMetricFamily, HistogramMetricFamily]:
         return (CounterMetricFamily("qstate_shard_reader_keys",
                                     "Keys the server's reader (the read engine on its own port: "
                                     "other hosts' routers' live reads) answered, by status",
@@ -238,19 +252,28 @@ class ReaderCollector(Collector):
                                     "included)"),
                 CounterMetricFamily("qstate_shard_reader_panics",
                                     "Calls of the server's reader a panic in the engine ended "
-                                    "(answered INTERNAL; the port goes on): a bug to report"))
+                                    "(answered INTERNAL; the port goes on): a bug to report"),
+                HistogramMetricFamily("qstate_shard_reader_seconds",
+                                      "Time per MultiGet call answered by the server's reader "
+                                      "(on the bounds of qstate_shard_lookup_seconds)"))
 
     def describe(self) -> Iterator[Metric]:
         return iter(self._families())
 
     def collect(self) -> Iterator[Metric]:
-        families = keys, calls, panics = self._families()
-        got, n, p = self._counts() if self._counts is not None else ([], 0, 0)
+        families = keys, calls, panics, latency = self._families()
+        got, n, p, (buckets, total) = self._counts() if self._counts is not None else (
+            [], 0, 0, ([0] * (len(LOOKUP_BUCKETS) + 1), 0.0))
         by = dict(got)
         for status in self.STATUSES:
             keys.add_metric([status], by.get(status, 0))
         calls.add_metric([], n)
         panics.add_metric([], p)
+        cumulative, seen = [], 0
+        for bound, count in zip([*map(str, LOOKUP_BUCKETS), "+Inf"], buckets, strict=True):
+            seen += count
+            cumulative.append((bound, seen))
+        latency.add_metric([], cumulative, total)
         return iter(families)
 
 

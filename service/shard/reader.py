@@ -23,6 +23,7 @@ from qstate._engine import Engine
 from qstate.core.address import PartitionId
 from qstate.core.config import Settings, engine_settings
 from qstate.core.records.operator import OperatorSpec
+from qstate.shard.metrics import ReaderCounts
 from qstate.shard.partitions import Partitions
 
 __all__ = ["READER_THREADS", "ShardReader"]
@@ -84,7 +85,7 @@ class ShardReader:
             self.engine.set_restoring(_triples(restoring))
             self.engine.set_ready(self.address, _triples(ready))
 
-    def counts(self) -> tuple[list[tuple[str, int]], int, int]:
+    def counts(self) -> ReaderCounts:
         """What the reader answered so far: keys by status, calls, panics (read at each scrape:
         ``qstate.shard.metrics.READER``)."""
         return self.engine.reader_counts()

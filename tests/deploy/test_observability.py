@@ -83,11 +83,7 @@ class Kit:
 @pytest.fixture(scope="module")
 def kit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kit]:
     """A shop of its own: the test kills a shard and commits more batches."""
-    # the shards' hop reads through their Python MultiGet: the overview's shard lookup panel
-    # reads qstate_shard_lookup_seconds, which the engine's reader does not observe (issue 55
-    # gives the reader a latency panel of its own)
-    shop = start_shop(tmp_path_factory.mktemp("kit-shop"),
-                      shard_settings={"QSTATE_SHARD_READER": "false"})
+    shop = start_shop(tmp_path_factory.mktemp("kit-shop"))
     try:
         yield Kit(shop, BATCHES)
     finally:

@@ -14,18 +14,33 @@ use parking_lot::Mutex;
 /// its histograms with these (`qstate._engine.LATENCY_BUCKETS`).
 pub const BUCKETS: [f64; 10] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0];
 
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Histogram {
+/// Observations counted on `N - 1` bounds and +Inf (the router's: `BUCKETS`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Histogram<const N: usize = 11> {
     /// per bucket (not cumulative: prometheus_client keeps them so), the last +Inf
-    pub counts: [u64; 11],
+    pub counts: [u64; N],
     pub sum: f64,
+}
+
+impl<const N: usize> Default for Histogram<N> {
+    fn default() -> Self {
+        Histogram { counts: [0; N], sum: 0.0 }
+    }
+}
+
+impl<const N: usize> Histogram<N> {
+    /// Count `s` in the first bucket whose bound (`N - 1` of them) it does not pass.
+    pub fn observe_on(&mut self, bounds: &[f64], s: f64) {
+        debug_assert_eq!(bounds.len() + 1, N);
+        let i = bounds.iter().position(|&b| s <= b).unwrap_or(bounds.len());
+        self.counts[i] += 1;
+        self.sum += s;
+    }
 }
 
 impl Histogram {
     fn observe(&mut self, s: f64) {
-        let i = BUCKETS.iter().position(|&b| s <= b).unwrap_or(BUCKETS.len());
-        self.counts[i] += 1;
-        self.sum += s;
+        self.observe_on(&BUCKETS, s);
     }
 }
 

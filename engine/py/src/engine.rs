@@ -508,9 +508,13 @@ impl Engine {
         }
     }
 
-    /// What the reader answered so far: keys by status, calls, panics caught.
-    fn reader_counts(&self) -> (Vec<(&'static str, u64)>, u64, u64) {
-        self.reader.lock().as_ref().map(|r| r.reader.counts()).unwrap_or_default()
+    /// What the reader answered so far: keys by status, calls, panics caught, and the calls'
+    /// latency: each bucket's count (not cumulative, +Inf last, on `LOOKUP_BUCKETS`), the sum.
+    #[allow(clippy::type_complexity)]
+    fn reader_counts(&self) -> (Vec<(&'static str, u64)>, u64, u64, (Vec<u64>, f64)) {
+        let counts = self.reader.lock().as_ref().map(|r| r.reader.counts()).unwrap_or_default();
+        let (keys, calls, panics, latency) = counts;
+        (keys, calls, panics, (latency.counts.to_vec(), latency.sum))
     }
 
     /// Stop the front: no new connection, the requests under way finish (at most `grace_s`).

@@ -124,6 +124,8 @@ def test_live_reads_are_answered_by_the_reader_where_there_is_one(cluster: Clust
     before = {s: metric(u, "qstate_shard_lookup_keys_total", status="FOUND")
               for s, u in (("native", native_url), ("python", python_url))}
     read_before = metric(native_url, "qstate_shard_reader_keys_total", status="FOUND")
+    calls_before = {m: metric(native_url, m) for m in (
+        "qstate_shard_reader_calls_total", "qstate_shard_reader_seconds_count")}
     owners = {k: partition_of(k, P) for k in KEYS}
     on_native = {k for k, p in owners.items() if p in cluster.owned_by(cluster.native)}
     for key in KEYS:
@@ -140,6 +142,11 @@ def test_live_reads_are_answered_by_the_reader_where_there_is_one(cluster: Clust
         read_before == 2 * len(on_native)
     assert metric(native_url, "qstate_shard_lookup_keys_total", status="FOUND") == \
         before["native"], "no live read reached the native server's Python MultiGet"
+    # each of the reader's calls timed, on the bounds of the Python MultiGet's histogram
+    calls = {m: metric(native_url, m) - n for m, n in calls_before.items()}
+    assert calls["qstate_shard_reader_calls_total"] > 0
+    assert calls["qstate_shard_reader_seconds_count"] == calls["qstate_shard_reader_calls_total"]
+    assert metric(native_url, "qstate_shard_reader_seconds_sum") > 0
     assert metric(python_url, "qstate_shard_lookup_keys_total", status="FOUND") - \
         before["python"] >= 2 * (len(KEYS) - len(on_native))
 

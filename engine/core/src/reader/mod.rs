@@ -18,13 +18,16 @@ pub mod serve;
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use arc_swap::ArcSwap;
+use parking_lot::Mutex;
 
 use crate::address::{check_key, partition_of, PartitionId};
 use crate::engine::Engine;
 use crate::errors::Failure;
 use crate::local::Miss;
+use crate::metrics::Histogram;
 use crate::partition::codec::Value;
 use crate::read::fetch::here_keys;
 use crate::read::Hit;
@@ -32,6 +35,15 @@ use crate::shardpb::{window, KeyResult, KeyStatus, LookupReply, LookupRequest, W
 
 /// Keys one call may ask (the shard's `MAX_KEYS`, `qstate.shard.server`).
 pub const MAX_KEYS: usize = 10_000;
+
+/// The bounds (seconds) of a MultiGet call's latency on a shard server, whoever answers it:
+/// the reader's `qstate_shard_reader_seconds` and the shard's Python
+/// `qstate_shard_lookup_seconds` (`qstate._engine.LOOKUP_BUCKETS`), so that one dashboard
+/// panel sums them (deploy/grafana/generate.py).
+pub const BUCKETS: [f64; 8] = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05];
+
+/// A call's latency, counted since the reader started (the last bucket +Inf).
+pub type Latency = Histogram<{ BUCKETS.len() + 1 }>;
 
 /// What the host's shard holds, as the reader answers it.
 pub struct Reader {
@@ -44,6 +56,7 @@ pub struct Reader {
     calls: AtomicU64,
     /// calls a panic ended (answered INTERNAL)
     pub panics: AtomicU64,
+    latency: Mutex<Latency>,
 }
 
 impl Reader {
@@ -54,6 +67,7 @@ impl Reader {
             counts: Default::default(),
             calls: AtomicU64::new(0),
             panics: AtomicU64::new(0),
+            latency: Mutex::new(Latency::default()),
         }
     }
 
@@ -62,15 +76,16 @@ impl Reader {
         self.restoring.store(Arc::new(restoring));
     }
 
-    /// Keys answered so far, by status name, the calls and the panics caught (counters:
-    /// read at each scrape).
-    pub fn counts(&self) -> (Vec<(&'static str, u64)>, u64, u64) {
+    /// Keys answered so far, by status name, the calls, the panics caught and the calls'
+    /// latency (counters: read at each scrape).
+    pub fn counts(&self) -> (Vec<(&'static str, u64)>, u64, u64, Latency) {
         let keys = ["FOUND", "ABSENT", "NOT_OWNED", "RESTORING"]
             .into_iter()
             .zip(&self.counts)
             .map(|(name, c)| (name, c.load(Ordering::Relaxed)))
             .collect();
-        (keys, self.calls.load(Ordering::Relaxed), self.panics.load(Ordering::Relaxed))
+        let latency = self.latency.lock().clone();
+        (keys, self.calls.load(Ordering::Relaxed), self.panics.load(Ordering::Relaxed), latency)
     }
 
     fn count(&self, status: KeyStatus, n: usize) {
@@ -85,9 +100,16 @@ impl Reader {
 }
 
 /// A `MultiGet` answered from this host's partitions, or the refusal the shard's Python would
-/// give (its class in the trailers).
+/// give (its class in the trailers); its time counted, a refusal's too.
 pub async fn multi_get(engine: &Arc<Engine>, reader: &Reader, req: LookupRequest) -> Result<LookupReply, Failure> {
     reader.calls.fetch_add(1, Ordering::Relaxed);
+    let began = Instant::now();
+    let answer = answer(engine, reader, req).await;
+    reader.latency.lock().observe_on(&BUCKETS, began.elapsed().as_secs_f64());
+    answer
+}
+
+async fn answer(engine: &Arc<Engine>, reader: &Reader, req: LookupRequest) -> Result<LookupReply, Failure> {
     if !req.savepoint.is_empty() {
         return Err(Failure::invalid(
             "a savepoint is read by the shard server's own port, not by its reader (docs/architecture.md §5)",
