@@ -74,8 +74,10 @@ bench-setup: setup
 	cd loadtest/openloop && go build -o $(abspath $(BIN))/qstate-openloop .
 	@test -x $(BIN)/ghz || GOBIN=$(abspath $(BIN)) go install github.com/bojand/ghz/cmd/ghz@v0.120.0
 
+# under the guard: a make killed outright (kill -9 of make alone) stops the run as SIGTERM
+# would, instead of leaving it running without a parent (qstate.embedded.guard)
 run: setup
-	$(BIN)/qstate run
+	$(BIN)/python -m qstate.embedded.guard --grace 60 -- $(BIN)/qstate run
 
 test: setup engine-test
 	$(BIN)/pytest $(PYTEST_ARGS)
