@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18qstate/proto/shard.proto\x12\x0fqstate.shard.v1\"W\n\x0ePartitionDelta\x12\x11\n\tpartition\x18\x01 \x01(\r\x12\x11\n\thas_delta\x18\x02 \x01(\x08\x12\x0c\n\x04rows\x18\x03 \x01(\x04\x12\x11\n\tfragments\x18\x04 \x03(\r\"\x97\x01\n\rCommitRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x10\n\x08operator\x18\x02 \x01(\t\x12\r\n\x05\x62\x61tch\x18\x03 \x01(\x03\x12\x14\n\x0cwatermark_ms\x18\x04 \x01(\x03\x12\r\n\x05\x65poch\x18\x05 \x01(\x04\x12\x33\n\npartitions\x18\x06 \x03(\x0b\x32\x1f.qstate.shard.v1.PartitionDelta\"J\n\x0b\x43ommitReply\x12\x0f\n\x07\x61pplied\x18\x01 \x03(\r\x12\x0f\n\x07skipped\x18\x02 \x03(\r\x12\x19\n\x11\x63\x61ught_up_batches\x18\x03 \x01(\x03\"*\n\x08KeyQuery\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\r\"\xb7\x01\n\rLookupRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x10\n\x08operator\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\'\n\x04keys\x18\x04 \x03(\x0b\x32\x19.qstate.shard.v1.KeyQuery\x12\r\n\x05range\x18\x05 \x01(\x08\x12\x0f\n\x07\x66rom_ms\x18\x06 \x01(\x03\x12\r\n\x05to_ms\x18\x07 \x01(\x03\x12\r\n\x05limit\x18\x08 \x01(\r\x12\x11\n\tsavepoint\x18\t \x01(\t\"r\n\x06Window\x12\x10\n\x08windowed\x18\x01 \x01(\x08\x12\x10\n\x08start_ms\x18\x02 \x01(\x03\x12\x0e\n\x06\x65nd_ms\x18\x03 \x01(\x03\x12\x13\n\tint_value\x18\x04 \x01(\x03H\x00\x12\x16\n\x0c\x64ouble_value\x18\x05 \x01(\x01H\x00\x42\x07\n\x05value\"\xbf\x01\n\tKeyResult\x12\x0b\n\x03key\x18\x01 \x01(\t\x12*\n\x06status\x18\x02 \x01(\x0e\x32\x1a.qstate.shard.v1.KeyStatus\x12\r\n\x05\x62\x61tch\x18\x03 \x01(\x03\x12\x14\n\x0cwatermark_ms\x18\x04 \x01(\x03\x12(\n\x07windows\x18\x05 \x03(\x0b\x32\x17.qstate.shard.v1.Window\x12\x19\n\x0cnext_from_ms\x18\x06 \x01(\x03H\x00\x88\x01\x01\x42\x0f\n\r_next_from_ms\":\n\x0bLookupReply\x12+\n\x07results\x18\x01 \x03(\x0b\x32\x1a.qstate.shard.v1.KeyResult\"&\n\x0f\x44\x65scribeRequest\x12\x13\n\x0b\x63oordinator\x18\x01 \x01(\t\"\xca\x01\n\rPartitionInfo\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x10\n\x08operator\x18\x02 \x01(\t\x12\x11\n\tpartition\x18\x03 \x01(\r\x12\x12\n\nlast_batch\x18\x04 \x01(\x03\x12\x14\n\x0cwatermark_ms\x18\x05 \x01(\x03\x12\x15\n\rkeys_estimate\x18\x06 \x01(\x04\x12\x11\n\trestoring\x18\x07 \x01(\x08\x12\r\n\x05\x65poch\x18\x08 \x01(\x04\x12\x10\n\x08\x66ollower\x18\t \x01(\x08\x12\x12\n\napplied_ms\x18\n \x01(\x03\"y\n\rDescribeReply\x12\x11\n\tserver_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x32\n\npartitions\x18\x03 \x03(\x0b\x32\x1e.qstate.shard.v1.PartitionInfo\x12\x10\n\x08\x64raining\x18\x04 \x01(\x08\"\xbb\x01\n\nTopRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x10\n\x08operator\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x12\n\npartitions\x18\x04 \x03(\r\x12\x0f\n\x07\x63urrent\x18\x05 \x01(\x08\x12\x10\n\x08start_ms\x18\x06 \x01(\x03\x12\t\n\x01n\x18\x07 \x01(\r\x12\x11\n\tascending\x18\x08 \x01(\x08\x12\x17\n\x0fpartition_count\x18\t \x01(\r\x12\x11\n\tsavepoint\x18\n \x01(\t\"M\n\x08TopEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x13\n\tint_value\x18\x02 \x01(\x03H\x00\x12\x16\n\x0c\x64ouble_value\x18\x03 \x01(\x01H\x00\x42\x07\n\x05value\"\xb0\x01\n\x0cPartitionTop\x12\x11\n\tpartition\x18\x01 \x01(\r\x12*\n\x06status\x18\x02 \x01(\x0e\x32\x1a.qstate.shard.v1.KeyStatus\x12\r\n\x05\x62\x61tch\x18\x03 \x01(\x03\x12\x14\n\x0cwatermark_ms\x18\x04 \x01(\x03\x12\x10\n\x08start_ms\x18\x05 \x01(\x03\x12*\n\x07\x65ntries\x18\x06 \x03(\x0b\x32\x19.qstate.shard.v1.TopEntry\"=\n\x08TopReply\x12\x31\n\npartitions\x18\x01 \x03(\x0b\x32\x1d.qstate.shard.v1.PartitionTop*\\\n\tKeyStatus\x12\x1a\n\x16KEY_STATUS_UNSPECIFIED\x10\x00\x12\t\n\x05\x46OUND\x10\x01\x12\n\n\x06\x41\x42SENT\x10\x02\x12\r\n\tNOT_OWNED\x10\x03\x12\r\n\tRESTORING\x10\x04\x32\xa6\x02\n\x05Shard\x12\x46\n\x06\x43ommit\x12\x1e.qstate.shard.v1.CommitRequest\x1a\x1c.qstate.shard.v1.CommitReply\x12H\n\x08MultiGet\x12\x1e.qstate.shard.v1.LookupRequest\x1a\x1c.qstate.shard.v1.LookupReply\x12L\n\x08\x44\x65scribe\x12 .qstate.shard.v1.DescribeRequest\x1a\x1e.qstate.shard.v1.DescribeReply\x12=\n\x03Top\x12\x1b.qstate.shard.v1.TopRequest\x1a\x19.qstate.shard.v1.TopReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18qstate/proto/shard.proto\x12\x0fqstate.shard.v1\"W\n\x0ePartitionDelta\x12\x11\n\tpartition\x18\x01 \x01(\r\x12\x11\n\thas_delta\x18\x02 \x01(\x08\x12\x0c\n\x04rows\x18\x03 \x01(\x04\x12\x11\n\tfragments\x18\x04 \x03(\r\"\x97\x01\n\rCommitRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x10\n\x08operator\x18\x02 \x01(\t\x12\r\n\x05\x62\x61tch\x18\x03 \x01(\x03\x12\x14\n\x0cwatermark_ms\x18\x04 \x01(\x03\x12\r\n\x05\x65poch\x18\x05 \x01(\x04\x12\x33\n\npartitions\x18\x06 \x03(\x0b\x32\x1f.qstate.shard.v1.PartitionDelta\"J\n\x0b\x43ommitReply\x12\x0f\n\x07\x61pplied\x18\x01 \x03(\r\x12\x0f\n\x07skipped\x18\x02 \x03(\r\x12\x19\n\x11\x63\x61ught_up_batches\x18\x03 \x01(\x03\"*\n\x08KeyQuery\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\r\"\xcb\x01\n\rLookupRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x10\n\x08operator\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\'\n\x04keys\x18\x04 \x03(\x0b\x32\x19.qstate.shard.v1.KeyQuery\x12\r\n\x05range\x18\x05 \x01(\x08\x12\x0f\n\x07\x66rom_ms\x18\x06 \x01(\x03\x12\r\n\x05to_ms\x18\x07 \x01(\x03\x12\r\n\x05limit\x18\x08 \x01(\r\x12\x11\n\tsavepoint\x18\t \x01(\t\x12\x12\n\npartitions\x18\n \x01(\r\"r\n\x06Window\x12\x10\n\x08windowed\x18\x01 \x01(\x08\x12\x10\n\x08start_ms\x18\x02 \x01(\x03\x12\x0e\n\x06\x65nd_ms\x18\x03 \x01(\x03\x12\x13\n\tint_value\x18\x04 \x01(\x03H\x00\x12\x16\n\x0c\x64ouble_value\x18\x05 \x01(\x01H\x00\x42\x07\n\x05value\"\xbf\x01\n\tKeyResult\x12\x0b\n\x03key\x18\x01 \x01(\t\x12*\n\x06status\x18\x02 \x01(\x0e\x32\x1a.qstate.shard.v1.KeyStatus\x12\r\n\x05\x62\x61tch\x18\x03 \x01(\x03\x12\x14\n\x0cwatermark_ms\x18\x04 \x01(\x03\x12(\n\x07windows\x18\x05 \x03(\x0b\x32\x17.qstate.shard.v1.Window\x12\x19\n\x0cnext_from_ms\x18\x06 \x01(\x03H\x00\x88\x01\x01\x42\x0f\n\r_next_from_ms\":\n\x0bLookupReply\x12+\n\x07results\x18\x01 \x03(\x0b\x32\x1a.qstate.shard.v1.KeyResult\"&\n\x0f\x44\x65scribeRequest\x12\x13\n\x0b\x63oordinator\x18\x01 \x01(\t\"\xca\x01\n\rPartitionInfo\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x10\n\x08operator\x18\x02 \x01(\t\x12\x11\n\tpartition\x18\x03 \x01(\r\x12\x12\n\nlast_batch\x18\x04 \x01(\x03\x12\x14\n\x0cwatermark_ms\x18\x05 \x01(\x03\x12\x15\n\rkeys_estimate\x18\x06 \x01(\x04\x12\x11\n\trestoring\x18\x07 \x01(\x08\x12\r\n\x05\x65poch\x18\x08 \x01(\x04\x12\x10\n\x08\x66ollower\x18\t \x01(\x08\x12\x12\n\napplied_ms\x18\n \x01(\x03\"y\n\rDescribeReply\x12\x11\n\tserver_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x32\n\npartitions\x18\x03 \x03(\x0b\x32\x1e.qstate.shard.v1.PartitionInfo\x12\x10\n\x08\x64raining\x18\x04 \x01(\x08\"\xbb\x01\n\nTopRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x10\n\x08operator\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x12\n\npartitions\x18\x04 \x03(\r\x12\x0f\n\x07\x63urrent\x18\x05 \x01(\x08\x12\x10\n\x08start_ms\x18\x06 \x01(\x03\x12\t\n\x01n\x18\x07 \x01(\r\x12\x11\n\tascending\x18\x08 \x01(\x08\x12\x17\n\x0fpartition_count\x18\t \x01(\r\x12\x11\n\tsavepoint\x18\n \x01(\t\"M\n\x08TopEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x13\n\tint_value\x18\x02 \x01(\x03H\x00\x12\x16\n\x0c\x64ouble_value\x18\x03 \x01(\x01H\x00\x42\x07\n\x05value\"\xb0\x01\n\x0cPartitionTop\x12\x11\n\tpartition\x18\x01 \x01(\r\x12*\n\x06status\x18\x02 \x01(\x0e\x32\x1a.qstate.shard.v1.KeyStatus\x12\r\n\x05\x62\x61tch\x18\x03 \x01(\x03\x12\x14\n\x0cwatermark_ms\x18\x04 \x01(\x03\x12\x10\n\x08start_ms\x18\x05 \x01(\x03\x12*\n\x07\x65ntries\x18\x06 \x03(\x0b\x32\x19.qstate.shard.v1.TopEntry\"=\n\x08TopReply\x12\x31\n\npartitions\x18\x01 \x03(\x0b\x32\x1d.qstate.shard.v1.PartitionTop*\\\n\tKeyStatus\x12\x1a\n\x16KEY_STATUS_UNSPECIFIED\x10\x00\x12\t\n\x05\x46OUND\x10\x01\x12\n\n\x06\x41\x42SENT\x10\x02\x12\r\n\tNOT_OWNED\x10\x03\x12\r\n\tRESTORING\x10\x04\x32\xa6\x02\n\x05Shard\x12\x46\n\x06\x43ommit\x12\x1e.qstate.shard.v1.CommitRequest\x1a\x1c.qstate.shard.v1.CommitReply\x12H\n\x08MultiGet\x12\x1e.qstate.shard.v1.LookupRequest\x1a\x1c.qstate.shard.v1.LookupReply\x12L\n\x08\x44\x65scribe\x12 .qstate.shard.v1.DescribeRequest\x1a\x1e.qstate.shard.v1.DescribeReply\x12=\n\x03Top\x12\x1b.qstate.shard.v1.TopRequest\x1a\x19.qstate.shard.v1.TopReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'qstate.proto.shard_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_KEYSTATUS']._serialized_start=1843
-  _globals['_KEYSTATUS']._serialized_end=1935
+  _globals['_KEYSTATUS']._serialized_start=1863
+  _globals['_KEYSTATUS']._serialized_end=1955
   _globals['_PARTITIONDELTA']._serialized_start=45
   _globals['_PARTITIONDELTA']._serialized_end=132
   _globals['_COMMITREQUEST']._serialized_start=135
@@ -42,27 +42,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_KEYQUERY']._serialized_start=364
   _globals['_KEYQUERY']._serialized_end=406
   _globals['_LOOKUPREQUEST']._serialized_start=409
-  _globals['_LOOKUPREQUEST']._serialized_end=592
-  _globals['_WINDOW']._serialized_start=594
-  _globals['_WINDOW']._serialized_end=708
-  _globals['_KEYRESULT']._serialized_start=711
-  _globals['_KEYRESULT']._serialized_end=902
-  _globals['_LOOKUPREPLY']._serialized_start=904
-  _globals['_LOOKUPREPLY']._serialized_end=962
-  _globals['_DESCRIBEREQUEST']._serialized_start=964
-  _globals['_DESCRIBEREQUEST']._serialized_end=1002
-  _globals['_PARTITIONINFO']._serialized_start=1005
-  _globals['_PARTITIONINFO']._serialized_end=1207
-  _globals['_DESCRIBEREPLY']._serialized_start=1209
-  _globals['_DESCRIBEREPLY']._serialized_end=1330
-  _globals['_TOPREQUEST']._serialized_start=1333
-  _globals['_TOPREQUEST']._serialized_end=1520
-  _globals['_TOPENTRY']._serialized_start=1522
-  _globals['_TOPENTRY']._serialized_end=1599
-  _globals['_PARTITIONTOP']._serialized_start=1602
-  _globals['_PARTITIONTOP']._serialized_end=1778
-  _globals['_TOPREPLY']._serialized_start=1780
-  _globals['_TOPREPLY']._serialized_end=1841
-  _globals['_SHARD']._serialized_start=1938
-  _globals['_SHARD']._serialized_end=2232
+  _globals['_LOOKUPREQUEST']._serialized_end=612
+  _globals['_WINDOW']._serialized_start=614
+  _globals['_WINDOW']._serialized_end=728
+  _globals['_KEYRESULT']._serialized_start=731
+  _globals['_KEYRESULT']._serialized_end=922
+  _globals['_LOOKUPREPLY']._serialized_start=924
+  _globals['_LOOKUPREPLY']._serialized_end=982
+  _globals['_DESCRIBEREQUEST']._serialized_start=984
+  _globals['_DESCRIBEREQUEST']._serialized_end=1022
+  _globals['_PARTITIONINFO']._serialized_start=1025
+  _globals['_PARTITIONINFO']._serialized_end=1227
+  _globals['_DESCRIBEREPLY']._serialized_start=1229
+  _globals['_DESCRIBEREPLY']._serialized_end=1350
+  _globals['_TOPREQUEST']._serialized_start=1353
+  _globals['_TOPREQUEST']._serialized_end=1540
+  _globals['_TOPENTRY']._serialized_start=1542
+  _globals['_TOPENTRY']._serialized_end=1619
+  _globals['_PARTITIONTOP']._serialized_start=1622
+  _globals['_PARTITIONTOP']._serialized_end=1798
+  _globals['_TOPREPLY']._serialized_start=1800
+  _globals['_TOPREPLY']._serialized_end=1861
+  _globals['_SHARD']._serialized_start=1958
+  _globals['_SHARD']._serialized_end=2252
 # @@protoc_insertion_point(module_scope)

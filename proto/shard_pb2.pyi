@@ -67,7 +67,7 @@ class KeyQuery(_message.Message):
     def __init__(self, key: _Optional[str] = ..., partition: _Optional[int] = ...) -> None: ...
 
 class LookupRequest(_message.Message):
-    __slots__ = ("job", "operator", "state", "keys", "range", "from_ms", "to_ms", "limit", "savepoint")
+    __slots__ = ("job", "operator", "state", "keys", "range", "from_ms", "to_ms", "limit", "savepoint", "partitions")
     JOB_FIELD_NUMBER: _ClassVar[int]
     OPERATOR_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -77,6 +77,7 @@ class LookupRequest(_message.Message):
     TO_MS_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     SAVEPOINT_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     job: str
     operator: str
     state: str
@@ -86,7 +87,8 @@ class LookupRequest(_message.Message):
     to_ms: int
     limit: int
     savepoint: str
-    def __init__(self, job: _Optional[str] = ..., operator: _Optional[str] = ..., state: _Optional[str] = ..., keys: _Optional[_Iterable[_Union[KeyQuery, _Mapping]]] = ..., range: _Optional[bool] = ..., from_ms: _Optional[int] = ..., to_ms: _Optional[int] = ..., limit: _Optional[int] = ..., savepoint: _Optional[str] = ...) -> None: ...
+    partitions: int
+    def __init__(self, job: _Optional[str] = ..., operator: _Optional[str] = ..., state: _Optional[str] = ..., keys: _Optional[_Iterable[_Union[KeyQuery, _Mapping]]] = ..., range: _Optional[bool] = ..., from_ms: _Optional[int] = ..., to_ms: _Optional[int] = ..., limit: _Optional[int] = ..., savepoint: _Optional[str] = ..., partitions: _Optional[int] = ...) -> None: ...
 
 class Window(_message.Message):
     __slots__ = ("windowed", "start_ms", "end_ms", "int_value", "double_value")

@@ -84,6 +84,7 @@ struct Group {
     range: Option<(i64, i64)>,
     limit: u32,
     savepoint: String,
+    partitions: u32,
 }
 
 type Waiter = oneshot::Sender<Result<KeyResult, CallFailed>>;
@@ -117,6 +118,8 @@ pub struct Ask<'a> {
     pub range: Option<(i64, i64)>,
     pub limit: u32,
     pub savepoint: Option<&'a str>,
+    /// the partition count the keys were routed by (the caller's spec)
+    pub partitions: u32,
 }
 
 impl Remote {
@@ -162,6 +165,7 @@ impl Remote {
             range: ask.range,
             limit: if ask.range.is_some() { ask.limit } else { 0 },
             savepoint: ask.savepoint.unwrap_or_default().to_string(),
+            partitions: ask.partitions,
         };
         let mut rx = Vec::with_capacity(keys.len());
         {
@@ -297,6 +301,7 @@ impl Remote {
             to_ms,
             limit: g.limit,
             savepoint: g.savepoint.clone(),
+            partitions: g.partitions,
         };
         let mut req = tonic::Request::new(msg);
         req.set_timeout(self.callers.timeout);

@@ -232,6 +232,7 @@ async fn ask(
         range: r.range,
         limit: r.limit as u32,
         savepoint: r.savepoint.as_deref(),
+        partitions: r.entry.op.spec.partitions,
     };
     let queries = idx.iter().map(|&i| KeyQuery { key: r.keys[i].clone(), partition: id.partition }).collect();
     // a live read goes to the server's reader when it has one; a savepoint to its own port

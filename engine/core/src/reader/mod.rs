@@ -138,9 +138,10 @@ async fn answer(engine: &Arc<Engine>, reader: &Reader, req: LookupRequest) -> Re
             None,
         ));
     };
+    let count = routed_by(spec.partitions, req.partitions)?;
     for kq in &req.keys {
         check_key(&kq.key)?;
-        if kq.partition >= spec.partitions || partition_of(&kq.key, spec.partitions) != kq.partition {
+        if kq.partition >= count || partition_of(&kq.key, count) != kq.partition {
             let shown: String = kq.key.chars().take(80).collect();
             return Err(Failure::invalid(format!("key {shown:?} is not in partition {}", kq.partition)));
         }
@@ -203,6 +204,24 @@ async fn answer(engine: &Arc<Engine>, reader: &Reader, req: LookupRequest) -> Re
     Ok(LookupReply { results })
 }
 
+/// The partition count a call's keys are checked by: the caller's, when it and the shard's
+/// spec are multiples of each other. An offline rescale (`qstate.control.rescale`) has the new
+/// partitions held and ready before the spec says so, and the shard re-reads its spec only at
+/// the job's next epoch: a router that routes by the new count meanwhile asks for partitions
+/// past the shard's (they are held, and answer), and one that has not refreshed asks for the
+/// old ones (which still hold their keys). Any other count is a caller's mistake.
+fn routed_by(ours: u32, callers: u32) -> Result<u32, Failure> {
+    if callers == 0 || callers == ours {
+        return Ok(ours);
+    }
+    if callers.is_multiple_of(ours) || ours.is_multiple_of(callers) {
+        return Ok(callers);
+    }
+    Err(Failure::invalid(format!(
+        "the caller routes by {callers} partitions and this shard by {ours}: neither is a multiple of the other"
+    )))
+}
+
 /// A hit in the shard's form (the inverse of `read::fetch`'s reading of it).
 fn result(r: &mut KeyResult, status: KeyStatus, h: Hit) {
     r.status = status as i32;
@@ -223,4 +242,18 @@ fn result(r: &mut KeyResult, status: KeyStatus, h: Hit) {
             },
         })
         .collect();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::routed_by;
+
+    #[test]
+    fn a_call_is_checked_by_the_callers_count_only_across_a_rescale() {
+        assert_eq!(routed_by(4, 0).unwrap(), 4); // an older router: the shard's own
+        assert_eq!(routed_by(4, 4).unwrap(), 4);
+        assert_eq!(routed_by(4, 8).unwrap(), 8); // the spec doubled, not yet re-read here
+        assert_eq!(routed_by(8, 4).unwrap(), 4); // a router that has not refreshed
+        assert!(routed_by(4, 6).is_err());
+    }
 }
