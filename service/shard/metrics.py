@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping
+from itertools import accumulate
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,6 +23,7 @@ from prometheus_client.metrics_core import (
     Metric,
 )
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from qstate._engine import LOOKUP_BUCKETS
 from qstate.core.errors import InvalidAddress, QStateError
@@ -269,11 +271,9 @@ class ReaderCollector(Collector):
             keys.add_metric([status], by.get(status, 0))
         calls.add_metric([], n)
         panics.add_metric([], p)
-        cumulative, seen = [], 0
-        for bound, count in zip([*map(str, LOOKUP_BUCKETS), "+Inf"], buckets, strict=True):
-            seen += count
-            cumulative.append((bound, seen))
-        latency.add_metric([], cumulative, total)
+        # each bound written as the Python histogram writes its own: the panel adds them by le
+        bounds = [*map(floatToGoString, LOOKUP_BUCKETS), "+Inf"]
+        latency.add_metric([], list(zip(bounds, accumulate(buckets), strict=True)), total)
         return iter(families)
 
 

@@ -26,7 +26,19 @@ from qstate.proto import qstate_pb2 as qpb
 from qstate.proto import qstate_pb2_grpc as qpb_grpc
 from tests.helpers import metric, wait_until
 from tests.service.router.test_coalescing import calls_of
-from tests.shop import BATCHES, KEYS, MANY, ROUTES, WINDOW, P, Shop, avg_ms, views, window
+from tests.shop import (
+    BATCHES,
+    KEYS,
+    MANY,
+    ROUTES,
+    WINDOW,
+    P,
+    Shop,
+    avg_ms,
+    shard_reads,
+    views,
+    window,
+)
 
 LAST = BATCHES - 1
 MAX_BATCH = 2000  # keys a router's MultiGet carries at most (engine/core/src/remote.rs)
@@ -201,7 +213,7 @@ def test_concurrent_lookups_of_one_shard_are_coalesced(
         assert c.get("shop", "views_1m", "views", mine[0]).windows[-1].value == \
             views(mine[0], LAST)
     shard_url = shop.metrics_url(owner)
-    calls_before = calls_of(shard_url)
+    calls_before, reads_before = calls_of(shard_url), shard_reads(patient.url)
     with ThreadPoolExecutor(1) as pool:
         with shop.paused(owner):
             asked = pool.submit(asyncio.run, send(patient.url, patient.grpc_address, mine))
@@ -210,6 +222,8 @@ def test_concurrent_lookups_of_one_shard_are_coalesced(
                 "every key waiting for the paused owner")
         answers = asked.result(timeout=120)
     assert sorted(answers) == sorted((k, LAST, views(k, LAST)) for k in mine)
+    reads = {p: n - reads_before[p] for p, n in shard_reads(patient.url).items()}
+    assert reads["remote"] >= len(mine) and reads["local"] == 0, reads  # read remotely
     calls = calls_of(shard_url) - calls_before
     assert 2 <= calls <= 2 + -(-len(mine) // MAX_BATCH), calls
 
