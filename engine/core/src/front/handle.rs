@@ -195,13 +195,28 @@ async fn answer(
         guarded(r, slot)
     };
 
+    let declared = parts.headers.get(CONTENT_LENGTH).map(HeaderValue::as_bytes);
+    let over = declared.and_then(|d| std::str::from_utf8(d).ok()).and_then(|s| s.trim().parse::<u128>().ok());
+    let over = over.is_some_and(|n| n > cfg.max_body_bytes as u128);
+    let bodiless = matches!(parts.method, Method::GET | Method::HEAD | Method::OPTIONS | Method::DELETE)
+        && declared.is_none()
+        && !parts.headers.contains_key(hyper::header::TRANSFER_ENCODING);
+
     // who is asking, before anything else
     let mut principal = None;
     if let Some(book) = engine.book.load_full() {
         let header = parts.headers.get("authorization").map(HeaderValue::as_bytes);
         match door(&book, header, &path, cfg.metrics_public) {
             Ok(who) => principal = who.map(|p| p.header()),
-            Err(f) => return here(failed(engine, &f), None),
+            Err(f) => {
+                // a body within the limit is read (and dropped) before the refusal, as the
+                // Python front's server does: hyper closes a connection whose body it has not
+                // seen the end of, and a pipelined request behind it would get no answer
+                if !bodiless && !over {
+                    let _ = read_body(body, cfg.max_body_bytes).await;
+                }
+                return here(failed(engine, &f), None);
+            }
         }
     }
 
@@ -210,7 +225,6 @@ async fn answer(
         || (parts.method == Method::GET && path.starts_with("/v1/watch/"));
     let mut slot = None;
     let mut data = Bytes::new();
-    let declared = parts.headers.get(CONTENT_LENGTH).map(HeaderValue::as_bytes);
     if !exempt {
         if ctx.inflight.load(Ordering::Acquire) >= cfg.max_concurrent {
             let f = Failure::overloaded(
@@ -223,16 +237,12 @@ async fn answer(
             );
             return here(failed(engine, &f), None);
         }
-        let over = declared.and_then(|d| std::str::from_utf8(d).ok()).and_then(|s| s.trim().parse::<u128>().ok());
-        if over.is_some_and(|n| n > cfg.max_body_bytes as u128) {
+        if over {
             return here(failed(engine, &Failure::too_large(cfg.max_body_bytes)), None);
         }
         ctx.inflight.fetch_add(1, Ordering::AcqRel);
         slot = Some(Slot(ctx.inflight.clone()));
     }
-    let bodiless = matches!(parts.method, Method::GET | Method::HEAD | Method::OPTIONS | Method::DELETE)
-        && declared.is_none()
-        && !parts.headers.contains_key(hyper::header::TRANSFER_ENCODING);
     if !bodiless {
         match read_body(body, cfg.max_body_bytes).await {
             Received::Whole(b) => data = b,
