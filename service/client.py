@@ -14,6 +14,10 @@ router adds are ignored, so a client need not be upgraded with the routers. Erro
 ``QStateError`` and its classes, importable from here (``NotFound``, ``InvalidRequest``,
 ``Unavailable`` ...). A 503 (shard unavailable or restoring) or a 429 is retried with
 backoff, honouring Retry-After.
+With ``direct=True`` (QSTATE_CLIENT_DIRECT) the client caches each job's cluster map and
+asks each key, each batch split by owner, at a router on its owner's node: no hop on a
+cluster (``qstate.core.transport.cluster_map``; a stale map costs a hop, never a wrong
+answer).
 ``watch()`` yields pushed changes (Server-Sent Events) and resumes where it left off when
 the connection drops or the router restarts.
 Over HTTPS, ``ca`` names the CA bundle that signed the router's certificate (``qstate
@@ -33,7 +37,7 @@ import time
 from collections.abc import AsyncGenerator, Generator, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import httpx
@@ -42,6 +46,7 @@ from httpx_sse import SSEError, aconnect_sse, connect_sse
 from qstate.core.answer import (
     NEXT_FROM,
     BatchAnswer,
+    ClusterMap,
     JobInfo,
     JobList,
     JobPosition,
@@ -65,6 +70,7 @@ from qstate.core.errors import (
     UnknownOperator,
     from_http,
 )
+from qstate.core.transport.cluster_map import OWNER, Owners
 from qstate.core.transport.security import clean_token, is_loopback
 
 __all__ = ["AsyncClient", "Client", "Forbidden", "InvalidAddress", "InvalidRequest",
@@ -115,6 +121,27 @@ def by_key(keys: Sequence[str], states: Sequence[str],
                           "states")
     return [dict(zip(states, answers[i * n:(i + 1) * n], strict=True))
             for i in range(len(keys))]
+
+
+T = TypeVar("T")
+
+
+def _with_keys(kw: dict[str, Any], keys: list[str]) -> dict[str, Any]:
+    """A batch request's arguments for ``keys`` alone (a point read's unchanged)."""
+    if "json" not in kw:
+        return kw
+    return {**kw, "json": {**kw["json"], "keys": keys}}
+
+
+def _merged(n: int, parts: list[tuple[list[int], list[T]]]) -> list[T]:
+    """Each group's answers, per key, put back in the order of the ``n`` keys asked."""
+    out: list[T | None] = [None] * n
+    for idx, got in parts:
+        if len(got) != len(idx):
+            raise QStateError(f"a router answered {len(got)} of {len(idx)} keys")
+        for i, a in zip(idx, got, strict=True):
+            out[i] = a
+    return [a for a in out if a is not None]
 
 
 def _key_path(job: str, operator: str, state: str, key: str) -> str:
@@ -263,9 +290,64 @@ def retry_in(status: int, content: bytes, retry_after: str | None, attempt: int,
 
 
 class _Base:
-    def __init__(self, retries: int, backoff_s: float) -> None:
+    def __init__(self, retries: int, backoff_s: float, direct: bool | None,
+                 map_ttl_s: float | None, connect: tuple[Any, ...]) -> None:
         self.retries = retries
         self.backoff_s = backoff_s
+        s = settings()
+        direct = s.client_direct if direct is None else direct
+        self._owners = Owners(s.client_map_ttl_s if map_ttl_s is None else map_ttl_s) \
+            if direct else None
+        self._connect = connect  # (timeout, ca, token, token_file, insecure_token)
+
+    def _peer_args(self, url: str) -> dict[str, Any] | None:
+        """httpx arguments for the router at ``url`` (as for the client's own), or None: it
+        may not be asked (the token would cross in plain text), so the client's router is."""
+        timeout, ca, token, token_file, insecure = self._connect
+        try:
+            return {"timeout": timeout, **connection_args(url, ca, token, token_file,
+                                                          insecure)}
+        except InvalidRequest as exc:
+            log.warning("the cluster map names %s; asking the client's router instead: %s",
+                        url, exc)
+            return None
+
+    def _map_path(self, job: str) -> str | None:
+        """The path of ``job``'s cluster map when it is to be fetched now, else None."""
+        if self._owners is None or not self._owners.wants(job):
+            return None
+        return f"/v1/cluster/{quote(job, safe='')}"
+
+    def _mapped(self, job: str, r: httpx.Response | None) -> None:
+        """``job``'s map as the router answered it (None, or not a 200: none to follow)."""
+        assert self._owners is not None
+        m = None
+        if r is not None and r.status_code == 200:
+            try:
+                m = ClusterMap.model_validate_json(r.content)
+            except ValueError:
+                m = None
+        self._owners.put(job, m)
+
+    def _split(self, job: str, operator: str, keys: Sequence[str]
+               ) -> dict[str | None, list[int]]:
+        """``keys``' indices by the router they are asked at (None: the client's)."""
+        if self._owners is None or not keys:  # none: the router's 400 says why
+            return {None: list(range(len(keys)))}
+        return self._owners.split(job, operator, keys)
+
+    def _unreachable(self, job: str, url: str | None, exc: Exception) -> None:
+        """``url`` (a router of the map) could not be asked: re-raised when it is the
+        client's own, else marked down (the key is asked at the client's router)."""
+        if url is None or self._owners is None:
+            raise exc
+        log.warning("router %s of %s's cluster map unreachable (%s); asking the client's "
+                    "router", url, job, exc)
+        self._owners.down(job, url)
+
+    def _answered(self, job: str, operator: str, key: str, r: httpx.Response) -> None:
+        if self._owners is not None:
+            self._owners.answered(job, operator, key, r.headers.get(OWNER))
 
     def _reconnect_in(self, r: httpx.Response | None, attempt: int,
                       max_reconnects: int | None) -> float:
@@ -294,16 +376,21 @@ class Client(_Base):
 
     def __init__(self, url: str | None = None, timeout: float = 5.0, retries: int = 3,
                  backoff_s: float = 0.2, *, ca: str | None = None, token: str | None = None,
-                 token_file: str | None = None, insecure_token: bool | None = None) -> None:
+                 token_file: str | None = None, insecure_token: bool | None = None,
+                 direct: bool | None = None, map_ttl_s: float | None = None) -> None:
         """``url``: the router (None: QSTATE_ROUTER_URL). ``timeout``: seconds per request.
         ``retries``: times a 503 or 429 is asked again, after ``backoff_s`` doubling (at
         least the Retry-After the router sent). ``ca``: CA bundle of an https:// router
         (None: QSTATE_TLS_CA, else the system's). ``token`` or ``token_file``: the client
         token (both None: QSTATE_TOKEN, QSTATE_TOKEN_FILE). ``insecure_token``: send it over
-        http:// to another host (None: QSTATE_ALLOW_INSECURE)."""
-        super().__init__(retries, backoff_s)
+        http:// to another host (None: QSTATE_ALLOW_INSECURE). ``direct``: ask each key at a
+        router on its owner's node, as the job's cluster map (cached, at most ``map_ttl_s``
+        old) names it (None: QSTATE_CLIENT_DIRECT, QSTATE_CLIENT_MAP_TTL_S)."""
+        super().__init__(retries, backoff_s, direct, map_ttl_s,
+                         (timeout, ca, token, token_file, insecure_token))
         self._http = httpx.Client(timeout=timeout, **connection_args(
             url, ca, token, token_file, insecure_token))
+        self._peers: dict[str, httpx.Client | None] = {}
 
     def __enter__(self) -> Client:
         return self
@@ -312,18 +399,52 @@ class Client(_Base):
         self.close()
 
     def close(self) -> None:
-        """Closes the connections to the router."""
+        """Closes the connections to the router (and to those of the cluster map)."""
         self._http.close()
+        for c in self._peers.values():
+            if c is not None:
+                c.close()
 
-    def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+    def _request(self, method: str, path: str, via: httpx.Client | None = None,
+                 **kw: Any) -> httpx.Response:
         attempt = 0
         while True:
-            r = self._http.request(method, path, **kw)
+            r = (via or self._http).request(method, path, **kw)
             wait = self._retry(r, attempt)
             if wait is None:
                 return r
             time.sleep(wait)
             attempt += 1
+
+    def _peer(self, url: str | None) -> httpx.Client:
+        if url is None:
+            return self._http
+        if url not in self._peers:
+            args = self._peer_args(url)
+            self._peers[url] = httpx.Client(**args) if args is not None else None
+        return self._peers[url] or self._http
+
+    def _read(self, job: str, operator: str, keys: Sequence[str], method: str, path: str,
+              **kw: Any) -> list[tuple[list[int], httpx.Response]]:
+        """A read of ``keys``, each group of them asked where the cluster map says (one
+        group, the client's router, without ``direct``): (indices, answer) per group."""
+        if (mp := self._map_path(job)) is not None:
+            try:
+                self._mapped(job, self._http.get(mp))
+            except httpx.TransportError:
+                self._mapped(job, None)
+        out = []
+        for url, idx in self._split(job, operator, keys).items():
+            sub = kw if len(idx) == len(keys) else _with_keys(kw, [keys[i] for i in idx])
+            try:
+                r = self._request(method, path, via=self._peer(url), **sub)
+            except httpx.TransportError as exc:
+                self._unreachable(job, url, exc)
+                r = self._request(method, path, **sub)
+            if idx:
+                self._answered(job, operator, keys[idx[0]], r)
+            out.append((idx, r))
+        return out
 
     def get(self, job: str, operator: str, state: str, key: str, *, from_: TimeArg = None,
             to: TimeArg = None, min_batch: int | None = None,
@@ -335,8 +456,8 @@ class Client(_Base):
         (``qstate savepoint create``; the answer's ``batch`` is its batch). Raises NotFound
         when the key has no data (its ``detail`` names the batch) or the job, operator or
         state (or savepoint) is unknown."""
-        r = self._request("GET", _key_path(job, operator, state, key),
-                          params=read_params(from_, to, min_batch, savepoint))
+        [(_, r)] = self._read(job, operator, [key], "GET", _key_path(job, operator, state, key),
+                              params=read_params(from_, to, min_batch, savepoint))
         return StateAnswer.model_validate_json(r.content)
 
     def history(self, job: str, operator: str, state: str, key: str, from_: TimeArg,
@@ -365,9 +486,11 @@ class Client(_Base):
         """``get`` of many keys of one state in one request, one answer per key in order
         (a key without data: ``found`` false, not an error). At most the router's
         QSTATE_MAX_BATCH_KEYS keys."""
-        r = self._request("POST", f"{state_path(job, operator, state)}:batchGet",
-                          json={"keys": keys}, params=read_params(from_, to, min_batch, savepoint))
-        return BatchAnswer.model_validate_json(r.content).results
+        got = self._read(job, operator, keys, "POST",
+                         f"{state_path(job, operator, state)}:batchGet", json={"keys": keys},
+                         params=read_params(from_, to, min_batch, savepoint))
+        return _merged(len(keys), [(idx, BatchAnswer.model_validate_json(r.content).results)
+                                   for idx, r in got])
 
     def multi_get_states(self, job: str, operator: str, states: list[str], keys: list[str], *,
                          from_: TimeArg = None, to: TimeArg = None,
@@ -377,10 +500,13 @@ class Client(_Base):
         ``{state: answer}`` per key in order, **a key's states as of one batch** (the router
         reads them again when a commit lands between them). At most the router's
         QSTATE_MAX_BATCH_KEYS answers (keys × states)."""
-        r = self._request("POST", f"{operator_path(job, operator)}:batchGet",
-                          json={"keys": keys, "states": states},
-                          params=read_params(from_, to, min_batch, savepoint))
-        return by_key(keys, states, BatchAnswer.model_validate_json(r.content).results)
+        got = self._read(job, operator, keys, "POST", f"{operator_path(job, operator)}:batchGet",
+                         json={"keys": keys, "states": states},
+                         params=read_params(from_, to, min_batch, savepoint))
+        return _merged(len(keys), [
+            (idx, by_key([keys[i] for i in idx], states,
+                         BatchAnswer.model_validate_json(r.content).results))
+            for idx, r in got])
 
     def top(self, job: str, operator: str, state: str, n: int = 10, *,
             descending: bool = True, window: TimeArg = None,
@@ -449,11 +575,14 @@ class AsyncClient(_Base):
 
     def __init__(self, url: str | None = None, timeout: float = 5.0, retries: int = 3,
                  backoff_s: float = 0.2, *, ca: str | None = None, token: str | None = None,
-                 token_file: str | None = None, insecure_token: bool | None = None) -> None:
+                 token_file: str | None = None, insecure_token: bool | None = None,
+                 direct: bool | None = None, map_ttl_s: float | None = None) -> None:
         """As ``Client``'s."""
-        super().__init__(retries, backoff_s)
+        super().__init__(retries, backoff_s, direct, map_ttl_s,
+                         (timeout, ca, token, token_file, insecure_token))
         self._http = httpx.AsyncClient(timeout=timeout, **connection_args(
             url, ca, token, token_file, insecure_token))
+        self._peers: dict[str, httpx.AsyncClient | None] = {}
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -462,25 +591,61 @@ class AsyncClient(_Base):
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Closes the connections to the router."""
+        """Closes the connections to the router (and to those of the cluster map)."""
         await self._http.aclose()
+        for c in self._peers.values():
+            if c is not None:
+                await c.aclose()
 
-    async def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+    async def _request(self, method: str, path: str, via: httpx.AsyncClient | None = None,
+                       **kw: Any) -> httpx.Response:
         attempt = 0
         while True:
-            r = await self._http.request(method, path, **kw)
+            r = await (via or self._http).request(method, path, **kw)
             wait = self._retry(r, attempt)
             if wait is None:
                 return r
             await asyncio.sleep(wait)
             attempt += 1
 
+    def _peer(self, url: str | None) -> httpx.AsyncClient:
+        if url is None:
+            return self._http
+        if url not in self._peers:
+            args = self._peer_args(url)
+            self._peers[url] = httpx.AsyncClient(**args) if args is not None else None
+        return self._peers[url] or self._http
+
+    async def _read(self, job: str, operator: str, keys: Sequence[str], method: str,
+                    path: str, **kw: Any) -> list[tuple[list[int], httpx.Response]]:
+        """``Client._read``, the groups asked at once."""
+        if (mp := self._map_path(job)) is not None:
+            try:
+                self._mapped(job, await self._http.get(mp))
+            except httpx.TransportError:
+                self._mapped(job, None)
+
+        async def one(url: str | None, idx: list[int]) -> tuple[list[int], httpx.Response]:
+            sub = kw if len(idx) == len(keys) else _with_keys(kw, [keys[i] for i in idx])
+            try:
+                r = await self._request(method, path, via=self._peer(url), **sub)
+            except httpx.TransportError as exc:
+                self._unreachable(job, url, exc)
+                r = await self._request(method, path, **sub)
+            if idx:
+                self._answered(job, operator, keys[idx[0]], r)
+            return idx, r
+
+        return list(await asyncio.gather(*(
+            one(url, idx) for url, idx in self._split(job, operator, keys).items())))
+
     async def get(self, job: str, operator: str, state: str, key: str, *,
                   from_: TimeArg = None, to: TimeArg = None, min_batch: int | None = None,
                   savepoint: str | None = None) -> StateAnswer:
         """``Client.get``."""
-        r = await self._request("GET", _key_path(job, operator, state, key),
-                                params=read_params(from_, to, min_batch, savepoint))
+        [(_, r)] = await self._read(job, operator, [key], "GET",
+                                    _key_path(job, operator, state, key),
+                                    params=read_params(from_, to, min_batch, savepoint))
         return StateAnswer.model_validate_json(r.content)
 
     async def history(self, job: str, operator: str, state: str, key: str, from_: TimeArg,
@@ -506,20 +671,26 @@ class AsyncClient(_Base):
                         min_batch: int | None = None,
                         savepoint: str | None = None) -> list[StateAnswer]:
         """``Client.multi_get``."""
-        r = await self._request("POST", f"{state_path(job, operator, state)}:batchGet",
-                                json={"keys": keys},
-                                params=read_params(from_, to, min_batch, savepoint))
-        return BatchAnswer.model_validate_json(r.content).results
+        got = await self._read(job, operator, keys, "POST",
+                               f"{state_path(job, operator, state)}:batchGet",
+                               json={"keys": keys},
+                               params=read_params(from_, to, min_batch, savepoint))
+        return _merged(len(keys), [(idx, BatchAnswer.model_validate_json(r.content).results)
+                                   for idx, r in got])
 
     async def multi_get_states(self, job: str, operator: str, states: list[str],
                                keys: list[str], *, from_: TimeArg = None, to: TimeArg = None,
                                min_batch: int | None = None,
                                savepoint: str | None = None) -> list[dict[str, StateAnswer]]:
         """``Client.multi_get_states``."""
-        r = await self._request("POST", f"{operator_path(job, operator)}:batchGet",
-                                json={"keys": keys, "states": states},
-                                params=read_params(from_, to, min_batch, savepoint))
-        return by_key(keys, states, BatchAnswer.model_validate_json(r.content).results)
+        got = await self._read(job, operator, keys, "POST",
+                               f"{operator_path(job, operator)}:batchGet",
+                               json={"keys": keys, "states": states},
+                               params=read_params(from_, to, min_batch, savepoint))
+        return _merged(len(keys), [
+            (idx, by_key([keys[i] for i in idx], states,
+                         BatchAnswer.model_validate_json(r.content).results))
+            for idx, r in got])
 
     async def top(self, job: str, operator: str, state: str, n: int = 10, *,
                   descending: bool = True, window: TimeArg = None,

@@ -20,14 +20,19 @@ __all__ = [
     "BatchAnswer",
     "BatchValues",
     "ClusterInfo",
+    "ClusterMap",
     "ErrorBody",
     "JobInfo",
     "JobList",
     "JobPosition",
     "JobSummary",
     "OperatorInfo",
+    "OperatorMap",
+    "PartitionHolder",
+    "PartitionOwners",
     "PartitionStatus",
     "Point",
+    "ReadAddress",
     "Series",
     "ShardStatus",
     "StateAnswer",
@@ -341,6 +346,60 @@ class ClusterInfo(BaseModel):
     now: int = Field(description="When this was taken, epoch ms (freshness is measured to it)")
     shards: list[ShardStatus]
     unassigned: list[PartitionStatus] = Field(description="Partitions no server owns")
+
+
+class ReadAddress(BaseModel):
+    """A router a partition's keys may be read at: one on the node of the server holding it,
+    which reads it in-process (no hop)."""
+
+    model_config = _OPEN
+
+    router: str = Field(description="Router id")
+    url: str = Field(description="Its HTTP API, http(s)://host:port")
+    grpc: str = Field(description="Its public gRPC port, host:port")
+
+
+class PartitionHolder(BaseModel):
+    model_config = _OPEN
+
+    server: str = Field(description="Shard server id")
+    ready: bool = Field(description="It reported the partition just now and is not restoring "
+                        "it")
+    read_at: list[ReadAddress] = Field(description="Routers on its node (none: ask any "
+                                       "router, which forwards)")
+
+
+class PartitionOwners(BaseModel):
+    model_config = _OPEN
+
+    partition: int
+    owner: PartitionHolder | None = Field(description="Null: unassigned")
+    followers: list[PartitionHolder] = Field(
+        default_factory=list, description="Copies that answer reads a caller allows to be "
+        "stale (replicas > 1, or the incoming owner of a move)")
+
+
+class OperatorMap(BaseModel):
+    model_config = _OPEN
+
+    operator: str
+    partitions: int = Field(description="P: a key's partition is pmod(xxhash64(utf8(key), "
+                            "seed=42), P) on the signed 64-bit hash")
+    owners: list[PartitionOwners] = Field(description="One per partition, in order")
+
+
+class ClusterMap(BaseModel):
+    """Where each partition of a job is read: what a client caches to send each key (each
+    batch split by owner) straight to a router on its owner's node (docs/querying.md,
+    cluster map). A router answers every key whatever the map says (it forwards one it does
+    not hold, naming its owner in ``qstate-owner``), so a stale map costs a hop, never a
+    wrong answer."""
+
+    model_config = _OPEN
+
+    job: str
+    epoch: int = Field(description="The job's assignment epoch: every move bumps it")
+    operators: list[OperatorMap]
 
 
 def error_responses(body: bool = False) -> dict[int | str, dict[str, Any]]:

@@ -10,6 +10,7 @@ effective default, README's table lists them all (a test keeps it in step with t
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from functools import lru_cache
 from typing import Any, Final
@@ -17,8 +18,8 @@ from typing import Any, Final
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["DEFAULTS", "ENGINE_SETTINGS", "Settings", "engine_settings", "settings",
-           "settings_table"]
+__all__ = ["DEFAULTS", "ENGINE_SETTINGS", "Settings", "engine_settings", "node_name",
+           "settings", "settings_table"]
 
 
 class Settings(BaseSettings):
@@ -55,6 +56,11 @@ class Settings(BaseSettings):
     metrics_host: str = Field(
         "127.0.0.1", description="Address of the /metrics endpoints of jobs and shards "
         "(0.0.0.0 in pods).")
+    node: str = Field(
+        "", description="The host this process runs on, as the cluster names it: a router "
+        "reads the partitions of shards on its node in-process, and the cluster map sends a "
+        "partition's keys to a router on its owner's node (deploy/k8s passes the node's name "
+        "from the downward API: a pod's hostname is its own). Empty: the hostname.")
 
     # ---- operators (set when a job starts) -------------------------------------------
     partitions: int = Field(64, ge=1, le=4096, description="Partitions per operator (P).")
@@ -164,6 +170,10 @@ class Settings(BaseSettings):
 
     # ---- routers ----------------------------------------------------------------------
     router_host: str = Field("127.0.0.1", description="Address the router binds to.")
+    router_advertise: str = Field(
+        "", description="Router: the host clients reach it at, as the cluster map names it "
+        "(with its HTTP and gRPC ports). Empty: its bind address, or the node's name when it "
+        "binds every address.")
     http_port: int = Field(
         8000, ge=0, description="Router HTTP port: the API, /docs, /metrics, /healthz.")
     grpc_port: int = Field(50051, ge=0, description="Router public gRPC port.")
@@ -232,6 +242,14 @@ class Settings(BaseSettings):
         "its changes pushed (half of it is the mean delay it adds).")
     router_url: str = Field("http://127.0.0.1:8000", description="Where `qstate get`, "
                             "`qstate top`, `qstate watch` and the Python client ask.")
+    client_direct: bool = Field(
+        False, description="Python client and `qstate get`: ask each key (each batch split by "
+        "owner) at a router on its owner's node, which the job's cluster map names "
+        "(GET /v1/cluster/{job}, cached), instead of at router_url, which forwards it (a "
+        "hop on a cluster). A stale map costs a hop, never a wrong answer.")
+    client_map_ttl_s: float = Field(
+        30.0, gt=0, description="Python client with client_direct: the longest it keeps a "
+        "job's cluster map (it is re-read sooner when an answer names another owner).")
 
     # ---- security ---------------------------------------------------------------------
     tls_cert: str = Field(
@@ -339,6 +357,12 @@ ENGINE_SETTINGS = ("max_batch_keys", "max_windows", "max_request_windows", "min_
 def engine_settings(cfg: Settings) -> dict[str, Any]:
     """What the engine reads of ``cfg``: every setting it uses, by name."""
     return {name: getattr(cfg, name) for name in ENGINE_SETTINGS}
+
+
+def node_name(cfg: Settings) -> str:
+    """The node this process runs on (QSTATE_NODE, else the hostname): what shards register
+    and routers match them by (docs/architecture.md §5, cluster map)."""
+    return cfg.node or socket.gethostname()
 
 
 def settings_table() -> str:

@@ -1,6 +1,8 @@
 """The cluster as the router sees it now: every shard server, the partitions the assignment
 gives it to own and to follow (copies, ``replicas``), and how each stands (that server's
-Describe), for ``GET /v1/cluster`` and /ui.
+Describe), for ``GET /v1/cluster`` and /ui; and a job's map (``GET /v1/cluster/{job}``):
+per partition its owner and followers, each with the routers on its node, which clients
+cache to ask a key where it is read without a hop (docs/architecture.md §5, cluster map).
 
 The same join as ``qstate state inspect`` (``placements``), over the router's cached routing
 table and its Describe poller (``qstate.router.shards``).
@@ -11,12 +13,21 @@ from __future__ import annotations
 import time
 
 from qstate.core.address import PartitionId
-from qstate.core.answer import ClusterInfo, PartitionStatus, ShardStatus
+from qstate.core.answer import (
+    ClusterInfo,
+    ClusterMap,
+    OperatorMap,
+    PartitionHolder,
+    PartitionOwners,
+    PartitionStatus,
+    ReadAddress,
+    ShardStatus,
+)
 from qstate.core.transport.shard_client import Holder, placements
 from qstate.router.describer import Describer
 from qstate.router.routing import RoutingTable
 
-__all__ = ["cluster"]
+__all__ = ["cluster", "cluster_map"]
 
 # the page shows each server as it answers now (callers asking at once share one Describe)
 FRESH_S = 0.0
@@ -55,3 +66,31 @@ async def cluster(routing: RoutingTable, servers: Describer) -> ClusterInfo:
         ShardStatus(id=ids[addr], address=addr, up=replies[addr] is not None,
                     partitions=owned[addr], following=following[addr])
         for addr in addresses])
+
+
+async def cluster_map(routing: RoutingTable, servers: Describer, job: str,
+                      may_read: set[str] | None = None) -> ClusterMap:
+    """``job``'s map: its operators (those in ``may_read``, when given), each partition's owner
+    and followers, whether each reported it ready just now, and the routers on each one's
+    node (the job known: ``QueryService.describe_job`` says when it is not)."""
+    specs = [spec for (j, _), spec in sorted(routing.specs.items()) if j == job
+             and (may_read is None or spec.operator in may_read)]
+    a = routing.assignments.get(job)
+    addresses = sorted(set(a.servers.values())) if a is not None else []
+    replies = await servers.describe(addresses, FRESH_S) if addresses else {}
+    at = {sid: [ReadAddress(router=r.id, url=r.url, grpc=r.grpc) for r in rs]
+          for sid, rs in routing.read_at().items()}
+
+    def holder(h: Holder) -> PartitionHolder:
+        return PartitionHolder(server=h.id, ready=h.state() == "ready",
+                               read_at=at.get(h.id, []))
+
+    ops: dict[str, list[PartitionOwners]] = {s.operator: [] for s in specs}
+    for placed in placements(specs, routing.assignments, replies):
+        ops[placed.pid.operator].append(PartitionOwners(
+            partition=placed.pid.partition,
+            owner=holder(placed.owner) if placed.owner is not None else None,
+            followers=[holder(f) for f in placed.followers]))
+    return ClusterMap(job=job, epoch=a.epoch if a is not None else 0, operators=[
+        OperatorMap(operator=s.operator, partitions=s.partitions, owners=ops[s.operator])
+        for s in specs])

@@ -70,15 +70,24 @@ class EngineLink:
     def push_table(self, routing: RoutingTable) -> None:
         """The routing table as the engine reads it, and how to reach its servers."""
         ops = []
+        # each partition's owner as answers name it (qstate-owner): its id and a router on
+        # its node (§5, cluster map)
+        named: list[tuple[str, str, list[tuple[str, str] | None]]] = []
+        read_at = routing.read_at()
         for (job, op), spec in routing.specs.items():
             a = routing.assignments.get(job)
             owners = [a.owner(op, p) if a is not None else None for p in range(spec.partitions)]
             followers = [a.follower_addresses(op, p) if a is not None else []
                          for p in range(spec.partitions)]
             ops.append((spec.to_json(), owners, followers))
+            ids = [a.owner_id(op, p) if a is not None else None for p in range(spec.partitions)]
+            named.append((job, op, [
+                None if sid is None else (sid, read_at[sid][0].url if read_at.get(sid) else "")
+                for sid in ids]))
         # a server's live reads go to its reader when it registered one (§5, cluster reads)
         readers = [(i.address, i.reader) for i in routing.servers if i.reader]
-        self.engine.set_table(ops, str(routing.storage.root), routing.disclose_jobs, readers)
+        self.engine.set_table(ops, str(routing.storage.root), routing.disclose_jobs, readers,
+                              named)
         self.push_callers()
 
     def push_callers(self) -> None:

@@ -17,7 +17,6 @@ reads them.
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 from qstate._engine import Engine
@@ -28,8 +27,8 @@ __all__ = ["LocalReader"]
 
 
 class LocalReader:
-    def __init__(self, engine: Engine) -> None:
-        self.hostname = socket.gethostname()
+    def __init__(self, engine: Engine, node: str) -> None:
+        self.node = node  # shards registered with this node are read in-process
         self.engine = engine
         self.servers: dict[str, ServerInfo] = {}  # address -> co-located server
 
@@ -37,7 +36,7 @@ class LocalReader:
         """The shard servers of the routing table that run on this host (their partitions
         close when one goes or restarts)."""
         local = {i.address: i for i in infos
-                 if i.hostname == self.hostname and i.data_dir and Path(i.data_dir).is_dir()}
+                 if i.hostname == self.node and i.data_dir and Path(i.data_dir).is_dir()}
         if local != self.servers:
             self.engine.set_servers([(i.address, i.data_dir, i.pid) for i in local.values()])
             self.servers = local

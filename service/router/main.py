@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 import signal
 import socket
 import tempfile
@@ -15,8 +16,10 @@ from pathlib import Path
 import grpc
 import uvicorn
 
-from qstate.core.config import Settings
+from qstate.core.config import Settings, node_name
 from qstate.core.process import faults
+from qstate.core.records.assignment import now_ms
+from qstate.core.records.routers import RouterInfo, register_router, router_id, unregister_router
 from qstate.core.records.storage import Storage
 from qstate.core.transport import security
 from qstate.core.transport.grpc_health import Health
@@ -74,6 +77,18 @@ async def _watch_local_shards(routing: RoutingTable, describer: Describer, local
         await asyncio.sleep(every_s)
 
 
+def registration(o: RouterOptions) -> RouterInfo:
+    """What this router registers (``qstate.core.records.routers``): where clients reach its
+    HTTP and gRPC ports, and the node whose partitions it reads in-process."""
+    cfg = o.settings
+    node = node_name(cfg)
+    host = cfg.router_advertise or (node if o.host in ("0.0.0.0", "::", "") else o.host)
+    host = f"[{host}]" if ":" in host else host
+    scheme = "https" if cfg.tls_cert else "http"
+    return RouterInfo(router_id(node, o.http_port), node, f"{scheme}://{host}:{o.http_port}",
+                      f"{host}:{o.grpc_port}", os.getpid(), now_ms())
+
+
 async def serve(o: RouterOptions, scratch: Path | None = None) -> None:
     cfg = o.settings
     host = o.host
@@ -92,7 +107,7 @@ async def serve(o: RouterOptions, scratch: Path | None = None) -> None:
     if book is not None:
         engine.set_tokens(book.book().entries())  # before the ports open
     stubs = ShardStubs(timeout_s=cfg.shard_timeout_s, cfg=cfg)
-    local = LocalReader(engine)
+    local = LocalReader(engine, node_name(cfg))
     query = QueryService(routing, stubs, engine, cfg.max_batch_keys, cfg.max_windows,
                          cfg.min_batch_wait_s, cfg.max_top_n, cfg.retry_after_s)
     hub = WatchHub.of(query, cfg)
@@ -157,12 +172,18 @@ async def serve(o: RouterOptions, scratch: Path | None = None) -> None:
     # what start-up built lives as long as the process: out of the collector's sight, so a
     # full collection does not walk it while requests wait (docs/architecture.md §8)
     gc.freeze()
+    me = registration(o)
+    await asyncio.to_thread(register_router, routing.storage, me)
     scheme = "https" if cfg.tls_cert else "http"
     jobs = ",".join(sorted({j for j, _ in routing.specs})) or \
         "none yet (a job registers its operators in storage when it starts)"
     print(f"qstate router ready http={scheme}://{host}:{o.http_port} grpc={host}:{o.grpc_port}"
           f" storage={routing.storage.root} jobs={jobs}", flush=True)
     await stop.wait()
+    try:
+        await asyncio.to_thread(unregister_router, routing.storage, me)
+    except Exception as exc:  # storage hiccup: the record is a hint (clients fall back)
+        log.warning("could not unregister router %s: %s", me.id, exc)
     following.cancel()
     await health.stop()
     await hub.stop()  # open watches end: their clients resume on another router

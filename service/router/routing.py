@@ -15,6 +15,7 @@ from qstate.core.address import PartitionId
 from qstate.core.config import DEFAULTS
 from qstate.core.records.assignment import Assignment, ServerInfo, list_servers, load_assignment
 from qstate.core.records.operator import OperatorSpec, list_specs
+from qstate.core.records.routers import RouterInfo, list_routers
 from qstate.core.records.storage import Storage
 
 __all__ = ["RoutingTable"]
@@ -26,6 +27,7 @@ class RoutingTable:
     def __init__(self, storage: Storage, refresh_s: float = DEFAULTS.routing_refresh_s,
                  min_interval_s: float = DEFAULTS.routing_min_interval_s) -> None:
         self.servers: list[ServerInfo] = []
+        self.routers: list[RouterInfo] = []  # registered: the cluster map's read addresses
         self.storage = storage
         self.refresh_s = refresh_s
         self.min_interval_s = min_interval_s
@@ -42,10 +44,10 @@ class RoutingTable:
         self.on_change: Callable[[], None] | None = None
 
     def _load(self) -> tuple[dict[str, Assignment], dict[tuple[str, str], OperatorSpec],
-                             list[ServerInfo]]:
+                             list[ServerInfo], list[RouterInfo]]:
         specs = {(s.job, s.operator): s for s in list_specs(self.storage)}
         assignments = {job: load_assignment(self.storage, job) for job, _ in specs}
-        return assignments, specs, list_servers(self.storage)
+        return assignments, specs, list_servers(self.storage), list_routers(self.storage)
 
     async def refresh(self, force: bool = False) -> None:
         async with self._lock:
@@ -58,10 +60,18 @@ class RoutingTable:
                 return
             finally:
                 self._loaded_at = time.monotonic()
-            changed = loaded != (self.assignments, self.specs, self.servers)
-            self.assignments, self.specs, self.servers = loaded
+            changed = loaded != (self.assignments, self.specs, self.servers, self.routers)
+            self.assignments, self.specs, self.servers, self.routers = loaded
             if changed and self.on_change is not None:
                 self.on_change()
+
+    def read_at(self) -> dict[str, list[RouterInfo]]:
+        """Server id -> the routers registered on its node, which read its partitions
+        in-process: where the cluster map sends their keys (docs/architecture.md §5)."""
+        by_node: dict[str, list[RouterInfo]] = {}
+        for r in self.routers:
+            by_node.setdefault(r.node, []).append(r)
+        return {s.id: by_node.get(s.hostname, []) for s in self.servers if s.hostname}
 
     async def start(self) -> None:
         await self.refresh(force=True)

@@ -10,7 +10,6 @@ import asyncio
 import logging
 import os
 import signal
-import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import grpc
 
-from qstate.core.config import Settings
+from qstate.core.config import Settings, node_name
 from qstate.core.process.probe import bound_port, probe_app, serve_probe
 from qstate.core.records.assignment import (
     ServerInfo,
@@ -151,7 +150,7 @@ async def serve(o: ShardOptions) -> None:
         reader_address = f"{address.rsplit(':', 1)[0]}:{reader_port}"
         metrics.READER.watch(reader.counts)
     info = ServerInfo(server_id, address, f"{o.host}:{bound_port(probe)}", os.getpid(),
-                      now_ms(), socket.gethostname(), str((o.data_dir / server_id).resolve()),
+                      now_ms(), node_name(cfg), str((o.data_dir / server_id).resolve()),
                       reader_address)
     register_server(storage, info)
     follow = asyncio.create_task(_follow_assignments(partitions, cfg.assignment_poll_s))

@@ -142,6 +142,10 @@ pub fn target_of(path: &str) -> Option<(&str, Option<&str>)> {
     if parts.len() >= 5 && parts[1] == "v1" && ["state", "series", "top", "watch"].contains(&parts[2]) {
         return Some((parts[3], Some(parts[4])));
     }
+    // a job's cluster map: its scope (the map names the operators the token may read)
+    if parts.len() == 4 && parts[1] == "v1" && parts[2] == "cluster" && !parts[3].is_empty() {
+        return Some((parts[3], None));
+    }
     if (parts.len() == 4 || parts.len() == 5)
         && parts[1] == "v1"
         && parts[2] == "jobs"
@@ -197,6 +201,9 @@ mod tests {
         assert_eq!(target_of("/v1/jobs/j/position"), Some(("j", None)));
         assert_eq!(target_of("/v1/jobs/j/other"), None);
         assert_eq!(target_of("/v1/jobs"), None);
+        assert_eq!(target_of("/v1/cluster/j"), Some(("j", None)));
+        assert_eq!(target_of("/v1/cluster"), None, "the whole cluster: scope *");
+        assert_eq!(target_of("/v1/cluster/"), None);
         assert_eq!(target_of("/v1/jobs/"), None);
     }
 

@@ -15,9 +15,24 @@ pub struct Entry {
     pub owners: Vec<Option<Arc<str>>>,
     /// per partition: its followers' addresses
     pub followers: Vec<Vec<Arc<str>>>,
+    /// per partition: its owner as the cluster map names it (None: not named; empty: none
+    /// given), which an answer says (`qstate-owner`) so a client with a stale map learns it
+    pub named: Vec<Option<Named>>,
+}
+
+/// A partition's owner as clients know it (docs/architecture.md §5, cluster map): its server
+/// id, and a router on its node that reads it in-process (None: no router registered there).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Named {
+    pub id: Arc<str>,
+    pub url: Option<Arc<str>>,
 }
 
 impl Entry {
+    pub fn named(&self, partition: u32) -> Option<&Named> {
+        self.named.get(partition as usize)?.as_ref()
+    }
+
     pub fn owner(&self, partition: u32) -> Option<Arc<str>> {
         self.owners.get(partition as usize).cloned().flatten()
     }

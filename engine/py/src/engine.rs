@@ -2,7 +2,7 @@
 //! co-located servers and their ready partitions, client tokens, how to call shards) and asks
 //! the read core for answers: HTTP's (`http`), gRPC's (`grpc`) and hits (`read`).
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::TcpListener;
 use std::os::fd::FromRawFd;
 use std::path::PathBuf;
@@ -29,7 +29,7 @@ use qstate_engine_core::reader::Reader;
 use qstate_engine_core::remote::Callers;
 use qstate_engine_core::settings::{Fault, Settings};
 use qstate_engine_core::spec::OperatorSpec;
-use qstate_engine_core::table::{Entry, Table};
+use qstate_engine_core::table::{self, Entry, Table};
 
 use crate::bridge::{guard, py_err, runtime, spawn, Later};
 
@@ -73,6 +73,10 @@ pub struct Engine {
 }
 
 type Op = (Vec<u8>, Vec<Option<String>>, Vec<Vec<String>>);
+/// (job, operator, per partition the owner's (server id, read URL or ""), None: unassigned)
+type Named = (String, String, Vec<OwnerName>);
+/// A partition's owner as answers name it: (server id, read URL or ""), None: unassigned.
+type OwnerName = Option<(String, String)>;
 
 fn http_tuple(py: Python<'_>, a: http::Answer) -> PyResult<Py<PyAny>> {
     Ok((a.status, a.headers, PyBytes::new(py, &a.body)).into_pyobject(py)?.into_any().unbind())
@@ -146,7 +150,10 @@ impl Engine {
     /// job's 404 may name the jobs served.
     /// `readers`: (a shard server's address, its reader's) for the servers that have one: a
     /// live read of their partitions is asked there (docs/architecture.md §5, cluster reads).
-    #[pyo3(signature = (ops, storage, disclose_jobs, readers=None))]
+    /// `named`: per operator (job, operator, per partition its owner's (server id, the URL of a
+    /// router on its node, "" if none), None where unassigned), which answers name
+    /// (`qstate-owner`, docs/architecture.md §5, cluster map).
+    #[pyo3(signature = (ops, storage, disclose_jobs, readers=None, named=None))]
     fn set_table(
         &self,
         py: Python<'_>,
@@ -154,16 +161,30 @@ impl Engine {
         storage: String,
         disclose_jobs: bool,
         readers: Option<Vec<(String, String)>>,
+        named: Option<Vec<Named>>,
     ) -> PyResult<()> {
         guard(py, Some(&self.core), || {
             let mut t = Table::new(storage, disclose_jobs);
             t.readers = readers.unwrap_or_default().into_iter().collect();
+            let mut named: HashMap<(String, String), Vec<OwnerName>> =
+                named.unwrap_or_default().into_iter().map(|(j, o, n)| ((j, o), n)).collect();
             for (spec, owners, followers) in ops {
                 let spec = OperatorSpec::from_json(&spec).map_err(PyValueError::new_err)?;
+                let names = named.remove(&(spec.job.clone(), spec.operator.clone())).unwrap_or_default();
+                let names = names
+                    .into_iter()
+                    .map(|n| {
+                        n.map(|(id, url)| table::Named {
+                            id: Arc::from(id),
+                            url: (!url.is_empty()).then(|| Arc::from(url)),
+                        })
+                    })
+                    .collect();
                 t.insert(Entry {
                     op: Operator::new(spec),
                     owners: owners.into_iter().map(|o| o.map(Arc::from)).collect(),
                     followers: followers.into_iter().map(|f| f.into_iter().map(Arc::from).collect()).collect(),
+                    named: names,
                 });
             }
             self.core.table.store(Arc::new(t));

@@ -41,7 +41,9 @@ class ServerInfo:
     metrics: str = ""  # host:port of /metrics
     pid: int = 0
     started_ms: int = 0
-    hostname: str = ""  # with data_dir: lets a router on the same host read in-process
+    # its node (QSTATE_NODE, else the hostname), with data_dir: lets a router on the same
+    # node read in-process; the cluster map sends its partitions to a router of that node
+    hostname: str = ""
     data_dir: str = ""
     # host:port of its reader (the engine's, docs/architecture.md §5): where routers ask live
     # reads of its partitions; empty: its own port

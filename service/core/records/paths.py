@@ -3,6 +3,8 @@
 One room for it (docs/architecture.md §3-4). Paths are relative to the storage root::
 
     cluster/servers/{server_id}.json                   shard servers registered
+    cluster/routers/{router_id}.json                   routers registered (the cluster map
+                                                       names them as read addresses)
     cluster/assignments/{job}/{E}.json                 partition owners at the job's epoch E
                                                        (each epoch its own object, created
                                                        only if absent; the newest is in force)
@@ -39,8 +41,8 @@ from qstate.core.errors import CorruptState
 __all__ = [
     "ARROW", "JSON", "assignment", "assignments_dir", "batch_name", "batch_of", "batches",
     "delta", "deltas_dir", "driver_lease", "jobs_dir", "legacy_assignment", "manifest",
-    "manifests_dir", "operator_dir", "plain_name", "plain_path", "savepoint", "savepoint_pending",
-    "savepoints_dir", "server", "servers_dir",
+    "manifests_dir", "operator_dir", "plain_name", "plain_path", "router", "routers_dir",
+    "savepoint", "savepoint_pending", "savepoints_dir", "server", "servers_dir",
     "snapshot", "snapshot_member",
     "snapshots_dir", "spec", "sst_member",
 ]
@@ -93,6 +95,14 @@ def servers_dir() -> str:
 
 def server(server_id: str) -> str:
     return f"{servers_dir()}/{server_id}{JSON}"
+
+
+def routers_dir() -> str:
+    return "cluster/routers"
+
+
+def router(router_id: str) -> str:
+    return f"{routers_dir()}/{router_id}{JSON}"
 
 
 def jobs_dir() -> str:

@@ -11,6 +11,7 @@ from pydantic import BaseModel
 
 from qstate.core.answer import (
     ClusterInfo,
+    ClusterMap,
     JobInfo,
     JobList,
     JobPosition,
@@ -20,7 +21,7 @@ from qstate.core.answer import (
     WindowInfo,
     error_responses,
 )
-from qstate.router.cluster import cluster
+from qstate.router.cluster import cluster, cluster_map
 from qstate.router.http.params import Name
 from qstate.router.position import TOPIC_PATTERN
 from qstate.router.query import OperatorStatus, QueryService
@@ -92,3 +93,12 @@ def add_job_routes(app: FastAPI, query: QueryService) -> None:
     async def describe_cluster() -> Any:
         await query.routing.refresh()
         return json_response(await cluster(query.routing, query.describer))
+
+    @app.get("/v1/cluster/{job}", response_model=ClusterMap, responses=errors,
+             summary="Where each partition of the job is read: its owner and followers, "
+                     "their readiness and the routers on their nodes, at the assignment "
+                     "epoch (what a client caches to ask each key without a hop)")
+    async def describe_cluster_map(request: Request, job: Name) -> Any:
+        ops = await query.describe_job(job)  # the job known (a 404 naming it, else)
+        readable = {s.spec.operator for s in ops if _may_read(request, job, s.spec.operator)}
+        return json_response(await cluster_map(query.routing, query.describer, job, readable))

@@ -13,14 +13,19 @@ from qstate.core import answer
 from qstate.core.answer import (
     BatchAnswer,
     ClusterInfo,
+    ClusterMap,
     ErrorBody,
     JobInfo,
     JobList,
     JobPosition,
     JobSummary,
     OperatorInfo,
+    OperatorMap,
+    PartitionHolder,
+    PartitionOwners,
     PartitionStatus,
     Point,
+    ReadAddress,
     Series,
     ShardStatus,
     StateAnswer,
@@ -48,6 +53,10 @@ OPERATOR_INFO = {"name": "op", "key": "k", "states": [{"name": "n", "type": "lon
 PARTITION = {"job": "j", "operator": "op", "partition": 0, "state": "ready", "last_batch": 5,
              "watermark": 1000, "freshness_s": 2.5}
 SHARD = {"id": "s0", "address": "127.0.0.1:1", "up": True, "partitions": [PARTITION]}
+READ_AT = {"router": "r0", "url": "http://h:8000", "grpc": "h:50051"}
+HOLDER = {"server": "s0", "ready": True, "read_at": [READ_AT]}
+OWNERS = {"partition": 0, "owner": HOLDER, "followers": [HOLDER]}
+OPERATOR_MAP = {"operator": "op", "partitions": 1, "owners": [OWNERS]}
 TOP_ANSWER = {"job": "j", "operator": "op", "state": "n", "window": {"start": 0, "end": 60_000},
               "order": "desc", "batch": 5, "watermark": 1000,
               "entries": [{"key": "k", "value": 3}, {"key": "a", "value": 2.5}]}
@@ -65,6 +74,11 @@ VALID: dict[type[BaseModel], dict[str, Any]] = {
     PartitionStatus: PARTITION,
     ShardStatus: SHARD,
     ClusterInfo: {"now": 3500, "shards": [SHARD], "unassigned": []},
+    ReadAddress: READ_AT,
+    PartitionHolder: HOLDER,
+    PartitionOwners: OWNERS,
+    OperatorMap: OPERATOR_MAP,
+    ClusterMap: {"job": "j", "epoch": 2, "operators": [OPERATOR_MAP]},
     Point: {"time": 1767225600000, "value": 17},
     WindowSpan: {"start": 0, "end": 60_000},
     JobPosition: {"job": "j", "topic": "t", "partition": 1, "offset": 5, "batch": 3,

@@ -56,7 +56,7 @@ def world(tmp_path: Path):
     engine = Engine(str(tmp_path / "scratch"), 8 << 20, engine_settings(DEFAULTS))
     engine.set_table([(SPEC.to_json(), [ADDRESS] * SPEC.partitions, [[]] * SPEC.partitions)],
                      str(tmp_path), True)
-    reader = LocalReader(engine)
+    reader = LocalReader(engine, socket.gethostname())
     reader.set_servers([ServerInfo("s", ADDRESS, "", os.getpid(), 0, socket.gethostname(),
                                    str(server_dir))])
     reader.set_ready(ADDRESS, {PID})

@@ -142,7 +142,7 @@ impl tower_service::Service<Request<Body>> for Svc {
             inner.engine.metrics.grpc(method.name(), code, t0.elapsed().as_secs_f64());
             drop(slot);
             Ok(match got {
-                Ok(bytes) => answered(bytes),
+                Ok((bytes, named)) => answered(bytes, &named),
                 Err(Refused::Read(f)) => status(&f).into_http(),
                 Err(Refused::Call(s)) => s.into_http(),
             })
@@ -212,13 +212,20 @@ async fn message(engine: &Engine, body: Body) -> Result<Bytes, Refused> {
     Ok(buf.freeze().slice(5..))
 }
 
-async fn read_call(engine: &Arc<Engine>, method: Method, req: Request<Body>) -> Result<Vec<u8>, Refused> {
+/// A read's answer bytes and the trailing metadata naming its owner (`Outcome::owner_headers`).
+async fn read_call(
+    engine: &Arc<Engine>,
+    method: Method,
+    req: Request<Body>,
+) -> Result<(Vec<u8>, Vec<(&'static str, String)>), Refused> {
     // the last one, as grpc.aio's metadata read it (`qstate.router.auth.GrpcAuth`)
     let auth = req.headers().get_all("authorization").iter().next_back().map(|v| v.as_bytes().to_vec());
     let raw = message(engine, req.into_body()).await?;
     let book = engine.book.load_full();
     let ask = grpc::ask(method, &raw, book.as_deref(), auth.as_deref()).map_err(Refused::Read)?;
-    grpc::answer(method, read::answer(engine, ask).await).map_err(Refused::Read)
+    let read = read::answer(engine, ask).await;
+    let named = read.as_ref().map(read::Outcome::owner_headers).unwrap_or_default();
+    grpc::answer(method, read).map(|b| (b, named)).map_err(Refused::Read)
 }
 
 fn grpc_headers() -> HeaderMap {
@@ -227,14 +234,19 @@ fn grpc_headers() -> HeaderMap {
     h
 }
 
-/// An answer: its message, then the trailers that say OK.
-fn answered(bytes: Vec<u8>) -> Response<Body> {
+/// An answer: its message, then the trailers that say OK (and `named`: its owner).
+fn answered(bytes: Vec<u8>, named: &[(&'static str, String)]) -> Response<Body> {
     let mut framed = BytesMut::with_capacity(5 + bytes.len());
     framed.put_u8(0);
     framed.put_u32(bytes.len() as u32);
     framed.extend_from_slice(&bytes);
     let mut trailers = HeaderMap::new();
     trailers.insert("grpc-status", HeaderValue::from_static("0"));
+    for (k, v) in named {
+        if let Ok(v) = HeaderValue::from_str(v) {
+            trailers.insert(*k, v);
+        }
+    }
     let frames = [Ok::<_, tonic::Status>(Frame::data(framed.freeze())), Ok(Frame::trailers(trailers))];
     let mut r = Response::new(Body::new(StreamBody::new(futures::stream::iter(frames))));
     *r.headers_mut() = grpc_headers();

@@ -259,6 +259,7 @@ pub fn answer(route: Route, read: Result<Outcome, Failure>) -> Answer {
         Err(f) => return Answer::of_failure(&f),
     };
     let spec = &o.entry.op.spec;
+    let owner = o.owner_headers();
     let ok = |body, headers| Answer { status: 200, headers, body };
     match route {
         Route::Point | Route::Series => {
@@ -268,7 +269,7 @@ pub fn answer(route: Route, read: Result<Outcome, Failure>) -> Answer {
                 return ok(json::series(h), next);
             }
             if !h.found {
-                return Answer::of_failure(&Failure::absent(
+                let mut a = Answer::of_failure(&Failure::absent(
                     key,
                     &spec.job,
                     &spec.operator,
@@ -276,12 +277,14 @@ pub fn answer(route: Route, read: Result<Outcome, Failure>) -> Answer {
                     h.batch,
                     h.watermark_ms,
                 ));
+                a.headers.extend(owner);
+                return a;
             }
             let mut out = Vec::with_capacity(256);
             json::push_answer(&mut out, &spec.job, &spec.operator, state, key, h);
-            ok(out, Vec::new())
+            ok(out, owner)
         }
-        Route::Batch | Route::States => ok(json::results(&spec.job, &spec.operator, o.by_key()), Vec::new()),
+        Route::Batch | Route::States => ok(json::results(&spec.job, &spec.operator, o.by_key()), owner),
     }
 }
 

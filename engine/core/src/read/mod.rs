@@ -21,12 +21,17 @@ pub mod wait;
 
 use std::sync::Arc;
 
+use crate::address::partition_of;
 use crate::engine::Engine;
 use crate::errors::Failure;
 use crate::partition::read::Window;
-use crate::table::Entry;
+use crate::table::{Entry, Named};
 
 pub use ask::{Ask, Read};
+
+/// The headers (and gRPC trailing metadata) that name a read's owner (`Outcome::owner`).
+pub const OWNER: &str = "qstate-owner";
+pub const OWNER_URL: &str = "qstate-owner-url";
 
 /// One key's answer in one state, as of one batch.
 #[derive(Clone, Debug, PartialEq)]
@@ -51,6 +56,27 @@ pub struct Outcome {
 impl Outcome {
     pub fn state_name(&self, i: usize) -> &str {
         self.entry.op.spec.states.get_index(self.states[i]).expect("a state of the spec").0
+    }
+
+    /// The owner of every key read, as the cluster map names it (None: keys of several
+    /// owners, or one not named): the answer says it (`qstate-owner`), so a client whose map
+    /// is stale learns where to ask (docs/architecture.md §5, cluster map).
+    pub fn owner(&self) -> Option<&Named> {
+        let parts = self.entry.op.spec.partitions;
+        let mut named = self.keys.iter().map(|k| self.entry.named(partition_of(k, parts)));
+        let first = named.next()??;
+        named.all(|n| n.is_some_and(|n| n.id == first.id)).then_some(first)
+    }
+
+    /// `owner` as an answer's headers (HTTP) or trailing metadata (gRPC): `qstate-owner` (its
+    /// server id) and `qstate-owner-url` (a router on its node); none when `owner` is None.
+    pub fn owner_headers(&self) -> Vec<(&'static str, String)> {
+        let Some(n) = self.owner() else { return Vec::new() };
+        let mut h = vec![(OWNER, n.id.to_string())];
+        if let Some(url) = &n.url {
+            h.push((OWNER_URL, url.to_string()));
+        }
+        h
     }
 
     /// Key by key, each key's states in the order asked: (state, key, hit).

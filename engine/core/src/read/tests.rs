@@ -74,6 +74,7 @@ impl World {
                 op: Operator::new(spec()),
                 owners: vec![Some(Arc::from(OWNER))],
                 followers: vec![vec![]],
+                named: vec![],
             });
         }
         self.engine.table.store(Arc::new(t));
@@ -220,6 +221,7 @@ fn an_operator_the_table_does_not_know_is_asked_of_the_control_plane_once() {
                 op: Operator::new(spec()),
                 owners: vec![Some(Arc::from(OWNER))],
                 followers: vec![vec![]],
+                named: vec![],
             });
             e.table.store(Arc::new(t));
             e.refreshed();
