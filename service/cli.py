@@ -707,7 +707,7 @@ def state_rescale(
 # that needs one of them says so on a client-only install (`pip install qstate`), where
 # --help, get, top and watch work (docs/architecture.md §10).
 SERVER_MODULES = frozenset({
-    "orjson", "pyspark", "pyarrow", "pandas", "numpy", "confluent_kafka", "rocksdict", "xxhash",
+    "orjson", "pyspark", "pyarrow", "pandas", "numpy", "confluent_kafka", "rocksdict",
     "fastapi", "starlette", "sse_starlette", "uvicorn", "grpc_tools", "prometheus_client",
     "datasketches", "cryptography", "psutil", "grpc_health", "grpc_reflection", "qstate_engine"})
 NEEDS_SERVER = 2  # the exit code of a command the install lacks (qstate.exit_codes)

@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ENGINE = ROOT / "engine" / "py"  # the PyO3 face, built by maturin as qstate-engine
 FOLDERS = {"service": "qstate", "jobs": "qstate/jobs", "proto": "qstate/proto"}
 SERVER_ONLY = ("pyspark", "rocksdict", "confluent_kafka", "pyarrow", "pandas", "fastapi",
-               "uvicorn", "xxhash", "datasketches", "orjson", "qstate_engine",
+               "uvicorn", "datasketches", "orjson", "qstate_engine",
                "feast")  # qstate[feast]'s (qstate.feast), never the client's
 OURS = ("qstate", "qstate-engine")  # installed from the wheels, never borrowed
 READER_COMMANDS = ("get", "top", "watch")  # what a client-only install's `qstate` runs

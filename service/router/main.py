@@ -173,7 +173,11 @@ async def serve(o: RouterOptions, scratch: Path | None = None) -> None:
     # full collection does not walk it while requests wait (docs/architecture.md §8)
     gc.freeze()
     me = registration(o)
-    await asyncio.to_thread(register_router, routing.storage, me)
+    try:
+        await asyncio.to_thread(register_router, routing.storage, me)
+    except Exception as exc:  # a hint for clients' maps: the router serves without it
+        log.warning("could not register router %s in storage (clients' cluster maps will "
+                    "not name it): %s", me.id, exc)
     scheme = "https" if cfg.tls_cert else "http"
     jobs = ",".join(sorted({j for j, _ in routing.specs})) or \
         "none yet (a job registers its operators in storage when it starts)"
