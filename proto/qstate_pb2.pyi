@@ -243,3 +243,53 @@ class JobInfo(_message.Message):
     name: str
     operators: _containers.RepeatedCompositeFieldContainer[OperatorInfo]
     def __init__(self, name: _Optional[str] = ..., operators: _Optional[_Iterable[_Union[OperatorInfo, _Mapping]]] = ...) -> None: ...
+
+class ReadAddress(_message.Message):
+    __slots__ = ("router", "url", "grpc")
+    ROUTER_FIELD_NUMBER: _ClassVar[int]
+    URL_FIELD_NUMBER: _ClassVar[int]
+    GRPC_FIELD_NUMBER: _ClassVar[int]
+    router: str
+    url: str
+    grpc: str
+    def __init__(self, router: _Optional[str] = ..., url: _Optional[str] = ..., grpc: _Optional[str] = ...) -> None: ...
+
+class PartitionHolder(_message.Message):
+    __slots__ = ("server", "ready", "read_at")
+    SERVER_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
+    READ_AT_FIELD_NUMBER: _ClassVar[int]
+    server: str
+    ready: bool
+    read_at: _containers.RepeatedCompositeFieldContainer[ReadAddress]
+    def __init__(self, server: _Optional[str] = ..., ready: _Optional[bool] = ..., read_at: _Optional[_Iterable[_Union[ReadAddress, _Mapping]]] = ...) -> None: ...
+
+class PartitionOwners(_message.Message):
+    __slots__ = ("partition", "owner", "followers")
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    FOLLOWERS_FIELD_NUMBER: _ClassVar[int]
+    partition: int
+    owner: PartitionHolder
+    followers: _containers.RepeatedCompositeFieldContainer[PartitionHolder]
+    def __init__(self, partition: _Optional[int] = ..., owner: _Optional[_Union[PartitionHolder, _Mapping]] = ..., followers: _Optional[_Iterable[_Union[PartitionHolder, _Mapping]]] = ...) -> None: ...
+
+class OperatorMap(_message.Message):
+    __slots__ = ("operator", "partitions", "owners")
+    OPERATOR_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    OWNERS_FIELD_NUMBER: _ClassVar[int]
+    operator: str
+    partitions: int
+    owners: _containers.RepeatedCompositeFieldContainer[PartitionOwners]
+    def __init__(self, operator: _Optional[str] = ..., partitions: _Optional[int] = ..., owners: _Optional[_Iterable[_Union[PartitionOwners, _Mapping]]] = ...) -> None: ...
+
+class ClusterMap(_message.Message):
+    __slots__ = ("job", "epoch", "operators")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    OPERATORS_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    epoch: int
+    operators: _containers.RepeatedCompositeFieldContainer[OperatorMap]
+    def __init__(self, job: _Optional[str] = ..., epoch: _Optional[int] = ..., operators: _Optional[_Iterable[_Union[OperatorMap, _Mapping]]] = ...) -> None: ...

@@ -64,6 +64,11 @@ class QueryableStateStub:
                 request_serializer=qstate_dot_proto_dot_qstate__pb2.DescribeJobRequest.SerializeToString,
                 response_deserializer=qstate_dot_proto_dot_qstate__pb2.JobInfo.FromString,
                 _registered_method=True)
+        self.DescribeClusterMap = channel.unary_unary(
+                '/qstate.v1.QueryableState/DescribeClusterMap',
+                request_serializer=qstate_dot_proto_dot_qstate__pb2.DescribeJobRequest.SerializeToString,
+                response_deserializer=qstate_dot_proto_dot_qstate__pb2.ClusterMap.FromString,
+                _registered_method=True)
 
 
 class QueryableStateServicer:
@@ -123,6 +128,18 @@ class QueryableStateServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DescribeClusterMap(self, request, context):
+        """Where each partition of a job is read (GET /v1/cluster/{job}): its owner and followers,
+        whether each is ready, the routers on each one's node, at the job's assignment epoch. A
+        client caches it to send each key (each batch split by owner) to a router on its
+        owner's node, which reads it without a hop. A hint, not the authority: any router
+        answers any key and names its owner in the "qstate-owner" trailer, so a stale map costs
+        a hop, never a wrong answer. Only the operators the token may read.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_QueryableStateServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -155,6 +172,11 @@ def add_QueryableStateServicer_to_server(servicer, server):
                     servicer.DescribeJob,
                     request_deserializer=qstate_dot_proto_dot_qstate__pb2.DescribeJobRequest.FromString,
                     response_serializer=qstate_dot_proto_dot_qstate__pb2.JobInfo.SerializeToString,
+            ),
+            'DescribeClusterMap': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeClusterMap,
+                    request_deserializer=qstate_dot_proto_dot_qstate__pb2.DescribeJobRequest.FromString,
+                    response_serializer=qstate_dot_proto_dot_qstate__pb2.ClusterMap.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -319,6 +341,33 @@ class QueryableState:
             '/qstate.v1.QueryableState/DescribeJob',
             qstate_dot_proto_dot_qstate__pb2.DescribeJobRequest.SerializeToString,
             qstate_dot_proto_dot_qstate__pb2.JobInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeClusterMap(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/qstate.v1.QueryableState/DescribeClusterMap',
+            qstate_dot_proto_dot_qstate__pb2.DescribeJobRequest.SerializeToString,
+            qstate_dot_proto_dot_qstate__pb2.ClusterMap.FromString,
             options,
             channel_credentials,
             insecure,

@@ -260,9 +260,11 @@ def _failed(exc: QStateError) -> typer.Exit:
     return typer.Exit(exit_code(exc))
 
 
-def _ask(url: str, ca: str, token: str, token_file: str, question: Any) -> Any:
-    """``question(client)`` of the router at ``url``; a failure leaves with its code of
-    ``qstate.exit_codes``, the same as the Node client's."""
+def _ask(url: str, ca: str, token: str, token_file: str, question: Any,
+         direct: bool = False) -> Any:
+    """``question(client)`` of the router at ``url`` (``direct``: of the routers its
+    cluster map names, for keys); a failure leaves with its code of ``qstate.exit_codes``,
+    the same as the Node client's."""
     import httpx
 
     from qstate.client import Client
@@ -271,7 +273,7 @@ def _ask(url: str, ca: str, token: str, token_file: str, question: Any) -> Any:
 
     try:
         with Client(url, ca=ca or None, token=token or None, token_file=token_file or None,
-                    insecure_token=S.allow_insecure) as c:
+                    insecure_token=S.allow_insecure, direct=direct) as c:
             return question(c)
     except QStateError as exc:
         raise _failed(exc) from None
@@ -293,6 +295,7 @@ def get(
     ca: Annotated[str, option("tls_ca", "--ca")] = S.tls_ca,
     token: Annotated[str, option("token", "--token", show_default=False)] = S.token,
     token_file: Annotated[str, option("token_file", "--token-file")] = S.token_file,
+    direct: Annotated[bool, option("client_direct", "--direct/--no-direct")] = S.client_direct,
 ) -> None:
     """Print one key's latest window (or windows in --from/--to) as JSON, live or as of a
     --savepoint.
@@ -301,7 +304,7 @@ def get(
     """
     v = _ask(url, ca, token, token_file,
              lambda c: c.get(job, operator, state, key, from_=from_, to=to,
-                             savepoint=savepoint))
+                             savepoint=savepoint), direct)
     typer.echo(v.model_dump_json(indent=2))
 
 

@@ -24,6 +24,10 @@
 // $QSTATE_TLS_CA), the CA bundle that signed the router's certificate; plain text without it
 // (watch: an https:// URL, verified with --ca, else the system's CAs).
 // Read your writes: --min-batch N answers as of batch N or a later one.
+// --direct (else $QSTATE_CLIENT_DIRECT=true; get, multiget): on a cluster, each key asked at a
+// router on its owner's node, as the job's cluster map (DescribeClusterMap) names it, keys
+// split by owner; a router of the map that cannot be reached, or that the token may not go
+// to in plain text, is replaced by --addr, which forwards the keys.
 // --savepoint NAME (get, multiget, top): as of that savepoint of the job (qstate savepoint
 // create).
 // Token: --token (else $QSTATE_TOKEN, else the content of --token-file or $QSTATE_TOKEN_FILE),
@@ -46,6 +50,7 @@ import { parseArgs } from "node:util";
 import grpc from "@grpc/grpc-js";
 import protoLoader from "@grpc/proto-loader";
 import { createParser } from "eventsource-parser";
+import xxhash from "xxhash-wasm";
 
 const PROTO = fileURLToPath(new URL("../../proto/qstate.proto", import.meta.url));
 // a copy of service/exit_codes.py's table (tests/clients check that they agree)
@@ -55,14 +60,17 @@ const EXIT = { NOT_FOUND: 1, INVALID_ARGUMENT: 2, USAGE: 2, UNAVAILABLE: 3,
 // silent for longer than this is gone. Reconnect backoff as the Python client's Client.watch.
 const WATCH_IDLE_MS = 45_000;
 const BACKOFF_MS = 200;
+// a key's partition: pmod(xxhash64(utf8(key), seed 42), partitions) on the signed hash, as
+// the job partitions it (proto/qstate.proto, OperatorMap)
+const SEED = 42n;
 const MAX_BACKOFF_MS = 5_000;
 // the gRPC name of an HTTP error status (the router's errors map one to one, docs: errors)
 const HTTP_CODE = { 400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED",
   404: "NOT_FOUND", 409: "ABORTED", 413: "INVALID_ARGUMENT", 429: "RESOURCE_EXHAUSTED",
   500: "INTERNAL", 503: "UNAVAILABLE" };
 
-const USAGE = "usage: query.mjs get JOB OPERATOR STATE KEY [--from MS --to MS] [--savepoint NAME] [--addr HOST:PORT] [--ca FILE] [--token T | --token-file F] [--allow-insecure]\n" +
-  "       query.mjs multiget JOB OPERATOR STATE KEY... [--from MS --to MS] [--savepoint NAME] [--addr HOST:PORT]\n" +
+const USAGE = "usage: query.mjs get JOB OPERATOR STATE KEY [--from MS --to MS] [--savepoint NAME] [--addr HOST:PORT] [--direct] [--ca FILE] [--token T | --token-file F] [--allow-insecure]\n" +
+  "       query.mjs multiget JOB OPERATOR STATE KEY... [--from MS --to MS] [--savepoint NAME] [--addr HOST:PORT] [--direct]\n" +
   "       query.mjs top JOB OPERATOR STATE [--n N] [--asc] [--window MS] [--savepoint NAME] [--addr HOST:PORT]\n" +
   "       query.mjs watch JOB OPERATOR STATE KEY... | --top N [--asc] [--from-batch B] [--max-events N] [--max-reconnects N] [--url URL]";
 
@@ -83,7 +91,7 @@ try {
                asc: { type: "boolean" }, window: { type: "string" }, top: { type: "string" },
                "from-batch": { type: "string" }, "max-events": { type: "string" },
                "max-reconnects": { type: "string" },
-               url: { type: "string" } },
+               url: { type: "string" }, direct: { type: "boolean" } },
   });
 } catch (e) {
   usage(e.message);
@@ -108,6 +116,7 @@ if (cmd === "watch") {
     usage(`not a count of reconnections: ${opts["max-reconnects"]}`);
   }
   if (opts.addr !== undefined) usage("watch speaks HTTP: give the router's --url, not --addr");
+  if (opts.direct) usage("--direct goes with get and multiget");
 }
 if (opts.n !== undefined && !/^\d+$/.test(opts.n)) usage(`not a count: ${opts.n}`);
 if (opts.window !== undefined && !/^-?\d+$/.test(opts.window)) {
@@ -122,6 +131,7 @@ if (opts["min-batch"] !== undefined && !/^\d+$/.test(opts["min-batch"])) {
 }
 
 const addr = opts.addr ?? process.env.QSTATE_GRPC ?? "127.0.0.1:50051";
+const direct = opts.direct || (cmd !== "watch" && process.env.QSTATE_CLIENT_DIRECT === "true");
 const ca = opts.ca ?? process.env.QSTATE_TLS_CA;
 let url;
 if (cmd === "watch") {
@@ -169,6 +179,7 @@ const pkg = grpc.loadPackageDefinition(protoLoader.loadSync(PROTO, {
 }));
 const creds = ca ? grpc.credentials.createSsl(readFileSync(ca)) : grpc.credentials.createInsecure();
 const client = new pkg.qstate.v1.QueryableState(addr, creds);
+const peers = new Map();  // --direct: the routers of the cluster map asked, by address
 const metadata = new grpc.Metadata();
 if (token) metadata.set("authorization", `Bearer ${token}`);
 
@@ -190,19 +201,83 @@ const [method, request] = cmd === "get"
   : cmd === "top" ? ["Top", { job, operator, state, ...top }]
   : ["MultiGet", { job, operator, state, keys, ...range }];
 
-client[method](request, metadata, { deadline: Date.now() + 10_000 }, (err, response) => {
-  client.close();
-  if (err) {
-    const name = grpc.status[err.code] ?? String(err.code);
-    const retry = err.metadata?.get("retry-after-ms")?.[0];
-    console.error(`${name}: ${err.details}${retry ? ` (retry after ${retry} ms)` : ""}`);
-    // UNAVAILABLE from the channel itself (nothing answers at --addr), not from the router
-    const unreachable = err.code === grpc.status.UNAVAILABLE &&
-      /No connection established|ECONNREFUSED|ENOTFOUND|EHOSTUNREACH/.test(err.details ?? "");
-    process.exit(unreachable ? EXIT.UNREACHABLE : EXIT[name] ?? EXIT.OTHER);
-  }
+const deadline = Date.now() + 10_000;
+try {
+  const response = direct && cmd !== "top" ? await askOwners() : await ask(client, method, request);
   console.log(JSON.stringify(response, null, 2));
-});
+} catch (err) {
+  const name = grpc.status[err.code] ?? String(err.code);
+  const retry = err.metadata?.get("retry-after-ms")?.[0];
+  console.error(`${name}: ${err.details}${retry ? ` (retry after ${retry} ms)` : ""}`);
+  process.exit(unreachable(err) ? EXIT.UNREACHABLE : EXIT[name] ?? EXIT.OTHER);
+} finally {
+  for (const c of [client, ...peers.values()]) c.close();
+}
+
+function ask(c, m, req) {
+  return new Promise((resolve, reject) => c[m](req, metadata, { deadline },
+    (err, response) => (err ? reject(err) : resolve(response))));
+}
+
+// UNAVAILABLE from the channel itself (nothing answers at the address), not from a router
+function unreachable(err) {
+  return err.code === grpc.status.UNAVAILABLE &&
+    /No connection established|ECONNREFUSED|ENOTFOUND|EHOSTUNREACH/.test(err.details ?? "");
+}
+
+// --direct: each key asked at a router on its owner's node, as the job's cluster map names
+// it (DescribeClusterMap; docs/querying.md), which reads it in-process: no hop. The map is a
+// hint: any router answers any key, so a key the map does not place, a router the token
+// may not go to in plain text, or one that cannot be reached, is asked at --addr, which
+// forwards it.
+async function askOwners() {
+  let map;
+  try {
+    map = await ask(client, "DescribeClusterMap", { job });
+  } catch {
+    map = undefined;  // none to follow (an older router, an unknown job): --addr answers
+  }
+  const op = map?.operators.find((o) => o.operator === operator);
+  const groups = new Map();  // address -> indices of keys
+  const { h64 } = op ? await xxhash() : {};
+  keys.forEach((k, i) => {
+    let at = addr;
+    if (op) {
+      const p = Number(((BigInt.asIntN(64, h64(k, SEED)) % BigInt(op.partitions)) +
+        BigInt(op.partitions)) % BigInt(op.partitions));
+      const there = op.owners[p]?.owner?.read_at?.[0]?.grpc;
+      if (there && mayAsk(there)) at = there;
+    }
+    groups.set(at, [...(groups.get(at) ?? []), i]);
+  });
+  const answers = await Promise.all([...groups].map(async ([at, which]) => {
+    const req = { ...request, ...(cmd === "get" ? {} : { keys: which.map((i) => keys[i]) }) };
+    try {
+      return [which, await ask(peer(at), method, req)];
+    } catch (err) {
+      if (at === addr || !unreachable(err)) throw err;
+      console.error(`router ${at} of the cluster map cannot be reached; asking ${addr}`);
+      return [which, await ask(client, method, req)];
+    }
+  }));
+  if (cmd === "get") return answers[0][1];
+  const results = new Array(keys.length);
+  for (const [which, got] of answers) which.forEach((i, j) => { results[i] = got.results[j]; });
+  return { results };
+}
+
+// the token goes to a router of the map under --addr's rule: TLS, loopback or --allow-insecure
+function mayAsk(at) {
+  const h = at.replace(/:\d+$/, "").replace(/^\[|\]$/g, "");
+  const loop = h === "localhost" || h === "::1" || /^127\.\d+\.\d+\.\d+$/.test(h);
+  return !token || !plainText || loop || insecureOk;
+}
+
+function peer(at) {
+  if (at === addr) return client;
+  if (!peers.has(at)) peers.set(at, new pkg.qstate.v1.QueryableState(at, creds));
+  return peers.get(at);
+}
 
 // --- watch: Server-Sent Events over HTTP(S) ------------------------------------------------
 

@@ -243,13 +243,15 @@ class Settings(BaseSettings):
     router_url: str = Field("http://127.0.0.1:8000", description="Where `qstate get`, "
                             "`qstate top`, `qstate watch` and the Python client ask.")
     client_direct: bool = Field(
-        False, description="Python client and `qstate get`: ask each key (each batch split by "
-        "owner) at a router on its owner's node, which the job's cluster map names "
-        "(GET /v1/cluster/{job}, cached), instead of at router_url, which forwards it (a "
-        "hop on a cluster). A stale map costs a hop, never a wrong answer.")
+        False, description="Python client, `qstate get --direct` and the Feast store: ask "
+        "each key (each batch split by owner) at a router on its owner's node, which the "
+        "job's cluster map names (GET /v1/cluster/{job}, cached), instead of at router_url, "
+        "which forwards it (a hop on a cluster). A stale map costs a hop, never a wrong "
+        "answer.")
     client_map_ttl_s: float = Field(
-        30.0, gt=0, description="Python client with client_direct: the longest it keeps a "
-        "job's cluster map (it is re-read sooner when an answer names another owner).")
+        30.0, gt=0, description="Python client and Feast store with client_direct: the "
+        "longest they keep a job's cluster map (it is re-read sooner when an answer names "
+        "another owner).")
 
     # ---- security ---------------------------------------------------------------------
     tls_cert: str = Field(

@@ -23,12 +23,14 @@ from urllib.parse import urlsplit
 import httptools
 
 from qstate.core.errors import InvalidRequest
+from qstate.core.transport.cluster_map import OWNER as OWNER_HEADER
 
 __all__ = ["Answer", "Closed", "Connections"]
 
 # read into one buffer per connection: socket.recv(n) allocates n bytes a call, 2 µs at
 # 64 KiB and 13-17 µs at 256 KiB here (a 100-key answer of two states is ~40 KB)
 RECV_BYTES = 64 * 1024
+OWNER = OWNER_HEADER.encode("latin-1")
 
 
 class Closed(ConnectionError):
@@ -42,6 +44,7 @@ class Answer:
     status: int
     body: bytes
     retry_after: str | None
+    owner: str | None = None  # qstate-owner: the server that owns the keys read, when one does
 
 
 class _Connection:
@@ -63,12 +66,16 @@ class _Connection:
         self._buf = memoryview(bytearray(RECV_BYTES))
         self._body: list[bytes] = []
         self._retry_after: str | None = None
+        self._owner: str | None = None
         self._done = self._alive = False
 
     # httptools' callbacks, by name
     def on_header(self, name: bytes, value: bytes) -> None:
-        if name.lower() == b"retry-after":
+        name = name.lower()
+        if name == b"retry-after":
             self._retry_after = value.decode("latin-1")
+        elif name == OWNER:
+            self._owner = value.decode("latin-1")
 
     def on_body(self, body: bytes) -> None:
         self._body.append(body)
@@ -79,14 +86,15 @@ class _Connection:
 
     def exchange(self, request: bytes) -> tuple[Answer, bool]:
         """Sends ``request``, reads its answer; and whether the connection may be kept."""
-        self._body, self._retry_after, self._done = [], None, False
+        self._body, self._retry_after, self._owner, self._done = [], None, None, False
         self.sock.sendall(request)
         while not self._done:
             n = self.sock.recv_into(self._buf)
             if not n:
                 raise Closed("the router closed the connection before its answer ended")
             self.parser.feed_data(self._buf[:n])
-        answer = Answer(self.parser.get_status_code(), b"".join(self._body), self._retry_after)
+        answer = Answer(self.parser.get_status_code(), b"".join(self._body), self._retry_after,
+                        self._owner)
         return answer, self._alive
 
     def close(self) -> None:

@@ -16,6 +16,7 @@ import logging
 import threading
 from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -62,6 +63,9 @@ class QStateOnlineStoreConfig(FeastConfigBaseModel):
                                    "batch read (the router's QSTATE_MAX_BATCH_KEYS)")
     max_rounds: int = Field(8, ge=1, description="Reads of one call before giving up on "
                             "answering it at one batch")
+    direct: bool | None = Field(None, description="Ask each key at a router on its owner's "
+                                "node, as the job's cluster map names it (None: "
+                                "QSTATE_CLIENT_DIRECT)")
     feature_views: dict[StrictStr, ViewSource] = Field(
         default_factory=dict, description="Feature view name -> where it lives")
 
@@ -74,6 +78,12 @@ class QStateOnlineStoreConfig(FeastConfigBaseModel):
 
     def router(self) -> str:
         return self.url or settings().router_url
+
+    def wire(self) -> Wire:
+        s = settings()
+        return Wire(self.url, self.timeout_s, self.retries, self.ca, self.token,
+                    self.token_file, direct=s.client_direct if self.direct is None
+                    else self.direct, map_ttl_s=s.client_map_ttl_s)
 
 
 def _cfg(config: RepoConfig) -> QStateOnlineStoreConfig:
@@ -103,27 +113,45 @@ def _range(ask: Ask) -> dict[str, Any]:
     return {"from_": ask.start, "to": ask.start + 1, "min_batch": ask.min_batch}
 
 
-def _chunks(keys: Sequence[str], cap: int) -> list[list[str]]:
-    return [list(keys[i:i + cap]) for i in range(0, len(keys), cap)]
+def _chunks(which: Sequence[int], cap: int) -> list[list[int]]:
+    return [list(which[i:i + cap]) for i in range(0, len(which), cap)]
 
 
-Call = tuple[int, Ask, list[str]]  # (the ask's index, the ask, one chunk of its keys)
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One request of a round: keys ``which`` (indices into the ask's keys) of ask ``ask``
+    (the round's ``index``-th), asked at the router ``at`` (None: the store's)."""
+
+    index: int
+    ask: Ask
+    which: list[int]
+    at: str | None = None
+
+    @property
+    def keys(self) -> list[str]:
+        return [self.ask.keys[i] for i in self.which]
 
 
-def _calls(asks: list[Ask], cap: int) -> list[Call]:
-    """A round's requests: each ask's keys in chunks of at most ``cap`` answers (keys ×
-    states)."""
-    return [(i, a, chunk) for i, a in enumerate(asks)
-            for chunk in _chunks(a.keys, max(1, cap // len(a.states)))]
+def _calls(asks: list[Ask], cap: int, wire: Wire) -> list[Call]:
+    """A round's requests: each ask's keys by the router they are asked at (``wire.split``:
+    one group, the store's router, unless ``direct``), in chunks of at most ``cap`` answers
+    (keys × states)."""
+    return [Call(i, a, chunk, at) for i, a in enumerate(asks)
+            for at, which in wire.split(a.job, a.operator, a.keys).items()
+            for chunk in _chunks(which, max(1, cap // len(a.states)))]
 
 
 def _regroup(asks: list[Ask], calls: list[Call], got: list[list[StateValues]]
              ) -> list[list[StateValues]]:
-    """The requests' answers (in the order of ``calls``) as one list per ask, keys in order."""
-    out: list[list[StateValues]] = [[] for _ in asks]
-    for (i, _, _), answers in zip(calls, got, strict=True):
-        out[i].extend(answers)
-    return out
+    """The requests' answers (in the order of ``calls``) as one list per ask, keys in the
+    ask's order, each key's states in order."""
+    out: list[list[StateValues | None]] = [[None] * (len(a.keys) * len(a.states))
+                                           for a in asks]
+    for c, answers in zip(calls, got, strict=True):
+        width = len(c.ask.states)
+        for j, key in enumerate(c.which):
+            out[c.index][key * width:(key + 1) * width] = answers[j * width:(j + 1) * width]
+    return [[a for a in answers if a is not None] for answers in out]
 
 
 def _drive(gen: Generator[list[Ask], list[list[StateValues]], list[list[Row]]],
@@ -163,8 +191,7 @@ class QStateOnlineStore(OnlineStore):
         with self._lock:  # feast serve's sync path reads from a thread pool
             if self._client is None or self._wire is None or self._pool is None:
                 self._client = Client(**cfg.client_args())
-                self._wire = Wire(cfg.url, cfg.timeout_s, cfg.retries, cfg.ca, cfg.token,
-                                  cfg.token_file)
+                self._wire = cfg.wire()
                 self._pool = ThreadPoolExecutor(4, thread_name_prefix="qstate-feast")
             return self._client, self._wire, self._pool
 
@@ -178,14 +205,15 @@ class QStateOnlineStore(OnlineStore):
             for job in self._undescribed(views):
                 self._learn(client.describe(job))
 
-            def one(call: Call) -> list[StateValues]:
-                _, a, chunk = call
-                return wire.multi_get_states(a.job, a.operator, a.states, chunk, **_range(a))
+            def one(c: Call) -> list[StateValues]:
+                a = c.ask
+                return wire.multi_get_states(a.job, a.operator, a.states, c.keys, at=c.at,
+                                             **_range(a))
 
             def fetch(asks: list[Ask]) -> list[list[StateValues]]:
                 # a round's requests at once (one per operator and window, and per chunk):
                 # all but the first on the pool, the first here; answers in the order asked
-                calls = _calls(asks, cap)
+                calls = _calls(asks, cap, wire)
                 if len(calls) == 1:  # the usual round: one ask, one chunk
                     return [one(calls[0])]
                 later = [pool.submit(one, c) for c in calls[1:]]

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
+from google.protobuf import json_format
 
 from qstate._engine import Engine, answer, state_value
 from qstate.core.config import DEFAULTS
@@ -18,6 +19,7 @@ from qstate.core.transport.values import set_value
 from qstate.proto import qstate_pb2 as pb
 from qstate.proto import qstate_pb2_grpc as pb_grpc
 from qstate.router.auth import GrpcAuth
+from qstate.router.cluster import cluster_map
 from qstate.router.hits import Hit
 from qstate.router.metrics import GRPC_LATENCY as RPC_LATENCY
 from qstate.router.metrics import GRPC_REQUESTS as RPCS
@@ -158,6 +160,23 @@ class QueryableStateService(pb_grpc.QueryableStateServicer):
                 last_batch=s.last_batch, watermark_ms=s.watermark_ms,
                 partitions_available=s.partitions_available)
         return out
+
+    async def DescribeClusterMap(self, request: pb.DescribeJobRequest,
+                                 context: grpc.aio.ServicerContext) -> pb.ClusterMap:
+        """``GET /v1/cluster/{job}``'s answer (``qstate.router.cluster.cluster_map``), in
+        the proto's fields, which are the model's."""
+        try:
+            who = self.auth.principal(context)
+            if who is not None:
+                who.check(request.job)
+            ops = await self.query.describe_job(request.job)  # the job known, else NOT_FOUND
+        except QStateError as exc:
+            await _fail(context, "DescribeClusterMap", exc)
+        readable = {s.spec.operator for s in ops
+                    if who is None or who.allows(request.job, s.spec.operator)}
+        m = await cluster_map(self.query.routing, self.query.describer, request.job, readable)
+        RPCS.labels("DescribeClusterMap", "OK").inc()
+        return json_format.ParseDict(m.model_dump(), pb.ClusterMap())
 
 
 class _Handlers:

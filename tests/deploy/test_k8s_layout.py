@@ -100,6 +100,24 @@ def test_a_shard_keeps_its_data_on_the_node_under_a_stable_id() -> None:
     assert [m["mountPath"] for m in init["volumeMounts"]] == [opts["--data-dir"]]
 
 
+def test_every_shard_pod_carries_the_router_of_its_node() -> None:
+    """The router beside each shard registers the shard's node and reads its files at the
+    shard's own path, read-only: the cluster map names it as those partitions' read
+    address (docs/architecture.md §5, cluster map)."""
+    ds = one("DaemonSet", "qstate-shard")
+    shard, router = qstate_container(ds, "shard"), qstate_container(ds, "router")
+    node = env_of(shard)["QSTATE_NODE"]["value"]
+    assert env_of(router)["QSTATE_NODE"]["value"] == node == "$(NODE_NAME)"
+    assert env_of(router)["NODE_NAME"]["valueFrom"] == {
+        "fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert env_of(router)["QSTATE_ROUTER_ADVERTISE"]["value"] == "$(POD_IP)"
+    data = options(shard["args"])["--data-dir"]
+    [mount] = [m for m in router["volumeMounts"] if m["mountPath"] == data]
+    [own] = [m for m in shard["volumeMounts"] if m["mountPath"] == data]
+    assert mount["name"] == own["name"] and mount["readOnly"] is True
+    assert router["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+
+
 def test_shard_probes_and_headless_service_use_its_metrics_port() -> None:
     ds = one("DaemonSet", "qstate-shard")
     shard = qstate_container(ds, "shard")

@@ -153,6 +153,21 @@ impl Remote {
         Some(c)
     }
 
+    /// Whether `n` more keys fit the queue of the shard at `address` now. Err: how many wait
+    /// (or the cap, when `n` alone is beyond it). The read core asks it of a request's keys
+    /// for one shard together, so a batch that cannot fit is refused whole, before any of its
+    /// partitions is queued (`read::fetch::keys`).
+    pub fn fits(&self, address: &str, n: usize) -> Result<(), usize> {
+        let waiting = self.state.lock().waiting.get(address).copied().unwrap_or(0);
+        if waiting >= self.callers.max_queue {
+            return Err(waiting);
+        }
+        if waiting + n > self.callers.max_queue {
+            return Err(self.callers.max_queue);
+        }
+        Ok(())
+    }
+
     /// Keys (with their partitions) asked of the shard at `address`: queued now, in the group
     /// they leave with; `answers` waits for them. Err: the shard's queue is full (how many
     /// keys wait for it).

@@ -14,10 +14,12 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 
 import grpc
 import httpx
 import pytest
+from google.protobuf.json_format import MessageToDict
 
 from qstate.client import AsyncClient, Client
 from qstate.control.coordinator import Coordinator
@@ -29,6 +31,7 @@ from qstate.embedded.ports import wait_for_port
 from qstate.embedded.procs import RouterProcess, ShardProcess
 from qstate.proto import qstate_pb2 as pb
 from qstate.proto import qstate_pb2_grpc as pb_grpc
+from tests.clients.test_node_client import node, node_json  # noqa: F401  (node: a fixture)
 from tests.helpers import metric, wait_until
 from tests.shop import BATCHES, KEYS, READS, SPEC, P, commit_batch, views
 
@@ -113,11 +116,11 @@ def test_the_map_names_each_partitions_owner_and_the_router_on_its_node(hosts: H
         for p in op.owners:
             assert p.owner is not None
             assert p.owner.server == a.owner_id(SPEC.operator, p.partition)
-            node = next(n for n, s in hosts.shards.items() if s.address ==
-                        a.owner(SPEC.operator, p.partition))
+            at = next(n for n, s in hosts.shards.items() if s.address ==
+                      a.owner(SPEC.operator, p.partition))
             assert p.owner.ready
             assert [(x.url, x.grpc) for x in p.owner.read_at] == [
-                (hosts.routers[node].url, f"127.0.0.1:{hosts.routers[node].grpc_port}")]
+                (hosts.routers[at].url, f"127.0.0.1:{hosts.routers[at].grpc_port}")]
     nope = httpx.get(f"{hosts.routers['node-a'].url}/v1/cluster/nope", timeout=10)
     assert nope.status_code == 404 and "nope" in nope.json()["message"], nope.text
 
@@ -227,3 +230,101 @@ def test_a_grpc_answer_names_the_owner_in_its_trailing_metadata(hosts: Hosts) ->
         _, call = stub.MultiGet.with_call(pb.MultiGetRequest(
             job=SPEC.job, operator=SPEC.operator, state="views", keys=[key]), timeout=10)
         assert dict(call.trailing_metadata() or ()).get("qstate-owner") == owner
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_the_feast_store_with_direct_reads_every_key_where_it_is_held(
+        hosts: Hosts, tmp_path: Path, direct: bool) -> None:
+    """Feast's online store over node a's router (docs/feast.md, ``direct``): one call's
+    keys split by owner, every feature exact, none read over the hop; without ``direct`` node
+    b's keys cross it."""
+    from tests.feast.test_store import features, repo  # Feast: imported by this test only
+
+    keys = KEYS[:120]
+    owned_b = sum(hosts.node_of(k) == "node-b" for k in keys)
+    store = repo(tmp_path, hosts.routers["node-a"].url,
+                 swap={"batch_keys: 1000": f"batch_keys: 1000\n  direct: {str(direct).lower()}"})
+    before = {n: reads(r) for n, r in hosts.routers.items()}
+    got = features(store, keys, ["page_latest:views"])
+    moved = _moved(before, hosts)
+    assert got["views"] == [truth(k) for k in keys]
+    if direct:
+        assert moved["node-a"]["remote"] == 0 and moved["node-b"]["remote"] == 0, moved
+        assert moved["node-b"]["local"] >= owned_b, moved
+    else:
+        assert moved["node-a"]["remote"] >= owned_b, moved
+        assert moved["node-b"] == {"local": 0, "remote": 0}, moved
+
+
+def test_the_grpc_map_is_the_http_one(hosts: Hosts) -> None:
+    """DescribeClusterMap answers what GET /v1/cluster/{job} does, field by field; an
+    unknown job is NOT_FOUND naming it."""
+    ra = hosts.routers["node-a"]
+    http = httpx.get(f"{ra.url}/v1/cluster/{SPEC.job}", timeout=10).json()
+    with grpc.insecure_channel(f"127.0.0.1:{ra.grpc_port}") as ch:
+        stub = pb_grpc.QueryableStateStub(ch)
+        got = stub.DescribeClusterMap(pb.DescribeJobRequest(job=SPEC.job), timeout=10)
+        with pytest.raises(grpc.RpcError) as e:
+            stub.DescribeClusterMap(pb.DescribeJobRequest(job="nope"), timeout=10)
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND and "nope" in (e.value.details() or "")
+    as_json = MessageToDict(got, preserving_proto_field_name=True,
+                            always_print_fields_with_no_presence=True)
+    as_json["epoch"] = int(as_json["epoch"])  # int64 in proto JSON is a string
+    assert as_json == http
+    assert got.operators[0].owners[0].owner.read_at[0].grpc  # read from the proto's fields
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_the_node_client_with_direct_reads_every_key_where_it_is_held(
+        hosts: Hosts, node: str, direct: bool) -> None:  # noqa: F811  (node: the fixture)
+    """`node query.mjs multiget --direct` at node a's gRPC port: the keys split by the map's
+    owners (xxhash64 in JavaScript, as the job hashes them), every answer exact, none read
+    over the hop; a get of node b's key too; without --direct node b's keys cross it."""
+    keys = KEYS[:60]
+    owned_b = [k for k in keys if hosts.node_of(k) == "node-b"]
+    addr = f"127.0.0.1:{hosts.routers['node-a'].grpc_port}"
+    flag = ["--direct"] if direct else []
+    before = {n: reads(r) for n, r in hosts.routers.items()}
+    got = node_json(node, addr, "multiget", SPEC.job, SPEC.operator, "views", *keys, *flag)
+    one = node_json(node, addr, "get", SPEC.job, SPEC.operator, "views", owned_b[0], *flag)
+    moved = _moved(before, hosts)
+    assert [(r["key"], int(r["windows"][-1]["int_value"])) for r in got["results"]] == [
+        (k, truth(k)) for k in keys]
+    assert (one["key"], int(one["windows"][-1]["int_value"])) == (owned_b[0],
+                                                                  truth(owned_b[0]))
+    if direct:
+        assert moved["node-a"]["remote"] == 0 and moved["node-b"]["remote"] == 0, moved
+        assert moved["node-b"]["local"] >= len(owned_b) + 1, moved
+    else:
+        assert moved["node-a"]["remote"] >= len(owned_b) + 1, moved
+        assert moved["node-b"] == {"local": 0, "remote": 0}, moved
+
+
+def test_a_stale_map_costs_one_hop_then_the_client_reads_it_again(hosts: Hosts) -> None:
+    """A direct client whose map is stale (as after a move: node b's partitions placed on
+    node a's server and router): its read of a node b key goes to node a's router, which
+    answers it exactly over the hop and names the real owner; the client drops the map, and
+    its next read of that key goes where it is held, with no hop."""
+    ra = hosts.routers["node-a"]
+    key = next(k for k in KEYS if hosts.node_of(k) == "node-b")
+    real = ClusterMap.model_validate_json(
+        httpx.get(f"{ra.url}/v1/cluster/{SPEC.job}", timeout=10).content)
+    a_holder = next(p.owner for p in real.operators[0].owners
+                    if p.owner is not None and p.owner.read_at[0].url == ra.url)
+    stale = real.model_copy(deep=True)
+    for p in stale.operators[0].owners:
+        p.owner = a_holder  # every partition on node a, as a map from before a move says
+    with Client(ra.url, direct=True) as c:
+        c.get(SPEC.job, SPEC.operator, "views", key)  # the map fetched
+        assert c._owners is not None
+        c._owners.put(SPEC.job, stale)
+        for hop in (True, False):
+            before = {n: reads(r) for n, r in hosts.routers.items()}
+            got = c.get(SPEC.job, SPEC.operator, "views", key)
+            moved = _moved(before, hosts)
+            assert got.latest is not None and got.latest.value == truth(key)
+            if hop:
+                assert moved["node-a"]["remote"] == 1 and moved["node-b"]["local"] == 0, moved
+                assert c._owners.wants(SPEC.job)  # the answer named another owner: forgotten
+            else:
+                assert moved["node-a"]["remote"] == 0 and moved["node-b"]["local"] == 1, moved

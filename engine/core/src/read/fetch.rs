@@ -94,6 +94,7 @@ pub async fn all(engine: &Arc<Engine>, reads: &[Read]) -> Result<Vec<Vec<Hit>>, 
 /// (on this host, or asked of its owner), the first failure in key order answered.
 pub async fn keys(engine: &Arc<Engine>, r: &Read, which: &[usize]) -> Result<Vec<Hit>, Failure> {
     let groups = by_partition(&r.keys, r.entry.op.spec.partitions, which.iter().copied());
+    fits(engine, r, &groups)?;
     let got = join_all(groups.iter().map(|(p, idx)| partition(engine, r, *p, idx))).await;
     let mut hits: Vec<Option<Hit>> = vec![None; r.keys.len()];
     for ((_, idx), g) in groups.iter().zip(got) {
@@ -102,6 +103,43 @@ pub async fn keys(engine: &Arc<Engine>, r: &Read, which: &[usize]) -> Result<Vec
         }
     }
     Ok(which.iter().map(|&i| hits[i].take().expect("every key read")).collect())
+}
+
+/// A read's keys for each shard server it must ask fit that server's queue together
+/// (QSTATE_MAX_SHARD_QUEUE): else the whole read is refused at once, 429, with nothing queued
+/// (docs/architecture.md §5), rather than some partitions queued and the rest refused.
+fn fits(engine: &Engine, r: &Read, groups: &[(u32, Vec<usize>)]) -> Result<(), Failure> {
+    let Some(remote) = engine.remote.load_full() else { return Ok(()) };
+    let table = engine.table.load();
+    let mut per: Vec<(Arc<str>, usize)> = Vec::new();
+    for (p, idx) in groups {
+        let Some(owner) = r.entry.owner(*p) else { continue };
+        if r.local && r.savepoint.is_none() && engine.local.is_here(&owner, &pid(r, *p)) {
+            continue;
+        }
+        let to: Arc<str> = if r.savepoint.is_none() { table.read_address(&owner).into() } else { owner };
+        match per.iter_mut().find(|(a, _)| *a == to) {
+            Some((_, n)) => *n += idx.len(),
+            None => per.push((to, idx.len())),
+        }
+    }
+    for (address, n) in per {
+        if let Err(waiting) = remote.fits(&address, n) {
+            return Err(queue_full(engine, waiting, &address));
+        }
+    }
+    Ok(())
+}
+
+fn queue_full(engine: &Engine, waiting: usize, address: &str) -> Failure {
+    let s = engine.settings.load().retry_after_s;
+    Failure::overloaded(
+        format!(
+            "{waiting} keys already wait for shard {address} (QSTATE_MAX_SHARD_QUEUE); retry after {} s",
+            seconds(s)
+        ),
+        s,
+    )
 }
 
 /// Keys `idx` of partition `p`: from the files here when the owner is on this host, else (or
@@ -265,16 +303,7 @@ async fn from_owner(engine: &Engine, r: &Read, id: &PartitionId, idx: &[usize]) 
         let Some(a) = address.clone() else { return Err(unavailable(engine, "no-owner", id, "")) };
         engine.metrics.remote_reads(idx.len() as u64);
         match ask(engine, r, &a, id, idx).await {
-            Err(Asked::Full(waiting)) => {
-                let s = engine.settings.load().retry_after_s;
-                return Err(Failure::overloaded(
-                    format!(
-                        "{waiting} keys already wait for shard {a} (QSTATE_MAX_SHARD_QUEUE); retry after {} s",
-                        seconds(s)
-                    ),
-                    s,
-                ));
-            }
+            Err(Asked::Full(waiting)) => return Err(queue_full(engine, waiting, &a)),
             Err(Asked::Failed(f @ (CallFailed::Timeout | CallFailed::Down))) => {
                 if attempt == 0 {
                     engine.refresh(false).await;
