@@ -145,8 +145,8 @@ class Settings(BaseSettings):
         10, ge=1, description="A shard snapshots a partition to checkpoint storage every N "
         "batches.")
     snapshots_kept: int = Field(
-        2, ge=1, description="Snapshots kept per partition; older snapshots and the deltas "
-        "before the oldest kept one are deleted.")
+        2, ge=1, description="Snapshots kept per partition; older snapshots, and once N "
+        "exist the deltas before the oldest kept one, are deleted.")
     assignment_poll_s: float = Field(
         0.5, gt=0, description="Shard: how often it reads the assignment from storage.")
     restore_timeout_s: float = Field(

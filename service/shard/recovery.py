@@ -91,12 +91,14 @@ class Recovery:
         snaps = snaps if snaps is not None else snapshot_batches(self.storage, pid)
         needed = range(store.meta.last_batch + 1, upto + 1)
         # A partition that serves (a follower a few batches behind, a follower that just
-        # became the owner) replays what it lacks while those batches' deltas are kept (after
-        # the oldest kept snapshot): it goes on answering reads. One coming up starts from
-        # the newest snapshot (one download instead of many batches), and so does any once
-        # the deltas it needs are pruned or batches are missing.
+        # became the owner) replays what it lacks whenever the batches' manifests are there:
+        # it goes on answering reads (a restore answers RESTORING meanwhile: the 503s of a
+        # planned move, docs/architecture.md §3); when their deltas were pruned, the OSError
+        # below restores it after all. One coming up starts from the newest snapshot (one
+        # download instead of many batches), and so does any other behind the oldest kept
+        # snapshot, or once batches are missing.
         replayable = all(b in have for b in needed) and (
-            not snaps or store.meta.last_batch >= snaps[0])
+            held.ready.is_set() or not snaps or store.meta.last_batch >= snaps[0])
         coming_up = not held.ready.is_set() and bool(snaps) and \
             store.meta.last_batch < snaps[-1] <= upto
         if not replayable or coming_up:

@@ -134,9 +134,9 @@ class Snapshotter:
 
     def prune(self, pid: PartitionId) -> int | None:
         """Keep the newest ``keep`` snapshots and those a savepoint names; delete older ones,
-        SSTs no kept snapshot uses, and delta files at or before the oldest of the newest
-        ``keep`` that no savepoint needs (docs/architecture.md §4, savepoints). Returns
-        that snapshot's batch."""
+        SSTs no kept snapshot uses, and (once there are ``keep``) delta files at or before
+        the oldest of the newest ``keep`` that no savepoint needs (docs/architecture.md §4,
+        savepoints). Returns that snapshot's batch."""
         snaps = snapshot_batches(self.storage, pid)
         if not snaps:
             return None
@@ -156,9 +156,14 @@ class Snapshotter:
                     self.storage.delete(f"{base}/{rel}")
                     with self._lock:
                         self._uploaded.discard(f"{base}/{rel}")
-        for b, path in delta_files(self.storage, pid):
-            if b <= newest[0] and not pinned.keeps_batch(pid.partition, b):
-                self.storage.delete(path)
+        # deltas only once ``keep`` snapshots exist: until then the batches before the first
+        # one stay replayable, so a follower a few batches behind it (one just made the owner,
+        # docs/architecture.md §3, planned moves) replays them while it serves, where a
+        # restore from the snapshot would answer RESTORING meanwhile
+        if len(newest) >= self.keep:
+            for b, path in delta_files(self.storage, pid):
+                if b <= newest[0] and not pinned.keeps_batch(pid.partition, b):
+                    self.storage.delete(path)
         return newest[0]
 
 

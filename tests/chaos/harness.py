@@ -28,8 +28,10 @@ import pandas as pd
 from confluent_kafka import Consumer, TopicPartition
 
 from loadtest.truth import window_counts
+from qstate.client import Client
 from qstate.core.address import partition_of
 from qstate.core.config import DEFAULTS
+from qstate.core.errors import NotFound, Overloaded, Unavailable
 from qstate.core.records.assignment import Assignment, load_assignment
 from qstate.core.records.catalog import manifest_batches
 from qstate.core.records.storage import Storage
@@ -353,6 +355,55 @@ class Reader(threading.Thread):
     def finish(self) -> None:
         self.stop.set()
         self.join(30)
+
+
+class ClientReader(Reader):
+    """A ``Reader`` through qstate's ``Client``: ``direct``, each key asked where the cluster
+    map says (the router of its owner's node), else at the router. No retries: a 503 is an
+    answer (``Unavailable``; its Retry-After the plain ``Reader`` checks). A key with events
+    before the reads began (``existing``) that answers 404 is wrong: an empty answer. Each
+    pass over the keys that all answered 200 is timed (``clean``), for when reading
+    recovered."""
+
+    def __init__(self, url: str, keys: list[str], existing: set[str], direct: bool,
+                 operator: str = "per_tweet_1h") -> None:
+        super().__init__(lambda: url, keys, operator)
+        self.existing, self.direct = existing, direct
+        self.clean: list[float] = []
+
+    def run(self) -> None:
+        with Client(self.url(), retries=0, timeout=5, direct=self.direct) as c:
+            while not self.stop.is_set():
+                ok = 0
+                for k in self.keys:
+                    try:
+                        a = c.get(JOB, self.operator, "impressions", k, from_=-FAR, to=FAR)
+                    except (Unavailable, Overloaded):
+                        self.answers[503] += 1
+                        continue
+                    except NotFound as exc:
+                        self.answers[404] += 1
+                        if k in self.existing:
+                            self.wrong.append(f"{k}: 404 though it has events: {exc}")
+                        continue
+                    except httpx.HTTPError:
+                        self.answers[0] += 1
+                        continue
+                    self.answers[200] += 1
+                    ok += 1
+                    if a.found or k not in self.existing:
+                        self._check(k, a.model_dump())
+                    else:
+                        self.wrong.append(f"{k}: not found at batch {a.batch} though it has "
+                                          "events")
+                if ok == len(self.keys):
+                    self.clean.append(time.monotonic())
+                self.stop.wait(0.05)
+
+    def recovered_after(self, since: float) -> float | None:
+        """Seconds from ``since`` to the end of the first pass after it that all answered."""
+        later = [t for t in self.clean if t > since]
+        return later[0] - since if later else None
 
 
 Windows = dict[tuple[str, int], int]

@@ -5,6 +5,8 @@ Topology (each a host with its own address on one bridge; the test runs on the b
     master   Spark standalone master (REST port off)
     worker-1 Spark worker (its executors) + shard server shard-1, local data on its disk
     worker-2 Spark worker (its executors) + shard server shard-2, local data on its disk
+             + router-1 / router-2, the node's router (QSTATE_NODE as its shard's): it reads the
+             host's partitions in-process, and the cluster map names it their read address
     driver   `qstate job tweets --master spark://master:7077 --driver-host <its address>`
     router   `qstate router --host <its address> --no-local-reads`, and `qstate coordinator
              tweets` (the standby: moves partitions while the driver is down)
@@ -63,6 +65,7 @@ class Cluster(Deployment):
     workers: list[Child] = field(default_factory=list)
     master: Child | None = None
     standby: Child | None = None
+    node_routers: dict[int, RouterProcess] = field(default_factory=dict)  # worker i -> its own
     token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
 
     # ---- set-up ------------------------------------------------------------------
@@ -112,6 +115,8 @@ class Cluster(Deployment):
         for i in range(1, WORKERS + 1):
             self.start_worker(i)
         self.shards = [self.start_shard(i) for i in range(1, WORKERS + 1)]
+        for i in range(1, WORKERS + 1):
+            self.start_node_router(i)
         self.start_router()
         # beside the router: moves a dead shard's partitions while the driver is down
         self.standby = self.child("standby", "router", qstate_command("coordinator", JOB)).start()
@@ -159,7 +164,7 @@ class Cluster(Deployment):
                 "--metrics-port", str(SHARD_METRICS_PORT))),
             self.root / "logs" / f"shard-{i}.log",
             self.env(name, QSTATE_TLS_CERT=str(self.certs / "server.pem"),
-                     QSTATE_TLS_KEY=str(self.certs / "server-key.pem")),
+                     QSTATE_TLS_KEY=str(self.certs / "server-key.pem"), QSTATE_NODE=name),
             host=address, port=SHARD_PORT)
         return shard.start_and_wait(60)
 
@@ -172,8 +177,23 @@ class Cluster(Deployment):
             "router", self.hosts["router"].command(*qstate_command(
                 "router", "--host", address, "--http-port", "8000", "--grpc-port", "50051",
                 "--no-local-reads")),
-            self.root / "logs" / "router.log", self.env("router", QSTATE_ALLOW_INSECURE="true"),
+            self.root / "logs" / "router.log",
+            # a node of its own (the namespaces share one hostname): no shard's node
+            self.env("router", QSTATE_ALLOW_INSECURE="true", QSTATE_NODE="router"),
             host=address, http_port=8000, grpc_port=50051).start_and_wait(60)
+
+    def start_node_router(self, i: int) -> RouterProcess:
+        """Worker host ``i``'s router: local reads of its shard's files, on the map."""
+        name = f"worker-{i}"
+        address = self.hosts[name].address
+        r = RouterProcess(
+            f"router-{i}", self.hosts[name].command(*qstate_command(
+                "router", "--host", address, "--http-port", "8000", "--grpc-port", "50051")),
+            self.root / "logs" / f"router-{i}.log",
+            self.env(name, QSTATE_ALLOW_INSECURE="true", QSTATE_NODE=name),
+            host=address, http_port=8000, grpc_port=50051).start_and_wait(60)
+        self.node_routers[i] = r
+        return r
 
     def start_job(self, fault: str = "") -> None:
         self.job = self.child("job", "driver", qstate_command(
@@ -195,9 +215,11 @@ class Cluster(Deployment):
         return self.hosts[name].kill_all()
 
     def restart_worker_host(self, i: int) -> None:
-        """Worker host ``i`` back: its Spark worker and its shard server (same disk)."""
+        """Worker host ``i`` back: its Spark worker, its shard server (same disk) and its
+        router."""
         self.start_worker(i)
         self.shards[i - 1] = self.start_shard(i)
+        self.start_node_router(i)
 
     # ---- observation -------------------------------------------------------------
     def owners(self) -> dict[str, str]:

@@ -13,6 +13,12 @@ In order, on one cluster under ~2K tweet events/s (out of order, 1% late); long:
 3. A whole worker host is killed (kill -9 of its Spark worker, executors and shard server):
    Spark runs its tasks on the other worker, the shard's partitions are restored on the
    other shard; exact afterwards; the host restarted rejoins.
+Between 1 and 2, clients that follow the cluster map (issue 55): a direct client's reads are
+all answered in-process by the router of the key's owner's host (router-1, router-2), a
+plain client's all cross the hop at the router. In 3, a direct and a plain client read
+existing keys throughout: never a wrong or empty answer, and both answer again from the new
+owner.
+
 4. Serving outlives the job: with the job stopped, a worker host is killed; the standby
    coordinator (`qstate coordinator`, on the router's host) moves its partitions and every
    key answers, exact, without the driver. The job started again goes on from the standby's
@@ -21,14 +27,20 @@ In order, on one cluster under ~2K tweet events/s (out of order, 1% late); long:
 
 from __future__ import annotations
 
+import random
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
-from tests.chaos.harness import JOB, Deployment, P, compare, scenario
+from qstate.client import Client
+from qstate.core.address import partition_of
+from tests.chaos.harness import JOB, ClientReader, Deployment, P, compare, scenario, truth
 from tests.cluster.harness import WORKERS, Cluster
-from tests.helpers import metric, wait_until
+from tests.helpers import FAR, metric, wait_until
+
+READS = "qstate_router_shard_reads_total"
 
 pytestmark = [pytest.mark.cluster, pytest.mark.spark, pytest.mark.kafka, pytest.mark.long]
 
@@ -55,6 +67,61 @@ def test_the_job_runs_across_hosts_exact(cluster) -> None:
     for i in range(1, WORKERS + 1):
         assert metric(c.shard_metrics(i), "qstate_shard_partitions", job=JOB,
                       operator="per_tweet_1h", state="serving") > 0
+
+
+def reads(c: Cluster) -> dict[str, dict[str, float]]:
+    """Each router's key lookups so far: in-process (its host's shard) and over the hop."""
+    assert c.router is not None
+    routers = {"router": c.router, **{f"router-{i}": r for i, r in c.node_routers.items()}}
+    return {n: {p: metric(r.url, READS, path=p) for p in ("local", "remote")}
+            for n, r in routers.items()}
+
+
+def existing(log: Path) -> tuple[set[str], dict[tuple[str, int], int]]:
+    """Keys with impressions in the events so far, and the impressions per (key, hour)."""
+    hourly = truth(log)[0]
+    return {k for k, _ in hourly}, hourly
+
+
+def two_per_partition(keys: set[str]) -> list[str]:
+    out: dict[int, list[str]] = {}
+    for k in sorted(keys):
+        got = out.setdefault(partition_of(k, P), [])
+        if len(got) < 2:
+            got.append(k)
+    return [k for ks in out.values() for k in ks]
+
+
+def test_clients_that_follow_the_map_read_each_key_where_it_is_held(cluster) -> None:
+    """With the job drained: 300 existing keys read by a direct client at the router (its
+    host has no shard) are answered by router-1 and router-2 from their hosts' files, none
+    over a hop and none through the router; the same keys by a plain client all cross the
+    hop there. Every answer equals the truth."""
+    c, gen = cluster
+    gen.pause()
+    c.drain()
+    keys, hourly = existing(gen.log)
+    sample = random.Random(55).sample(sorted(keys), 300)
+    assert c.router is not None
+    for direct in (True, False):
+        before = reads(c)
+        with Client(c.router.url, direct=direct) as cl:
+            got = [cl.get(JOB, "per_tweet_1h", "impressions", k, from_=-FAR, to=FAR)
+                   for k in sample]
+        moved = {n: {p: v - before[n][p] for p, v in r.items()} for n, r in reads(c).items()}
+        for k, a in zip(sample, got, strict=True):
+            assert {w.start: w.value for w in a.windows if w.value} == {
+                s: v for (key, s), v in hourly.items() if key == k and v}, k
+        on_nodes = {n: m for n, m in moved.items() if n != "router"}
+        local = sum(m["local"] for m in on_nodes.values())
+        print(f"cluster map, {'direct' if direct else 'plain'} client: {moved}")
+        if direct:
+            assert moved["router"] == {"local": 0, "remote": 0}, moved
+            assert all(m["remote"] == 0 for m in on_nodes.values()), moved
+            assert local >= len(sample) and all(m["local"] > 0 for m in on_nodes.values())
+        else:
+            assert moved["router"]["remote"] >= len(sample), moved
+            assert local == 0 and all(m["remote"] == 0 for m in on_nodes.values()), moved
 
 
 def serving(c: Cluster, operator: str) -> int:
@@ -88,13 +155,23 @@ def test_a_cut_link_moves_partitions_and_fences_the_isolated_side(cluster) -> No
 
 
 def test_a_worker_host_killed_reschedules_and_restores_elsewhere(cluster) -> None:
+    """... with a direct and a plain client reading existing keys throughout (router-2 dies
+    with its host: the direct client asks the router meanwhile, then the map's new owner)."""
     seen: dict = {}
+    c, gen = cluster
+    keys, _ = existing(gen.log)
+    assert c.router is not None
+    readers = {direct: ClientReader(c.router.url, two_per_partition(keys), keys, direct)
+               for direct in (True, False)}
+    for r in readers.values():
+        r.start()
 
     def inject(d: Deployment) -> float:
         assert isinstance(d, Cluster)
         seen["epoch"] = d.epoch()
         seen["killed"] = d.kill_host("worker-2")
-        return time.monotonic()
+        seen["t"] = time.monotonic()
+        return seen["t"]
 
     def recovered(d: Deployment) -> None:
         assert isinstance(d, Cluster)
@@ -105,8 +182,22 @@ def test_a_worker_host_killed_reschedules_and_restores_elsewhere(cluster) -> Non
         d.restart_worker_host(2)
         wait_until(lambda: len(d.owners()) == WORKERS, 60, "worker-2's shard rejoined")
 
-    scenario(cluster, "worker-2 host killed", inject, recovered)
-    assert seen["killed"] >= 3  # the worker JVM, its executor, the shard server (+ Python)
+    try:
+        scenario(cluster, "worker-2 host killed", inject, recovered)
+    finally:
+        for r in readers.values():
+            r.finish()
+    assert seen["killed"] >= 4  # the worker JVM, its executor, the shard, router-2 (+ Python)
+    hourly = truth(gen.log)[0]
+    for direct, r in readers.items():
+        name = "direct" if direct else "plain"
+        tta = r.recovered_after(seen["t"])
+        print(f"cluster worker-2 killed, {name} client: {dict(r.answers)}, every key "
+              f"answering again after {tta}s")
+        assert r.answers[200] > 0 and not r.wrong, (name, r.answers, r.wrong[:5])
+        above = {w: v for w, v in r.highest.items() if v > hourly.get(w, 0)}
+        assert not above, (name, list(above.items())[:5])
+        assert tta is not None, f"the {name} client never read every key again"
 
 
 def test_with_the_job_down_the_standby_moves_a_dead_hosts_partitions(cluster) -> None:

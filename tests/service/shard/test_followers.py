@@ -4,6 +4,7 @@ becomes the owner without a restore; the owner it replaces drops its copy."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pyarrow as pa
@@ -13,10 +14,12 @@ from qstate.core.address import PartitionId
 from qstate.core.errors import NotOwner
 from qstate.core.records import delta as deltas
 from qstate.core.records.assignment import Assignment, save_assignment
+from qstate.core.records.catalog import delta_files, snapshot_batches
 from qstate.core.records.manifest import BatchManifest, write_manifest
 from qstate.core.records.operator import OperatorSpec, WindowSpec, save_spec
 from qstate.core.records.storage import Storage
 from qstate.shard.partitions import PartitionCommit, Partitions
+from tests.helpers import wait_until
 
 SPEC = OperatorSpec("f", "counts", "k", {"n": "long"}, partitions=1,
                     window=WindowSpec("tumbling", 60_000))
@@ -156,3 +159,42 @@ def test_a_run_with_an_added_aggregate_is_applied_in_its_layout_by_owner_and_fol
         a.close()
         b.close()
         c.close()
+
+
+def test_a_follower_behind_the_first_snapshot_takes_over_serving_without_a_restore(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The owner's first snapshot (QSTATE_SNAPSHOTS_KEPT 2) keeps the deltas before it, so a
+    follower that had not followed them yet when it took over replays them while it serves,
+    never restored (a restore answers RESTORING: the 503s of the soak's partition doubling,
+    docs/architecture.md §3)."""
+    storage = Storage(str(tmp_path / "storage"))
+    save_spec(storage, SPEC)
+    save_assignment(storage, Assignment("f", 1, {"a": "h:1", "b": "h:2"}, {"counts": ["a"]},
+                                        followers={"counts": [["b"]]}))
+    a = Partitions(tmp_path / "a", storage, "a", snapshot_every=3, snapshots_kept=2)
+    b = Partitions(tmp_path / "b", storage, "b", snapshot_every=3, snapshots_kept=2)
+    try:
+        a.sync()
+        b.sync()
+        follower = b.lookup(PID)
+        assert follower is not None and follower.ready.wait(30)
+        for batch in range(3):
+            record(storage, batch)
+            a.commit("f", "counts", batch, batch, 1, [PartitionCommit(0, (0,), len(KEYS))])
+            if batch == 0:
+                b.follow()  # then it falls behind
+        wait_until(lambda: snapshot_batches(storage, PID) == [2], 30, "a's first snapshot")
+        assert follower.store.meta.last_batch == 0
+        assert [bt for bt, _ in delta_files(storage, PID)] == [0, 1, 2]  # kept: one snapshot
+        save_assignment(storage, Assignment("f", 2, {"b": "h:2"}, {"counts": ["b"]}))
+        a.sync()
+        b.sync()
+        record(storage, 3)
+        with caplog.at_level(logging.WARNING, logger="qstate.shard.recovery"):
+            res = b.commit("f", "counts", 3, 3, 2, [PartitionCommit(0, (0,), len(KEYS))])
+        assert res.applied == [0] and res.caught_up == 2  # batches 1 and 2, from deltas
+        assert "restored from snapshot" not in caplog.text
+        assert follower.ready.is_set() and total(b, "key-7") == 7 + 3
+    finally:
+        a.close()
+        b.close()
