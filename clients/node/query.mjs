@@ -60,10 +60,10 @@ const EXIT = { NOT_FOUND: 1, INVALID_ARGUMENT: 2, USAGE: 2, UNAVAILABLE: 3,
 // silent for longer than this is gone. Reconnect backoff as the Python client's Client.watch.
 const WATCH_IDLE_MS = 45_000;
 const BACKOFF_MS = 200;
+const MAX_BACKOFF_MS = 5_000;
 // a key's partition: pmod(xxhash64(utf8(key), seed 42), partitions) on the signed hash, as
 // the job partitions it (proto/qstate.proto, OperatorMap)
 const SEED = 42n;
-const MAX_BACKOFF_MS = 5_000;
 // the gRPC name of an HTTP error status (the router's errors map one to one, docs: errors)
 const HTTP_CODE = { 400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED",
   404: "NOT_FOUND", 409: "ABORTED", 413: "INVALID_ARGUMENT", 429: "RESOURCE_EXHAUSTED",
@@ -237,7 +237,7 @@ async function askOwners() {
   } catch {
     map = undefined;  // none to follow (an older router, an unknown job): --addr answers
   }
-  const op = map?.operators.find((o) => o.operator === operator);
+  const op = map?.operators.find((o) => o.operator === operator && o.partitions > 0);
   const groups = new Map();  // address -> indices of keys
   const { h64 } = op ? await xxhash() : {};
   keys.forEach((k, i) => {
@@ -248,7 +248,8 @@ async function askOwners() {
       const there = op.owners[p]?.owner?.read_at?.[0]?.grpc;
       if (there && mayAsk(there)) at = there;
     }
-    groups.set(at, [...(groups.get(at) ?? []), i]);
+    if (!groups.has(at)) groups.set(at, []);
+    groups.get(at).push(i);
   });
   const answers = await Promise.all([...groups].map(async ([at, which]) => {
     const req = { ...request, ...(cmd === "get" ? {} : { keys: which.map((i) => keys[i]) }) };
