@@ -32,12 +32,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
+from loadtest import results
 from loadtest.bench_router import (
     SPEC,
     STATE_PATH,
@@ -83,13 +84,12 @@ def reads_of(urls: list[str]) -> list[dict[str, float]]:
     """Each router's key lookups so far, by path (local, remote)."""
     out = []
     for url in urls:
-        text = httpx.get(f"{url}/metrics", timeout=10).text
         got = {"local": 0.0, "remote": 0.0}
-        for line in text.splitlines():
-            if line.startswith(READS + "{"):
-                for path in got:
-                    if f'path="{path}"' in line:
-                        got[path] = float(line.rsplit(" ", 1)[1])
+        text = httpx.get(f"{url}/metrics", timeout=10).text
+        for f in text_string_to_metric_families(text):
+            for sample in f.samples:
+                if sample.name == READS and sample.labels.get("path") in got:
+                    got[sample.labels["path"]] = sample.value
         out.append(got)
     return out
 
@@ -181,16 +181,18 @@ def main() -> None:
                 f.write_text("\n".join(keys_of[i]) + "\n")
                 files.append(f)
             before, c0, t0 = reads_of(urls), cpu_seconds(*pids), time.perf_counter()
-            procs = [_wrk_async(urls[i], files[i], args.duration, tmp,
-                                max(1, args.connections // n)) for i in range(n)]
-            results = [p() for p in procs]
+            with ThreadPoolExecutor(n) as pool:  # one wrk per reader, at once
+                runs = [pool.submit(run_wrk, urls[i], get_script(STATE_PATH, file_pick(files[i])),
+                                    args.duration, tmp, max(1, args.connections // n))
+                        for i in range(n)]
+                ran = [r.result() for r in runs]
             took = time.perf_counter() - t0
             cpu = cpu_seconds(*pids) - c0
             m = moved(before, reads_of(urls))
-            total = {"rps": sum(r["rps"] for r in results),
-                     "requests": sum(r["requests"] for r in results),
-                     "non2xx": sum(r["non2xx"] for r in results),
-                     "errors": sum(r["errors"] for r in results),
+            total = {"rps": sum(r["rps"] for r in ran),
+                     "requests": sum(r["requests"] for r in ran),
+                     "non2xx": sum(r["non2xx"] for r in ran),
+                     "errors": sum(r["errors"] for r in ran),
                      "cpu_s": cpu, "wall_s": took}
             curve.append((n, total, m))
             say(f"{n} reader(s): {total['rps']:,.0f} GET/s, {m}, "
@@ -202,16 +204,6 @@ def main() -> None:
             ch.stop()
 
 
-def _wrk_async(url: str, keys: Path, duration: int, tmp: Path, connections: int
-               ) -> Callable[[], Result]:
-    """wrk started now (one per reader, at once); the returned call waits for its result."""
-    pool = ThreadPoolExecutor(1)
-    fut = pool.submit(run_wrk, url, get_script(STATE_PATH, file_pick(keys)), duration, tmp,
-                      connections)
-    pool.shutdown(wait=False)
-    return fut.result
-
-
 def write(args: argparse.Namespace, shares: dict[str, dict[str, float]],
           curve: list[tuple[int, Result, dict[str, float]]], per_node: list[int]) -> None:
     def pct(m: dict[str, float], path: str) -> str:
@@ -221,7 +213,7 @@ def write(args: argparse.Namespace, shares: dict[str, dict[str, float]],
     lines = [
         f"\n## Clients that follow the cluster map, {HOSTS} netns hosts "
         f"({time.strftime('%Y-%m-%d %H:%M')})\n",
-        "```\nsudo python -m loadtest.bench_cluster_map " + " ".join(sys.argv[1:]) + "\n```\n",
+        f"```\nsudo {results.command('loadtest.bench_cluster_map')}\n```\n",
         f"{HOSTS} hosts (network namespaces on this 2-core machine), each a shard server and "
         f"its node's router; {args.keys:,} keys, P={P}, keys per host {per_node}. TLS and the "
         "cluster token between routers and shards.\n",
@@ -243,9 +235,7 @@ def write(args: argparse.Namespace, shares: dict[str, dict[str, float]],
                      f"{r['non2xx'] + r['errors']:.0f} |")
     lines.append("\nOn one 2-core machine every host shares the same cores: the rows show what "
                  "a read costs as readers are added, not how a cluster of real hosts scales.\n")
-    with open(args.out, "a") as f:
-        f.write("\n".join(lines))
-    say(f"appended to {args.out}")
+    results.append(args.out, "\n".join(lines))
 
 
 if __name__ == "__main__":

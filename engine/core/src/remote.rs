@@ -158,7 +158,11 @@ impl Remote {
     /// for one shard together, so a batch that cannot fit is refused whole, before any of its
     /// partitions is queued (`read::fetch::keys`).
     pub fn fits(&self, address: &str, n: usize) -> Result<(), usize> {
-        let waiting = self.state.lock().waiting.get(address).copied().unwrap_or(0);
+        self.room(self.state.lock().waiting.get(address).copied().unwrap_or(0), n)
+    }
+
+    /// Whether `n` more keys fit a queue that `waiting` keys are in (`fits`, `ask`).
+    fn room(&self, waiting: usize, n: usize) -> Result<(), usize> {
         if waiting >= self.callers.max_queue {
             return Err(waiting);
         }
@@ -186,13 +190,7 @@ impl Remote {
         {
             let mut st = self.state.lock();
             // refused at the first key that finds the queue full (what it says: how many wait)
-            let waiting = st.waiting.get(address).copied().unwrap_or(0);
-            if waiting >= self.callers.max_queue {
-                return Err(waiting);
-            }
-            if waiting + keys.len() > self.callers.max_queue {
-                return Err(self.callers.max_queue);
-            }
+            self.room(st.waiting.get(address).copied().unwrap_or(0), keys.len())?;
             *st.waiting.entry(address.to_string()).or_default() += keys.len();
             let p = st.groups.entry(group.clone()).or_default();
             for k in keys {

@@ -18,6 +18,7 @@ use crate::partition::read::Window;
 use crate::read::{Hit, Read};
 use crate::remote::{Ask as RemoteAsk, CallFailed};
 use crate::shardpb::{window, KeyQuery, KeyResult, KeyStatus};
+use crate::table::Table;
 
 /// The keys `which` (indices into `keys`) by partition, partitions in the order their first
 /// key comes.
@@ -117,10 +118,10 @@ fn fits(engine: &Engine, r: &Read, groups: &[(u32, Vec<usize>)]) -> Result<(), F
         if r.local && r.savepoint.is_none() && engine.local.is_here(&owner, &pid(r, *p)) {
             continue;
         }
-        let to: Arc<str> = if r.savepoint.is_none() { table.read_address(&owner).into() } else { owner };
-        match per.iter_mut().find(|(a, _)| *a == to) {
+        let to = asked_at(&table, r, &owner);
+        match per.iter_mut().find(|(a, _)| &**a == to) {
             Some((_, n)) => *n += idx.len(),
-            None => per.push((to, idx.len())),
+            None => per.push((to.into(), idx.len())),
         }
     }
     for (address, n) in per {
@@ -129,6 +130,16 @@ fn fits(engine: &Engine, r: &Read, groups: &[(u32, Vec<usize>)]) -> Result<(), F
         }
     }
     Ok(())
+}
+
+/// Where the server `address` is asked for `r`'s keys: a live read at the server's reader
+/// when it has one, a savepoint at its own port.
+fn asked_at<'a>(table: &'a Table, r: &Read, address: &'a str) -> &'a str {
+    if r.savepoint.is_none() {
+        table.read_address(address)
+    } else {
+        address
+    }
 }
 
 fn queue_full(engine: &Engine, waiting: usize, address: &str) -> Failure {
@@ -273,9 +284,8 @@ async fn ask(
         partitions: r.entry.op.spec.partitions,
     };
     let queries = idx.iter().map(|&i| KeyQuery { key: r.keys[i].clone(), partition: id.partition }).collect();
-    // a live read goes to the server's reader when it has one; a savepoint to its own port
     let table = engine.table.load();
-    let to = if r.savepoint.is_none() { table.read_address(address) } else { address };
+    let to = asked_at(&table, r, address);
     let asked = remote.ask(to, &q, queries).map_err(Asked::Full)?;
     drop(table);
     let _waiting = engine.metrics.waiting(idx.len() as u64);
