@@ -92,9 +92,11 @@ class Tally:
 class Reader(threading.Thread):
     """``batchGet`` of every key from one router, again and again, each answer checked."""
 
-    def __init__(self, router: str, url: str, keys: list[str], tally: Tally) -> None:
+    def __init__(self, router: str, url: str, keys: list[str], tally: Tally,
+                 allow_stale: bool = False) -> None:
         super().__init__(name=f"reader-{router}", daemon=True)
         self.router, self.url, self.keys, self.tally = router, url, keys, tally
+        self.params = {"allow_stale": "true"} if allow_stale else {}
         self.stop = threading.Event()
         self.seen: dict[str, int] = {}
 
@@ -107,7 +109,8 @@ class Reader(threading.Thread):
     def _one(self, c: httpx.Client, keys: list[str]) -> None:
         t = self.tally
         try:
-            r = c.post(f"/v1/state/{JOB}/{OP}/{STATE}:batchGet", json={"keys": keys})
+            r = c.post(f"/v1/state/{JOB}/{OP}/{STATE}:batchGet", json={"keys": keys},
+                       params=self.params)
         except httpx.HTTPError as exc:
             with t.lock:
                 t.requests += 1
@@ -139,6 +142,8 @@ class World:
     keys: int = 2000
     partitions: int = 8
     replicas: int = 1
+    # readers let a follower answer while the owner cannot (allow_stale=true)
+    allow_stale: bool = False
     interval_s: float = 0.2
     lease_s: float = 5.0
     storage: Storage = field(init=False)
@@ -269,7 +274,8 @@ class World:
     @contextlib.contextmanager
     def hammered(self, tally: Tally) -> Iterator[None]:
         """Readers on every router for the block's length."""
-        readers = [Reader(r.name, r.url, self.names, tally) for r in self.routers]
+        readers = [Reader(r.name, r.url, self.names, tally, self.allow_stale)
+                   for r in self.routers]
         for r in readers:
             r.start()
         try:
@@ -384,7 +390,8 @@ def join_drain(root: Path, keys: int, partitions: int, hold_s: float = 3.0,
 
 def replica_loss(root: Path, keys: int, partitions: int, hold_s: float = 3.0,
                  interval_s: float = 0.2) -> Outcome:
-    """replicas=2 over 3 servers; kill -9 one; readers go on against its followers."""
+    """replicas=2 over 3 servers; kill -9 one; readers that allow staleness go on against
+    its followers."""
     def steps(w: World, took: dict[str, float]) -> None:
         console.print("s0 is killed (kill -9)")
         t0 = time.monotonic()
@@ -394,7 +401,8 @@ def replica_loss(root: Path, keys: int, partitions: int, hold_s: float = 3.0,
             time.monotonic() - t0
 
     return _scenario("replicas=2, owner killed (3→2)",
-                     World(root, keys, partitions, replicas=2, interval_s=interval_s), 3,
+                     World(root, keys, partitions, replicas=2, allow_stale=True,
+                           interval_s=interval_s), 3,
                      hold_s, steps)
 
 

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GetRequest(_message.Message):
-    __slots__ = ("job", "operator", "state", "key", "from_ms", "to_ms", "limit", "min_batch", "savepoint")
+    __slots__ = ("job", "operator", "state", "key", "from_ms", "to_ms", "limit", "min_batch", "savepoint", "allow_stale")
     JOB_FIELD_NUMBER: _ClassVar[int]
     OPERATOR_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -17,6 +17,7 @@ class GetRequest(_message.Message):
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     MIN_BATCH_FIELD_NUMBER: _ClassVar[int]
     SAVEPOINT_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_STALE_FIELD_NUMBER: _ClassVar[int]
     job: str
     operator: str
     state: str
@@ -26,10 +27,11 @@ class GetRequest(_message.Message):
     limit: int
     min_batch: int
     savepoint: str
-    def __init__(self, job: _Optional[str] = ..., operator: _Optional[str] = ..., state: _Optional[str] = ..., key: _Optional[str] = ..., from_ms: _Optional[int] = ..., to_ms: _Optional[int] = ..., limit: _Optional[int] = ..., min_batch: _Optional[int] = ..., savepoint: _Optional[str] = ...) -> None: ...
+    allow_stale: bool
+    def __init__(self, job: _Optional[str] = ..., operator: _Optional[str] = ..., state: _Optional[str] = ..., key: _Optional[str] = ..., from_ms: _Optional[int] = ..., to_ms: _Optional[int] = ..., limit: _Optional[int] = ..., min_batch: _Optional[int] = ..., savepoint: _Optional[str] = ..., allow_stale: _Optional[bool] = ...) -> None: ...
 
 class MultiGetRequest(_message.Message):
-    __slots__ = ("job", "operator", "state", "keys", "from_ms", "to_ms", "limit", "min_batch", "savepoint", "states")
+    __slots__ = ("job", "operator", "state", "keys", "from_ms", "to_ms", "limit", "min_batch", "savepoint", "states", "allow_stale")
     JOB_FIELD_NUMBER: _ClassVar[int]
     OPERATOR_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -40,6 +42,7 @@ class MultiGetRequest(_message.Message):
     MIN_BATCH_FIELD_NUMBER: _ClassVar[int]
     SAVEPOINT_FIELD_NUMBER: _ClassVar[int]
     STATES_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_STALE_FIELD_NUMBER: _ClassVar[int]
     job: str
     operator: str
     state: str
@@ -50,7 +53,8 @@ class MultiGetRequest(_message.Message):
     min_batch: int
     savepoint: str
     states: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, job: _Optional[str] = ..., operator: _Optional[str] = ..., state: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., from_ms: _Optional[int] = ..., to_ms: _Optional[int] = ..., limit: _Optional[int] = ..., min_batch: _Optional[int] = ..., savepoint: _Optional[str] = ..., states: _Optional[_Iterable[str]] = ...) -> None: ...
+    allow_stale: bool
+    def __init__(self, job: _Optional[str] = ..., operator: _Optional[str] = ..., state: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., from_ms: _Optional[int] = ..., to_ms: _Optional[int] = ..., limit: _Optional[int] = ..., min_batch: _Optional[int] = ..., savepoint: _Optional[str] = ..., states: _Optional[_Iterable[str]] = ..., allow_stale: _Optional[bool] = ...) -> None: ...
 
 class Window(_message.Message):
     __slots__ = ("start_ms", "end_ms", "int_value", "double_value")
@@ -93,7 +97,7 @@ class MultiGetResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[StateValue, _Mapping]]] = ...) -> None: ...
 
 class TopRequest(_message.Message):
-    __slots__ = ("job", "operator", "state", "n", "ascending", "window_start_ms", "min_batch", "savepoint")
+    __slots__ = ("job", "operator", "state", "n", "ascending", "window_start_ms", "min_batch", "savepoint", "allow_stale")
     JOB_FIELD_NUMBER: _ClassVar[int]
     OPERATOR_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -102,6 +106,7 @@ class TopRequest(_message.Message):
     WINDOW_START_MS_FIELD_NUMBER: _ClassVar[int]
     MIN_BATCH_FIELD_NUMBER: _ClassVar[int]
     SAVEPOINT_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_STALE_FIELD_NUMBER: _ClassVar[int]
     job: str
     operator: str
     state: str
@@ -110,7 +115,8 @@ class TopRequest(_message.Message):
     window_start_ms: int
     min_batch: int
     savepoint: str
-    def __init__(self, job: _Optional[str] = ..., operator: _Optional[str] = ..., state: _Optional[str] = ..., n: _Optional[int] = ..., ascending: _Optional[bool] = ..., window_start_ms: _Optional[int] = ..., min_batch: _Optional[int] = ..., savepoint: _Optional[str] = ...) -> None: ...
+    allow_stale: bool
+    def __init__(self, job: _Optional[str] = ..., operator: _Optional[str] = ..., state: _Optional[str] = ..., n: _Optional[int] = ..., ascending: _Optional[bool] = ..., window_start_ms: _Optional[int] = ..., min_batch: _Optional[int] = ..., savepoint: _Optional[str] = ..., allow_stale: _Optional[bool] = ...) -> None: ...
 
 class TopEntry(_message.Message):
     __slots__ = ("key", "int_value", "double_value")

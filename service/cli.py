@@ -261,7 +261,7 @@ def _failed(exc: QStateError) -> typer.Exit:
 
 
 def _ask(url: str, ca: str, token: str, token_file: str, question: Any,
-         direct: bool = False) -> Any:
+         direct: bool = False, allow_stale: bool = False) -> Any:
     """``question(client)`` of the router at ``url`` (``direct``: of the routers its
     cluster map names, for keys); a failure leaves with its code of ``qstate.exit_codes``,
     the same as the Node client's."""
@@ -273,7 +273,8 @@ def _ask(url: str, ca: str, token: str, token_file: str, question: Any,
 
     try:
         with Client(url, ca=ca or None, token=token or None, token_file=token_file or None,
-                    insecure_token=S.allow_insecure, direct=direct) as c:
+                    insecure_token=S.allow_insecure, direct=direct,
+                    allow_stale=allow_stale) as c:
             return question(c)
     except QStateError as exc:
         raise _failed(exc) from None
@@ -296,6 +297,8 @@ def get(
     token: Annotated[str, option("token", "--token", show_default=False)] = S.token,
     token_file: Annotated[str, option("token_file", "--token-file")] = S.token_file,
     direct: Annotated[bool, option("client_direct", "--direct/--no-direct")] = S.client_direct,
+    allow_stale: Annotated[bool, option(
+        "client_allow_stale", "--allow-stale/--no-allow-stale")] = S.client_allow_stale,
 ) -> None:
     """Print one key's latest window (or windows in --from/--to) as JSON, live or as of a
     --savepoint.
@@ -304,7 +307,7 @@ def get(
     """
     v = _ask(url, ca, token, token_file,
              lambda c: c.get(job, operator, state, key, from_=from_, to=to,
-                             savepoint=savepoint), direct)
+                             savepoint=savepoint), direct, allow_stale)
     typer.echo(v.model_dump_json(indent=2))
 
 
@@ -320,6 +323,8 @@ def top(
     ca: Annotated[str, option("tls_ca", "--ca")] = S.tls_ca,
     token: Annotated[str, option("token", "--token", show_default=False)] = S.token,
     token_file: Annotated[str, option("token_file", "--token-file")] = S.token_file,
+    allow_stale: Annotated[bool, option(
+        "client_allow_stale", "--allow-stale/--no-allow-stale")] = S.client_allow_stale,
 ) -> None:
     """Print the N keys with the largest (--asc: smallest) value of a state in one window,
     across every partition, ties by key, as JSON.
@@ -328,7 +333,7 @@ def top(
     windows and a state that does not order. {exit_codes}
     """
     board = _ask(url, ca, token, token_file, lambda c: c.top(
-        job, operator, state, n, descending=not asc, window=window))
+        job, operator, state, n, descending=not asc, window=window), allow_stale=allow_stale)
     typer.echo(board.model_dump_json(indent=2))
 
 

@@ -91,11 +91,13 @@ def _t(v: TimeArg) -> str | None:
 
 
 def read_params(from_: TimeArg, to: TimeArg, min_batch: int | None = None,
-            savepoint: str | None = None) -> dict[str, str]:
+                savepoint: str | None = None, allow_stale: bool = False) -> dict[str, str]:
     """Query parameters; ``min_batch``: answer as of that batch or a later one (the router
     waits a while for it, then 503: retried like any other); ``savepoint``: as of that
-    savepoint of the job."""
+    savepoint of the job; ``allow_stale``: a follower may answer when the owner cannot."""
     out = {k: s for k, v in (("from", from_), ("to", to)) if (s := _t(v)) is not None}
+    if allow_stale:
+        out["allow_stale"] = "true"
     if min_batch is not None:
         out["min_batch"] = str(min_batch)
     if savepoint is not None:
@@ -154,8 +156,9 @@ def _series_path(job: str, operator: str, state: str, key: str) -> str:
 
 
 def _series_params(from_: TimeArg, to: TimeArg, min_batch: int | None,
-                   limit: int | None, savepoint: str | None = None) -> dict[str, str]:
-    params = read_params(from_, to, min_batch, savepoint)
+                   limit: int | None, savepoint: str | None = None,
+                   allow_stale: bool = False) -> dict[str, str]:
+    params = read_params(from_, to, min_batch, savepoint, allow_stale)
     if limit is not None:
         params["limit"] = str(limit)
     return params
@@ -169,12 +172,13 @@ def _page(r: httpx.Response, params: dict[str, str]) -> tuple[list[Point], dict[
 
 
 def _top(job: str, operator: str, state: str, n: int, descending: bool, window: TimeArg,
-         min_batch: int | None, savepoint: str | None = None) -> tuple[str, dict[str, str]]:
+         min_batch: int | None, savepoint: str | None = None,
+         allow_stale: bool = False) -> tuple[str, dict[str, str]]:
     """The path and parameters of a top-N request."""
     path = f"/v1/top/{quote(job, safe='')}/{quote(operator, safe='')}/{quote(state, safe='')}"
     return path, {"n": str(n), "order": "desc" if descending else "asc",
                   "window": _t(window) or "current",
-                  **read_params(None, None, min_batch, savepoint)}
+                  **read_params(None, None, min_batch, savepoint, allow_stale)}
 
 
 # A watch's stream is quiet between batches; the router sends a comment every 15 s, so a read
@@ -291,10 +295,12 @@ def retry_in(status: int, content: bytes, retry_after: str | None, attempt: int,
 
 class _Base:
     def __init__(self, retries: int, backoff_s: float, direct: bool | None,
-                 map_ttl_s: float | None, connect: tuple[Any, ...]) -> None:
+                 map_ttl_s: float | None, allow_stale: bool | None,
+                 connect: tuple[Any, ...]) -> None:
         self.retries = retries
         self.backoff_s = backoff_s
         s = settings()
+        self.allow_stale = s.client_allow_stale if allow_stale is None else allow_stale
         direct = s.client_direct if direct is None else direct
         self._owners = Owners(s.client_map_ttl_s if map_ttl_s is None else map_ttl_s) \
             if direct else None
@@ -377,7 +383,8 @@ class Client(_Base):
     def __init__(self, url: str | None = None, timeout: float = 5.0, retries: int = 3,
                  backoff_s: float = 0.2, *, ca: str | None = None, token: str | None = None,
                  token_file: str | None = None, insecure_token: bool | None = None,
-                 direct: bool | None = None, map_ttl_s: float | None = None) -> None:
+                 direct: bool | None = None, map_ttl_s: float | None = None,
+                 allow_stale: bool | None = None) -> None:
         """``url``: the router (None: QSTATE_ROUTER_URL). ``timeout``: seconds per request.
         ``retries``: times a 503 or 429 is asked again, after ``backoff_s`` doubling (at
         least the Retry-After the router sent). ``ca``: CA bundle of an https:// router
@@ -385,8 +392,11 @@ class Client(_Base):
         token (both None: QSTATE_TOKEN, QSTATE_TOKEN_FILE). ``insecure_token``: send it over
         http:// to another host (None: QSTATE_ALLOW_INSECURE). ``direct``: ask each key at a
         router on its owner's node, as the job's cluster map (cached, at most ``map_ttl_s``
-        old) names it (None: QSTATE_CLIENT_DIRECT, QSTATE_CLIENT_MAP_TTL_S)."""
-        super().__init__(retries, backoff_s, direct, map_ttl_s,
+        old) names it (None: QSTATE_CLIENT_DIRECT, QSTATE_CLIENT_MAP_TTL_S). ``allow_stale``:
+        when a partition's owner cannot answer, a follower of it may, as of its own batch
+        (each answer's ``batch``; None: QSTATE_CLIENT_ALLOW_STALE); else that read is the
+        owner's 503, retried."""
+        super().__init__(retries, backoff_s, direct, map_ttl_s, allow_stale,
                          (timeout, ca, token, token_file, insecure_token))
         self._http = httpx.Client(timeout=timeout, **connection_args(
             url, ca, token, token_file, insecure_token))
@@ -457,7 +467,8 @@ class Client(_Base):
         when the key has no data (its ``detail`` names the batch) or the job, operator or
         state (or savepoint) is unknown."""
         [(_, r)] = self._read(job, operator, [key], "GET", _key_path(job, operator, state, key),
-                              params=read_params(from_, to, min_batch, savepoint))
+                              params=read_params(from_, to, min_batch, savepoint,
+                                                 self.allow_stale))
         return StateAnswer.model_validate_json(r.content)
 
     def history(self, job: str, operator: str, state: str, key: str, from_: TimeArg,
@@ -472,7 +483,8 @@ class Client(_Base):
         ``value``), oldest first, every page of them; [] when the key has no data. Without
         ``from_``: its latest window. ``limit``: windows a request (None: the router's
         most, QSTATE_MAX_WINDOWS). ``savepoint``: as in ``get``."""
-        params: dict[str, str] | None = _series_params(from_, to, min_batch, limit, savepoint)
+        params: dict[str, str] | None = _series_params(from_, to, min_batch, limit, savepoint,
+                                                          self.allow_stale)
         points: list[Point] = []
         while params is not None:
             page, params = _page(self._request(
@@ -488,7 +500,8 @@ class Client(_Base):
         QSTATE_MAX_BATCH_KEYS keys."""
         got = self._read(job, operator, keys, "POST",
                          f"{state_path(job, operator, state)}:batchGet", json={"keys": keys},
-                         params=read_params(from_, to, min_batch, savepoint))
+                         params=read_params(from_, to, min_batch, savepoint,
+                                                 self.allow_stale))
         return _merged(len(keys), [(idx, BatchAnswer.model_validate_json(r.content).results)
                                    for idx, r in got])
 
@@ -502,7 +515,8 @@ class Client(_Base):
         QSTATE_MAX_BATCH_KEYS answers (keys × states)."""
         got = self._read(job, operator, keys, "POST", f"{operator_path(job, operator)}:batchGet",
                          json={"keys": keys, "states": states},
-                         params=read_params(from_, to, min_batch, savepoint))
+                         params=read_params(from_, to, min_batch, savepoint,
+                                                 self.allow_stale))
         return _merged(len(keys), [
             (idx, by_key([keys[i] for i in idx], states,
                          BatchAnswer.model_validate_json(r.content).results))
@@ -516,7 +530,7 @@ class Client(_Base):
         the window (None: the current one, the oldest still open at the watermark).
         ``savepoint``: as of that savepoint of the job."""
         path, params = _top(job, operator, state, n, descending, window, min_batch,
-                            savepoint)
+                            savepoint, self.allow_stale)
         return TopAnswer.model_validate_json(self._request("GET", path, params=params).content)
 
     def watch(self, job: str, operator: str, state: str, keys: Sequence[str] = (), *,
@@ -576,9 +590,10 @@ class AsyncClient(_Base):
     def __init__(self, url: str | None = None, timeout: float = 5.0, retries: int = 3,
                  backoff_s: float = 0.2, *, ca: str | None = None, token: str | None = None,
                  token_file: str | None = None, insecure_token: bool | None = None,
-                 direct: bool | None = None, map_ttl_s: float | None = None) -> None:
+                 direct: bool | None = None, map_ttl_s: float | None = None,
+                 allow_stale: bool | None = None) -> None:
         """As ``Client``'s."""
-        super().__init__(retries, backoff_s, direct, map_ttl_s,
+        super().__init__(retries, backoff_s, direct, map_ttl_s, allow_stale,
                          (timeout, ca, token, token_file, insecure_token))
         self._http = httpx.AsyncClient(timeout=timeout, **connection_args(
             url, ca, token, token_file, insecure_token))
@@ -645,7 +660,8 @@ class AsyncClient(_Base):
         """``Client.get``."""
         [(_, r)] = await self._read(job, operator, [key], "GET",
                                     _key_path(job, operator, state, key),
-                                    params=read_params(from_, to, min_batch, savepoint))
+                                    params=read_params(from_, to, min_batch, savepoint,
+                                                 self.allow_stale))
         return StateAnswer.model_validate_json(r.content)
 
     async def history(self, job: str, operator: str, state: str, key: str, from_: TimeArg,
@@ -658,7 +674,8 @@ class AsyncClient(_Base):
                      min_batch: int | None = None, limit: int | None = None,
                      savepoint: str | None = None) -> list[Point]:
         """``Client.series``."""
-        params: dict[str, str] | None = _series_params(from_, to, min_batch, limit, savepoint)
+        params: dict[str, str] | None = _series_params(from_, to, min_batch, limit, savepoint,
+                                                          self.allow_stale)
         points: list[Point] = []
         while params is not None:
             page, params = _page(await self._request(
@@ -674,7 +691,8 @@ class AsyncClient(_Base):
         got = await self._read(job, operator, keys, "POST",
                                f"{state_path(job, operator, state)}:batchGet",
                                json={"keys": keys},
-                               params=read_params(from_, to, min_batch, savepoint))
+                               params=read_params(from_, to, min_batch, savepoint,
+                                                 self.allow_stale))
         return _merged(len(keys), [(idx, BatchAnswer.model_validate_json(r.content).results)
                                    for idx, r in got])
 
@@ -686,7 +704,8 @@ class AsyncClient(_Base):
         got = await self._read(job, operator, keys, "POST",
                                f"{operator_path(job, operator)}:batchGet",
                                json={"keys": keys, "states": states},
-                               params=read_params(from_, to, min_batch, savepoint))
+                               params=read_params(from_, to, min_batch, savepoint,
+                                                 self.allow_stale))
         return _merged(len(keys), [
             (idx, by_key([keys[i] for i in idx], states,
                          BatchAnswer.model_validate_json(r.content).results))
@@ -697,7 +716,7 @@ class AsyncClient(_Base):
                   min_batch: int | None = None, savepoint: str | None = None) -> TopAnswer:
         """``Client.top``."""
         path, params = _top(job, operator, state, n, descending, window, min_batch,
-                            savepoint)
+                            savepoint, self.allow_stale)
         r = await self._request("GET", path, params=params)
         return TopAnswer.model_validate_json(r.content)
 

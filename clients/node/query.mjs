@@ -30,6 +30,9 @@
 // to in plain text, is replaced by --addr, which forwards the keys.
 // --savepoint NAME (get, multiget, top): as of that savepoint of the job (qstate savepoint
 // create).
+// --allow-stale (else $QSTATE_CLIENT_ALLOW_STALE=true; get, multiget, top): when a partition's
+// owner cannot answer, a follower of it (an operator with replicas) may, as of its own batch
+// (the answer's batch); without it that read is UNAVAILABLE (exit 3) until the owner answers.
 // Token: --token (else $QSTATE_TOKEN, else the content of --token-file or $QSTATE_TOKEN_FILE),
 // sent as "authorization: Bearer ..." metadata (watch: header); never in plain text off
 // loopback: without --ca (watch: to an http:// URL) to another host it refuses (exit 2) unless
@@ -69,9 +72,9 @@ const HTTP_CODE = { 400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMI
   404: "NOT_FOUND", 409: "ABORTED", 413: "INVALID_ARGUMENT", 429: "RESOURCE_EXHAUSTED",
   500: "INTERNAL", 503: "UNAVAILABLE" };
 
-const USAGE = "usage: query.mjs get JOB OPERATOR STATE KEY [--from MS --to MS] [--savepoint NAME] [--addr HOST:PORT] [--direct] [--ca FILE] [--token T | --token-file F] [--allow-insecure]\n" +
-  "       query.mjs multiget JOB OPERATOR STATE KEY... [--from MS --to MS] [--savepoint NAME] [--addr HOST:PORT] [--direct]\n" +
-  "       query.mjs top JOB OPERATOR STATE [--n N] [--asc] [--window MS] [--savepoint NAME] [--addr HOST:PORT]\n" +
+const USAGE = "usage: query.mjs get JOB OPERATOR STATE KEY [--from MS --to MS] [--savepoint NAME] [--allow-stale] [--addr HOST:PORT] [--direct] [--ca FILE] [--token T | --token-file F] [--allow-insecure]\n" +
+  "       query.mjs multiget JOB OPERATOR STATE KEY... [--from MS --to MS] [--savepoint NAME] [--allow-stale] [--addr HOST:PORT] [--direct]\n" +
+  "       query.mjs top JOB OPERATOR STATE [--n N] [--asc] [--window MS] [--savepoint NAME] [--allow-stale] [--addr HOST:PORT]\n" +
   "       query.mjs watch JOB OPERATOR STATE KEY... | --top N [--asc] [--from-batch B] [--max-events N] [--max-reconnects N] [--url URL]";
 
 function usage(msg) {
@@ -91,7 +94,8 @@ try {
                asc: { type: "boolean" }, window: { type: "string" }, top: { type: "string" },
                "from-batch": { type: "string" }, "max-events": { type: "string" },
                "max-reconnects": { type: "string" },
-               url: { type: "string" }, direct: { type: "boolean" } },
+               url: { type: "string" }, direct: { type: "boolean" },
+               "allow-stale": { type: "boolean" } },
   });
 } catch (e) {
   usage(e.message);
@@ -117,6 +121,7 @@ if (cmd === "watch") {
   }
   if (opts.addr !== undefined) usage("watch speaks HTTP: give the router's --url, not --addr");
   if (opts.direct) usage("--direct goes with get and multiget");
+  if (opts["allow-stale"]) usage("--allow-stale goes with get, multiget and top");
 }
 if (opts.n !== undefined && !/^\d+$/.test(opts.n)) usage(`not a count: ${opts.n}`);
 if (opts.window !== undefined && !/^-?\d+$/.test(opts.window)) {
@@ -188,6 +193,8 @@ if (token) metadata.set("authorization", `Bearer ${token}`);
 const asOf = {
   ...(opts["min-batch"] === undefined ? {} : { min_batch: opts["min-batch"] }),
   ...(opts.savepoint === undefined ? {} : { savepoint: opts.savepoint }),
+  ...(opts["allow-stale"] || process.env.QSTATE_CLIENT_ALLOW_STALE === "true"
+    ? { allow_stale: true } : {}),
 };
 const range = {
   ...(opts.from === undefined ? {} : { from_ms: opts.from, to_ms: opts.to }), ...asOf,

@@ -248,6 +248,12 @@ class Settings(BaseSettings):
         "job's cluster map names (GET /v1/cluster/{job}, cached), instead of at router_url, "
         "which forwards it (a hop on a cluster). A stale map costs a hop, never a wrong "
         "answer.")
+    client_allow_stale: bool = Field(
+        False, description="Python client, `qstate get`/`top` and the Feast store: when a "
+        "partition's owner cannot answer (down, restoring, moving), let a follower of it (an "
+        "operator with replicas) answer as of its own batch (allow_stale=true on each read; "
+        "the answer's batch says which) instead of 503 until the owner, or its successor, "
+        "answers.")
     client_map_ttl_s: float = Field(
         30.0, gt=0, description="Python client and Feast store with client_direct: the "
         "longest they keep a job's cluster map (it is re-read sooner when an answer names "

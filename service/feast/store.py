@@ -66,12 +66,17 @@ class QStateOnlineStoreConfig(FeastConfigBaseModel):
     direct: bool | None = Field(None, description="Ask each key at a router on its owner's "
                                 "node, as the job's cluster map names it (None: "
                                 "QSTATE_CLIENT_DIRECT)")
+    allow_stale: bool | None = Field(None, description="When a partition's owner cannot "
+                                     "answer, let a follower of it (an operator with "
+                                     "replicas) answer as of its own batch (None: "
+                                     "QSTATE_CLIENT_ALLOW_STALE)")
     feature_views: dict[StrictStr, ViewSource] = Field(
         default_factory=dict, description="Feature view name -> where it lives")
 
     def client_args(self) -> dict[str, Any]:
         return {"url": self.url, "timeout": self.timeout_s, "retries": self.retries,
-                "ca": self.ca, "token": self.token, "token_file": self.token_file}
+                "ca": self.ca, "token": self.token, "token_file": self.token_file,
+                "allow_stale": self.allow_stale}
 
     def cap(self) -> int:
         return self.batch_keys or settings().max_batch_keys
@@ -83,7 +88,9 @@ class QStateOnlineStoreConfig(FeastConfigBaseModel):
         s = settings()
         return Wire(self.url, self.timeout_s, self.retries, self.ca, self.token,
                     self.token_file, direct=s.client_direct if self.direct is None
-                    else self.direct, map_ttl_s=s.client_map_ttl_s)
+                    else self.direct, map_ttl_s=s.client_map_ttl_s,
+                    allow_stale=s.client_allow_stale if self.allow_stale is None
+                    else self.allow_stale)
 
 
 def _cfg(config: RepoConfig) -> QStateOnlineStoreConfig:

@@ -59,10 +59,12 @@ class Wire:
 
     def __init__(self, url: str | None, timeout_s: float, retries: int, ca: str | None,
                  token: str | None, token_file: str | None, backoff_s: float = 0.2,
-                 direct: bool = False, map_ttl_s: float = 30.0) -> None:
+                 direct: bool = False, map_ttl_s: float = 30.0,
+                 allow_stale: bool = False) -> None:
         kw = connection_args(url, ca, token, token_file, None)
         self.url = str(kw["base_url"]).rstrip("/")
         self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, backoff_s
+        self.allow_stale = allow_stale  # a follower may answer when the owner cannot
         self.connections = self._connect(kw)
         self._auth = (ca, token, token_file)
         self._paths: dict[tuple[str, str], str] = {}
@@ -130,7 +132,7 @@ class Wire:
         if target is None:
             target = self._paths.setdefault((job, operator),
                                             f"{operator_path(job, operator)}:batchGet")
-        query = read_params(from_, to, min_batch)
+        query = read_params(from_, to, min_batch, allow_stale=self.allow_stale)
         if query:
             target += "?" + urlencode(query)
         data = orjson.dumps({"keys": list(keys), "states": list(states)})

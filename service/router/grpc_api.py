@@ -96,7 +96,7 @@ class QueryableStateService(pb_grpc.QueryableStateServicer):
                 request.job, request.operator, request.state, request.n or None,
                 not request.ascending,
                 request.window_start_ms if request.HasField("window_start_ms") else None,
-                _min_batch(request), _savepoint(request))
+                _min_batch(request), _savepoint(request), request.allow_stale)
             r = await self.hub.top(q)
         except QStateError as exc:
             await _fail(context, "Top", exc)

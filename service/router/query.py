@@ -55,10 +55,12 @@ class QueryService:
 
     def top_query(self, job: str, operator: str, state: str, n: int | None = None,
                   descending: bool = True, start_ms: int | None = None,
-                  min_batch: int | None = None, savepoint: str | None = None) -> TopQuery:
+                  min_batch: int | None = None, savepoint: str | None = None,
+                  allow_stale: bool = False) -> TopQuery:
         """A top-N query under this router's bound on ``n`` (QSTATE_MAX_TOP_N)."""
         return TopQuery.of(job, operator, state, n, descending, start_ms,
-                           max_n=self.max_top_n, min_batch=min_batch, savepoint=savepoint)
+                           max_n=self.max_top_n, min_batch=min_batch, savepoint=savepoint,
+                           allow_stale=allow_stale)
 
     async def spec(self, job: str, operator: str, state: str | None = None) -> OperatorSpec:
         """The operator's spec, or the 404 naming what is unknown, in the read core's words."""

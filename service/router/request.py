@@ -41,11 +41,14 @@ class TopQuery:
     start_ms: int | None = None  # the window starting here; None: the current one
     min_batch: int | None = None  # every partition, as in StateQuery
     savepoint: str | None = None  # as in StateQuery
+    # a follower may answer a partition whose owner cannot, as of its batch (as a key read's)
+    allow_stale: bool = False
 
     @classmethod
     def of(cls, job: str, operator: str, state: str, n: int | None, descending: bool = True,
            start_ms: int | None = None, *, max_n: int,
-           min_batch: int | None = None, savepoint: str | None = None) -> TopQuery:
+           min_batch: int | None = None, savepoint: str | None = None,
+           allow_stale: bool = False) -> TopQuery:
         """The query, or the InvalidRequest (400) that says what to fix."""
         check_name("job", job)
         check_name("operator", operator)
@@ -55,7 +58,7 @@ class TopQuery:
         if not 1 <= n <= max_n:
             raise InvalidRequest(f"'n' is {n}: ask for 1 to {max_n} keys (QSTATE_MAX_TOP_N)")
         return cls(job, operator, state, n, descending, start_ms, check_min_batch(min_batch),
-                   check_savepoint(savepoint, min_batch))
+                   check_savepoint(savepoint, min_batch), allow_stale)
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,11 +3,12 @@
 Each partition's top n comes from its owner: one ``Top`` call per shard server for all the
 partitions it holds (not from a co-located shard's files: catching a RocksDB secondary up
 with a busy primary costs more than the read, measured in §5), and a partition whose owner
-cannot answer is asked again on its own, following a move, then of a follower
-(``Owners.ask``). The answers merge by value, then key. Every partition answers or
-the whole answer is the 503 of the one that could not: a leaderboard never silently misses a
-partition. ``window=current`` is resolved by each partition from its watermark; partitions a
-batch apart can disagree at a window's end, and those behind are asked the newest window.
+cannot answer is asked again on its own, following a move, then of a follower when the
+query allows staleness (``Owners.ask``). The answers merge by value, then key. Every
+partition answers or the whole answer is the 503 of the one that could not: a leaderboard
+never silently misses a partition. ``window=current`` is resolved by each partition from
+its watermark; partitions a batch apart can disagree at a window's end, and those behind are
+asked the newest window.
 """
 
 from __future__ import annotations
@@ -75,24 +76,32 @@ def _partition_top(r: pb.PartitionTop) -> PartitionTop:
 
 class Owners:
     """A call of a partition's owner (following a move once), of a follower when the owner
-    cannot answer: what the read core does for keys (``engine/core/src/read/fetch.rs``), for a
-    top-N's ``Top`` calls, with the core's words for each 503 (``Engine.unavailable``)."""
+    cannot answer and the caller allows staleness: what the read core does for keys
+    (``engine/core/src/read/fetch.rs``), for a top-N's ``Top`` calls, with the core's words
+    for each 503 (``Engine.unavailable``)."""
 
     def __init__(self, routing: RoutingTable, engine: Engine) -> None:
         self.routing = routing
         self.engine = engine
 
-    def _unavailable(self, reason: str, pid: PartitionId, address: str = "") -> QStateError:
-        return self.engine.unavailable(reason, pid.job, pid.operator, pid.partition, address)
+    def _unavailable(self, reason: str, pid: PartitionId, address: str = "",
+                     stale_hint: bool = False) -> QStateError:
+        return self.engine.unavailable(reason, pid.job, pid.operator, pid.partition, address,
+                                       stale_hint)
 
     async def ask(self, pid: PartitionId, owner: str | None,
-                  call: Callable[[str], Awaitable[pb.PartitionTop]]) -> pb.PartitionTop:
+                  call: Callable[[str], Awaitable[pb.PartitionTop]],
+                  allow_stale: bool = False) -> pb.PartitionTop:
         """``call(address)`` of the partition's owner (None: the routing table names none
-        yet); the answer has the partition's ``status``: FOUND, never NOT_OWNED or
-        RESTORING."""
+        yet), then of a follower when ``allow_stale``; the answer has the partition's
+        ``status``: FOUND, never NOT_OWNED or RESTORING."""
+        # the 503 says how to read a copy the caller did not allow (the read core's words)
+        hint = not allow_stale and bool(self.routing.followers_now(pid))
         try:
-            return await self._ask_owner(pid, owner, call)
+            return await self._ask_owner(pid, owner, call, hint)
         except Unavailable:
+            if not allow_stale:
+                raise
             for address in self.routing.followers_now(pid):
                 FOLLOWER_READS.inc()
                 try:
@@ -104,12 +113,13 @@ class Owners:
             raise
 
     async def _ask_owner(self, pid: PartitionId, address: str | None,
-                         call: Callable[[str], Awaitable[pb.PartitionTop]]) -> pb.PartitionTop:
+                         call: Callable[[str], Awaitable[pb.PartitionTop]],
+                         hint: bool) -> pb.PartitionTop:
         for attempt in (0, 1):
             if attempt or address is None:  # after a move, or none named yet: refresh once
                 address = await self.routing.owner(pid)
             if address is None:
-                raise self._unavailable("no-owner", pid)
+                raise self._unavailable("no-owner", pid, "", hint)
             REMOTE_READS.inc()
             try:
                 r = await call(address)
@@ -119,19 +129,19 @@ class Owners:
                         continue  # moved: ask the new owner
                     raise self._unavailable(
                         "shard-timeout" if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-                        else "shard-down", pid, address) from None
+                        else "shard-down", pid, address, hint) from None
                 if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
                     # the router's own credential is wrong: the client's request is fine
                     log.error("shard %s refused this router: its QSTATE_CLUSTER_TOKEN differs",
                               address)
-                    raise self._unavailable("shard-refused", pid, address) from None
+                    raise self._unavailable("shard-refused", pid, address, hint) from None
                 raise from_grpc(exc) or QStateError(exc.details() or "shard error") from None
             if r.status == pb.RESTORING:
-                raise self._unavailable("restoring", pid, address)
+                raise self._unavailable("restoring", pid, address, hint)
             if r.status != pb.NOT_OWNED:
                 return r
             await self.routing.refresh(force=True)
-        raise self._unavailable("moving", pid)
+        raise self._unavailable("moving", pid, "", hint)
 
 
 class TopReads:
@@ -239,7 +249,7 @@ class TopReads:
                 return reply.partitions[0]
 
             pid = PartitionId(spec.job, spec.operator, p)
-            return p, _partition_top(await self.owners.ask(pid, owner, call))
+            return p, _partition_top(await self.owners.ask(pid, owner, call, q.allow_stale))
 
         for p, t in await asyncio.gather(*(one(p) for p in again)):
             out[p] = t

@@ -449,7 +449,7 @@ class WatchHub:
             now = batches.get((top.spec.job, top.spec.operator), {})
             if len(now) < top.spec.partitions:
                 # an owner did not answer, or a partition restores: GETs read for themselves
-                # (and get its 503, or a follower's answer), as point reads do
+                # (and get its 503, or a follower's answer if they allow one), as point reads do
                 top.current = False
                 continue
             if not top.seen and top.board is not None:  # kept from a GET: read as of this

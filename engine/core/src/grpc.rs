@@ -62,6 +62,7 @@ pub fn ask(method: Method, raw: &[u8], book: Option<&Book>, authorization: Optio
                 min_batch: r.min_batch,
                 savepoint: r.savepoint,
                 local: true,
+                allow_stale: r.allow_stale,
                 ..Ask::default()
             })
         }
@@ -83,6 +84,7 @@ pub fn ask(method: Method, raw: &[u8], book: Option<&Book>, authorization: Optio
                 min_batch: r.min_batch,
                 savepoint: r.savepoint,
                 local: true,
+                allow_stale: r.allow_stale,
                 ..Ask::default()
             })
         }

@@ -382,7 +382,9 @@ impl Engine {
 
     /// The 503 of a partition that cannot answer (`reason`: no-owner, shard-down,
     /// shard-timeout, shard-refused, restoring, moving) in the read core's words, for the
-    /// router's top-N reads.
+    /// router's top-N reads; `stale_hint`: a follower holds a copy the caller did not allow.
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (reason, job, operator, partition, address, stale_hint=false))]
     fn unavailable(
         &self,
         py: Python<'_>,
@@ -391,12 +393,17 @@ impl Engine {
         operator: String,
         partition: u32,
         address: &str,
+        stale_hint: bool,
     ) -> PyResult<Py<PyAny>> {
         let reason = ["no-owner", "shard-down", "shard-timeout", "shard-refused", "restoring", "moving"]
             .into_iter()
             .find(|r| *r == reason)
             .ok_or_else(|| runtime(format!("no reason {reason}")))?;
-        let f = core_read::fetch::unavailable(&self.core, reason, &PartitionId { job, operator, partition }, address);
+        let mut f =
+            core_read::fetch::unavailable(&self.core, reason, &PartitionId { job, operator, partition }, address);
+        if stale_hint {
+            f = core_read::fetch::with_stale_hint(f);
+        }
         Ok(py_err(py, &f).into_value(py).into_any())
     }
 

@@ -14,8 +14,20 @@ from pydantic import BaseModel, Field
 
 from qstate.core.address import MAX_KEY_BYTES, NAME_PATTERN
 
-__all__ = ["TIME_DOC", "TIME_PATTERN", "BatchGetIn", "From", "Key", "Name", "StatesBatchGetIn",
-           "To", "limit_param", "min_batch_param", "savepoint_param"]
+__all__ = [
+    "TIME_DOC",
+    "TIME_PATTERN",
+    "AllowStale",
+    "BatchGetIn",
+    "From",
+    "Key",
+    "Name",
+    "StatesBatchGetIn",
+    "To",
+    "limit_param",
+    "min_batch_param",
+    "savepoint_param",
+]
 
 # A time in a query: epoch milliseconds (Grafana's ${__from}), relative to now (now, now-1h,
 # now+5m; a "+" left unencoded arrives as a space), or an ISO-8601 date or time (naive: UTC).
@@ -60,6 +72,13 @@ From = Annotated[str | None, Query(alias="from", description=f"Windows starting 
 To = Annotated[str | None, Query(description=f"Windows starting before (exclusive): "
                                  f"{TIME_DOC}; must be after from", examples=["now"],
                                  json_schema_extra={"pattern": TIME_PATTERN})]
+
+# the read core parses it (engine/core/src/http/mod.rs, `flag`) as pydantic reads a bool
+AllowStale = Annotated[bool, Query(description="When a partition's owner cannot answer "
+                                   "(down, restoring, moving), a follower of it (an operator "
+                                   "with replicas) may, as of its own batch: the answer's "
+                                   "batch says which. Unset: that read is 503 + Retry-After "
+                                   "until the owner, or its successor, answers")]
 
 
 def limit_param(most: int) -> Any:

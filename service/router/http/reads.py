@@ -22,6 +22,7 @@ from qstate._engine import Engine, answer, read_route
 from qstate.core.answer import NEXT_FROM, BatchAnswer, Series, StateAnswer, error_responses
 from qstate.core.errors import QStateError
 from qstate.router.http.params import (
+    AllowStale,
     BatchGetIn,
     From,
     Key,
@@ -130,7 +131,8 @@ def add_read_routes(app: FastAPI, engine: Engine, max_windows: int,
           responses=errors, summary="The latest window of a key, or its windows in a range")
     def get_state(job: Name, operator: Name, state: Name, key: Key, from_: From = None,
                   to: To = None, limit: int | None = limit, min_batch: int | None = min_batch,
-                  savepoint: str | None = savepoint) -> None:
+                  savepoint: str | None = savepoint,
+                  allow_stale: AllowStale = False) -> None:
         """A definition: the read core answers it."""
 
     @read("/v1/state/{job}/{operator}/{state}:batchGet", "POST", response_model=BatchAnswer,
@@ -138,7 +140,8 @@ def add_read_routes(app: FastAPI, engine: Engine, max_windows: int,
           summary="Many keys of one state; misses are marked")
     def batch_get(job: Name, operator: Name, state: Name, body: Annotated[BatchGetIn, Body()],
                   from_: From = None, to: To = None, limit: int | None = limit,
-                  min_batch: int | None = min_batch, savepoint: str | None = savepoint) -> None:
+                  min_batch: int | None = min_batch, savepoint: str | None = savepoint,
+                  allow_stale: AllowStale = False) -> None:
         """A definition: the read core answers it."""
 
     @read("/v1/state/{job}/{operator}:batchGet", "POST", response_model=BatchAnswer,
@@ -148,7 +151,8 @@ def add_read_routes(app: FastAPI, engine: Engine, max_windows: int,
     def batch_get_states(job: Name, operator: Name, body: Annotated[StatesBatchGetIn, Body()],
                          from_: From = None, to: To = None, limit: int | None = limit,
                          min_batch: int | None = min_batch,
-                         savepoint: str | None = savepoint) -> None:
+                         savepoint: str | None = savepoint,
+                  allow_stale: AllowStale = False) -> None:
         """A definition: the read core answers it."""
 
     @read("/v1/series/{job}/{operator}/{state}/{key:key}", "GET", response_model=Series,
@@ -160,5 +164,6 @@ def add_read_routes(app: FastAPI, engine: Engine, max_windows: int,
                   "has no data")
     def get_series(job: Name, operator: Name, state: Name, key: Key, from_: From = None,
                    to: To = None, limit: int | None = limit, min_batch: int | None = min_batch,
-                   savepoint: str | None = savepoint) -> None:
+                   savepoint: str | None = savepoint,
+                  allow_stale: AllowStale = False) -> None:
         """A definition: the read core answers it."""

@@ -12,7 +12,14 @@ from fastapi.responses import Response
 
 from qstate._engine import parse_time
 from qstate.core.answer import TopAnswer, error_responses
-from qstate.router.http.params import TIME_DOC, TIME_PATTERN, Name, min_batch_param, savepoint_param
+from qstate.router.http.params import (
+    TIME_DOC,
+    TIME_PATTERN,
+    AllowStale,
+    Name,
+    min_batch_param,
+    savepoint_param,
+)
 from qstate.router.query import QueryService
 from qstate.router.watch import WatchHub
 from qstate.router.wire import JSON, top_fields
@@ -44,9 +51,10 @@ def add_top_route(app: FastAPI, query: QueryService, watches: WatchHub) -> None:
                           "without windows", examples=["current", "now-1h"],
                           json_schema_extra={"pattern": WINDOW_PATTERN})] = "current",
                       min_batch: int | None = min_batch,
-                      savepoint: str | None = savepoint) -> Any:
+                      savepoint: str | None = savepoint,
+                      allow_stale: AllowStale = False) -> Any:
         # a time as the read core reads one (its words when it is not)
         start = None if window == "current" else parse_time("window", window)
         r = await watches.top(query.top_query(job, operator, state, n, order == "desc", start,
-                                              min_batch, savepoint))
+                                              min_batch, savepoint, allow_stale))
         return Response(orjson.dumps(top_fields(r, order == "desc")), media_type=JSON)

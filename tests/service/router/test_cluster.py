@@ -1,7 +1,8 @@
 """``GET /v1/cluster`` over the shop deployment: every partition once, under the server the
 assignment names, as its owner reports it (state, last batch, watermark, freshness); the
 partitions of a killed server are down, the others stay ready. With replicas=2 (the rescale
-world of loadtest/rescale.py), each server also lists the copies it follows."""
+world of loadtest/rescale.py), each server also lists the copies it follows, and a read of a
+dead owner's partition is answered by its copy only when it allows staleness."""
 
 from __future__ import annotations
 
@@ -10,13 +11,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 import orjson
 import pytest
 
-from loadtest.rescale import JOB, OP, World
+from loadtest.rescale import JOB, OP, STATE, World, views
+from qstate.client import Client
+from qstate.core.address import partition_of
+from qstate.core.errors import Unavailable
 from qstate.embedded.procs import qstate_command
-from tests.helpers import wait_until
+from qstate.proto import qstate_pb2 as pb
+from qstate.proto import qstate_pb2_grpc as pb_grpc
+from tests.helpers import metric, wait_until
 from tests.shop import BATCHES, SPEC, WINDOW, Shop
 
 LAST = BATCHES - 1
@@ -102,7 +109,79 @@ def test_followers_are_listed_under_the_servers_holding_the_copies(tmp_path: Pat
         assert [r["followers"] for r in rows] == [
             [f"{f}:ready" for f in a.followers_of(OP, r["partition"])] for r in rows]
 
-        w.shards["s1"].kill()  # before its lease ends, its copies are down
+        # the job stops (no coordinator: no lease runs out, nothing is promoted), then s1
+        # dies: its partitions have no owner that answers, and a copy on s0 each
+        w.pause()
+        w.shards["s1"].kill()  # its copies are down
         assert {p["state"] for p in view()["s1"]["following"]} == {"down"}
+        stale_reads_only_when_allowed(w, router, w.routers[1].grpc_address)
     finally:
         w.stop()
+
+
+def stale_reads_only_when_allowed(w: World, router: str, grpc_address: str) -> None:
+    """A partition whose owner is down is read from its follower only by a read that allows
+    staleness (allow_stale, as Kafka Streams' stale stores), as of the follower's batch; any
+    other read is the owner's 503 + Retry-After, which says how to read the copy. Point and
+    batch reads over HTTP, gRPC Get, the top-N, the Python client."""
+    a = w.assignment()
+    last = w.committed  # the job is stopped: every copy has it
+    dead = [k for k in w.names if a.owners[OP][partition_of(k, w.spec.partitions)] == "s1"]
+    key = dead[0]
+    path = f"/v1/state/{JOB}/{OP}/{STATE}/{key}"
+
+    def refused() -> httpx.Response | None:
+        r = httpx.get(f"{router}{path}", timeout=30)
+        return r if r.status_code == 503 else None
+
+    r = wait_until(refused, 30, "the router finding the owner down")
+    assert isinstance(r, httpx.Response) and "Retry-After" in r.headers
+    assert "allow_stale=true" in r.json()["message"], r.text
+
+    def follower_reads() -> float:
+        return metric(router, "qstate_router_shard_reads_total", path="follower")
+
+    before = follower_reads()
+    r = httpx.get(f"{router}{path}", params={"allow_stale": "true"}, timeout=30)
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert (got["found"], got["batch"]) == (True, last)
+    assert got["windows"][0]["value"] == views(key, last)
+    assert follower_reads() > before
+    r = httpx.post(f"{router}/v1/state/{JOB}/{OP}/{STATE}:batchGet", json={"keys": dead[:50]},
+                   params={"allow_stale": "yes"}, timeout=30)
+    assert r.status_code == 200, r.text
+    assert [x["windows"][0]["value"] for x in r.json()["results"]] == \
+        [views(k, last) for k in dead[:50]]
+    assert httpx.post(f"{router}/v1/state/{JOB}/{OP}/{STATE}:batchGet",
+                      json={"keys": dead[:50]}, timeout=30).status_code == 503
+
+    top = f"{router}/v1/top/{JOB}/{OP}/{STATE}"
+    assert httpx.get(top, params={"n": 5}, timeout=30).status_code == 503
+    r = httpx.get(top, params={"n": 5, "allow_stale": "true"}, timeout=30)
+    assert r.status_code == 200, r.text
+    truth = sorted(w.names, key=lambda k: (-views(k, last), k))[:5]
+    assert [e["key"] for e in r.json()["entries"]] == truth
+
+    with grpc.insecure_channel(grpc_address) as ch:
+        stub = pb_grpc.QueryableStateStub(ch)
+        ask = pb.GetRequest(job=JOB, operator=OP, state=STATE, key=key)
+        with pytest.raises(grpc.RpcError) as e:
+            stub.Get(ask, timeout=30)
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "allow_stale" in (e.value.details() or "")
+        ask.allow_stale = True
+        v = stub.Get(ask, timeout=30)
+        assert (v.found, v.batch, v.windows[0].int_value) == (True, last, views(key, last))
+        many = stub.MultiGet(pb.MultiGetRequest(job=JOB, operator=OP, state=STATE,
+                                                keys=dead[:20], allow_stale=True), timeout=30)
+        assert [v.windows[0].int_value for v in many.results] == \
+            [views(k, last) for k in dead[:20]]
+        board = stub.Top(pb.TopRequest(job=JOB, operator=OP, state=STATE, n=5,
+                                       allow_stale=True), timeout=30)
+        assert [e.key for e in board.entries] == truth
+
+    with Client(router, retries=0) as c, pytest.raises(Unavailable):
+        c.get(JOB, OP, STATE, key)
+    with Client(router, retries=0, allow_stale=True) as c:
+        assert c.get(JOB, OP, STATE, key).batch == last

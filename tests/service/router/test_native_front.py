@@ -312,6 +312,9 @@ MIN_BATCHES = st.sampled_from(["0", "1", "2", "3", "02", " 2"])  # the shop is a
 ODD_MIN_BATCHES = st.sampled_from(["999999999999999999", "9999999999999999999", "-1", "",
                                    "\x1c2", "2\x1f", "+2", "2.0", "2\x0b", "4"])
 
+FLAGS = st.sampled_from(["true", "false", "1", "0", "yes", "off", "TRUE", "t", "N"])
+ODD_FLAGS = st.sampled_from(["maybe", "2", "tru", " true", "true ", "ja", "\x00"])
+
 
 @st.composite
 def query(draw: st.DrawFn, usual: int) -> bytes | None:
@@ -323,7 +326,8 @@ def query(draw: st.DrawFn, usual: int) -> bytes | None:
     now_end = draw(st.sampled_from([None, None, "from", "to"]))
     pairs: list[bytes] = []
     for _ in range(draw(st.integers(0, 4))):
-        name = either(draw, usual, st.sampled_from(["from", "to", "limit", "min_batch"]),
+        name = either(draw, usual, st.sampled_from(["from", "to", "limit", "min_batch",
+                                                    "allow_stale"]),
                       st.sampled_from(["savepoint", "x", "FROM", "", "from ", "limit"]))
         if now_end is not None and name in ("from", "to") and name != now_end:
             continue
@@ -336,6 +340,8 @@ def query(draw: st.DrawFn, usual: int) -> bytes | None:
             value = either(draw, usual, LIMITS, ODD_LIMITS)
         elif name == "min_batch":
             value = either(draw, usual, MIN_BATCHES, ODD_MIN_BATCHES)
+        elif name == "allow_stale":  # the shop's owners answer: a flag parsed, or its 400
+            value = either(draw, usual, FLAGS, ODD_FLAGS)
         elif name == "savepoint":
             value = draw(st.sampled_from(["sp-1", "", ".bad", "a" * 65]))
         else:

@@ -121,6 +121,7 @@ struct Params {
     limit: Option<String>,
     min_batch: Option<String>,
     savepoint: Option<String>,
+    allow_stale: Option<String>,
 }
 
 fn params(query: &str) -> Result<Params, Failure> {
@@ -137,10 +138,20 @@ fn params(query: &str) -> Result<Params, Failure> {
             "limit" => p.limit = Some(value),
             "min_batch" => p.min_batch = Some(value),
             "savepoint" => p.savepoint = Some(value),
+            "allow_stale" => p.allow_stale = Some(value),
             _ => {}
         }
     }
     Ok(p)
+}
+
+/// A query flag, spelled as the API's definition (FastAPI, pydantic's bool) takes one.
+fn flag(v: &str) -> Option<bool> {
+    match v.to_ascii_lowercase().as_str() {
+        "1" | "on" | "t" | "true" | "y" | "yes" => Some(true),
+        "0" | "off" | "f" | "false" | "n" | "no" => Some(false),
+        _ => None,
+    }
 }
 
 /// Whether a content type is JSON's: `application/json` or `application/<x>+json`, any
@@ -207,7 +218,12 @@ pub fn ask(
             Failure::invalid(format!("'min_batch' must be a batch number, 0 or more, not {}", quoted(m, 80)))
         })?),
     };
-    let mut ask = Ask { range, limit, min_batch, savepoint: p.savepoint, local: true, ..Ask::default() };
+    let allow_stale = match &p.allow_stale {
+        None => false,
+        Some(v) => flag(v)
+            .ok_or_else(|| Failure::invalid(format!("'allow_stale' must be true or false, not {}", quoted(v, 80))))?,
+    };
+    let mut ask = Ask { range, limit, min_batch, savepoint: p.savepoint, local: true, allow_stale, ..Ask::default() };
     let name = |n: &str| decoded(n, NAME).map(Cow::into_owned);
     let [job, operator, state] = target.names;
     ask.job = name(job)?;
@@ -326,6 +342,13 @@ mod tests {
         assert_eq!((a.limit, a.range), (Some(7), Some((0, crate::time::FAR))));
         assert_eq!(asked("GET", "/v1/state/j/o/s/%FF", "", None, b"").unwrap_err().class, "InvalidAddress");
         assert!(asked("GET", "/v1/state/j/o/s/k", "limit=x", None, b"").is_err());
+        assert!(
+            !asked("GET", "/v1/state/j/o/s/k", "", None, b"").unwrap().allow_stale,
+            "the owner's answer unless asked"
+        );
+        assert!(asked("GET", "/v1/state/j/o/s/k", "allow_stale=True", None, b"").unwrap().allow_stale);
+        assert!(!asked("GET", "/v1/state/j/o/s/k", "allow_stale=1&allow_stale=off", None, b"").unwrap().allow_stale);
+        assert!(asked("GET", "/v1/state/j/o/s/k", "allow_stale=maybe", None, b"").is_err());
         let json = Some(&b"application/json; charset=utf-8"[..]);
         let b = asked("POST", "/v1/state/j/o:batchGet", "", json, br#"{"keys": ["a"], "states": ["v", "w"]}"#).unwrap();
         assert_eq!(

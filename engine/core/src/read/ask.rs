@@ -30,6 +30,9 @@ pub struct Ask {
     pub savepoint: Option<String>,
     /// co-located partitions read in-process; false: every key from its owner
     pub local: bool,
+    /// a follower may answer when the owner cannot (down, restoring, moving), as of its own
+    /// batch (Kafka Streams' stale stores); false: that read is the owner's 503
+    pub allow_stale: bool,
 }
 
 /// One state's read, checked.
@@ -44,6 +47,7 @@ pub struct Read {
     pub min_batch: Option<i64>,
     pub savepoint: Option<String>,
     pub local: bool,
+    pub allow_stale: bool,
 }
 
 impl Read {
@@ -190,6 +194,7 @@ fn reads(table: &Table, ask: &Ask, limit: usize) -> Option<Result<Vec<Read>, Fai
             min_batch: ask.min_batch,
             savepoint: ask.savepoint.clone(),
             local: ask.local,
+            allow_stale: ask.allow_stale,
         });
     }
     Some(Ok(out))

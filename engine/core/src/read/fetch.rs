@@ -1,8 +1,8 @@
 //! Each key's hit, from its partition (docs/architecture.md §5): on this host, from the
 //! owner's files (a RocksDB secondary: `local`), while the owner reports it ready and lives;
 //! else from the owner's shard server (`remote`, coalesced), following a move once; when the
-//! owner cannot answer (down, restoring, moving, none yet), from a follower that serves it,
-//! as of its own batch; else the 503 that names the partition and why. A savepoint is always
+//! owner cannot answer (down, restoring, moving, none yet) and the caller allows staleness,
+//! from a follower that serves it, as of its own batch; else the 503 that names the partition and why. A savepoint is always
 //! read by a shard server (its files are not the live ones).
 
 use std::sync::Arc;
@@ -169,9 +169,26 @@ async fn partition(engine: &Arc<Engine>, r: &Read, p: u32, idx: &[usize]) -> Res
         }
     }
     match from_owner(engine, r, &id, idx).await {
-        Err(f) if f.class == "Unavailable" => from_follower(engine, r, &id, idx).await.unwrap_or(Err(f)),
+        Err(f) if f.class == "Unavailable" && r.allow_stale => {
+            from_follower(engine, r, &id, idx).await.unwrap_or(Err(f))
+        }
+        Err(f) if f.class == "Unavailable" && !followers(engine, r, &id).is_empty() => Err(with_stale_hint(f)),
         got => got,
     }
+}
+
+/// The owner's 503 when a follower holds a copy the caller did not allow: it says how to read
+/// that copy (docs/querying.md, "When the owner cannot answer").
+pub fn with_stale_hint(mut f: Failure) -> Failure {
+    f.message
+        .push_str("; a follower holds a copy of it: ask with allow_stale=true to read that copy, as of its own batch");
+    f
+}
+
+/// The addresses of partition `id`'s followers in the routing table now.
+fn followers(engine: &Engine, r: &Read, id: &PartitionId) -> Vec<Arc<str>> {
+    let spec = &r.entry.op.spec;
+    engine.table.load().get(&spec.job, &spec.operator).map(|e| e.followers(id.partition).to_vec()).unwrap_or_default()
 }
 
 /// Keys of a partition on this host (`here_keys`), as the read `r` asks them.
@@ -356,14 +373,7 @@ async fn from_follower(
     id: &PartitionId,
     idx: &[usize],
 ) -> Option<Result<Vec<Hit>, Failure>> {
-    let spec = &r.entry.op.spec;
-    let followers: Vec<Arc<str>> = engine
-        .table
-        .load()
-        .get(&spec.job, &spec.operator)
-        .map(|e| e.followers(id.partition).to_vec())
-        .unwrap_or_default();
-    for address in followers {
+    for address in followers(engine, r, id) {
         engine.metrics.follower_reads(idx.len() as u64);
         if let Ok(results) = ask(engine, r, &address, id, idx).await {
             if let Some(h) = hits(results) {
