@@ -318,6 +318,10 @@ class Reader(threading.Thread):
         self.stop = threading.Event()
         self.answers: Counter[int] = Counter()  # status -> count; 0: no connection
         self.wrong: list[str] = []
+        # answers of an older batch than one this reader saw before for the key: after a
+        # planned move, an answer from the old owner once the new one committed (a kill's
+        # restore may answer older meanwhile, a planned move never)
+        self.backwards: list[str] = []
         self.highest: dict[tuple[str, int], int] = {}
         self._last: dict[str, tuple[int, dict[int, int]]] = {}  # key -> (batch, windows)
 
@@ -348,7 +352,9 @@ class Reader(threading.Thread):
             self.wrong += [f"{key}@{s}: {windows.get(s, 0)} at batch {batch} after {v} at "
                            f"batch {prev_batch}" for s, v in prev.items()
                            if windows.get(s, 0) < v]
-        self._last[key] = (batch, windows)
+            self._last[key] = (batch, windows)
+        else:
+            self.backwards.append(f"{key}: batch {batch} after batch {prev_batch}")
         for s, v in windows.items():
             self.highest[(key, s)] = max(self.highest.get((key, s), 0), v)
 

@@ -19,6 +19,10 @@ plain client's all cross the hop at the router. In 3, a direct and a plain clien
 existing keys throughout: never a wrong or empty answer, and both answer again from the new
 owner.
 
+Between 2 and 3, planned moves (make-before-break) under a direct and a plain client: a
+shard drains and comes back; no reader ever sees an answer older than one it saw, so the
+old owner never answered once a partition's epoch changed.
+
 4. Serving outlives the job: with the job stopped, a worker host is killed; the standby
    coordinator (`qstate coordinator`, on the router's host) moves its partitions and every
    key answers, exact, without the driver. The job started again goes on from the standby's
@@ -122,6 +126,68 @@ def test_clients_that_follow_the_map_read_each_key_where_it_is_held(cluster) -> 
         else:
             assert moved["router"]["remote"] >= len(sample), moved
             assert local == 0 and all(m["remote"] == 0 for m in on_nodes.values()), moved
+
+
+def test_a_planned_move_under_read_load_is_never_answered_by_the_old_owner(cluster) -> None:
+    """Make-before-break under a direct and a plain client reading existing keys: shard-2
+    drains (SIGTERM: its partitions move to shard-1, each once shard-1 has its batch, then it
+    exits), then starts again and takes its share back the same way. Once a partition's
+    epoch changed, the old owner (its server, and the router reading its files on its host)
+    never answers it: no reader ever sees a key at an older batch than it saw before, nor a
+    wrong, empty or above-the-truth answer."""
+    seen: dict = {}
+    c, gen = cluster
+    keys, _ = existing(gen.log)
+    assert c.router is not None
+    readers = {direct: ClientReader(c.router.url, two_per_partition(keys), keys, direct)
+               for direct in (True, False)}
+    for r in readers.values():
+        r.start()
+
+    def inject(d: Deployment) -> float:
+        assert isinstance(d, Cluster)
+        seen["epoch"] = d.epoch()
+        t = time.monotonic()
+        d.shards[1].drain(120)  # returns once shard-2 exited by itself
+        seen["drained"] = time.monotonic() - t
+        return t
+
+    def recovered(d: Deployment) -> None:
+        assert isinstance(d, Cluster)
+        assert set(d.owners()) == {"shard-1"}, d.owners()  # it left nothing behind
+        t = time.monotonic()
+        d.shards[1] = d.start_shard(2)
+        wait_until(lambda: len(d.owners()) == WORKERS and
+                   [serving(d, op) for op in ("per_tweet_1h", "per_tweet_1m")] == [P, P]
+                   and all(serving_on(d, i) > 0 for i in (1, 2)), 120,
+                   "shard-2 back with its share, one owner per partition")
+        seen["joined"] = time.monotonic() - t
+        assert d.job is not None and d.job.alive()
+
+    try:
+        scenario(cluster, "shard-2 drained, then back (planned moves)", inject, recovered)
+    finally:
+        for r in readers.values():
+            r.finish()
+    moves = c.epoch() - seen["epoch"]
+    hourly = truth(gen.log)[0]
+    print(f"cluster planned moves: drain {seen['drained']:.1f}s, join {seen['joined']:.1f}s, "
+          f"{moves} epochs")
+    assert moves >= 2, moves  # away, and back
+    for direct, r in readers.items():
+        name = "direct" if direct else "plain"
+        print(f"cluster planned moves, {name} client: {dict(r.answers)}, "
+              f"{len(r.backwards)} older than seen")
+        assert r.answers[200] > 0 and not r.wrong, (name, r.answers, r.wrong[:5])
+        assert not r.backwards, (name, r.backwards[:5])
+        above = {w: v for w, v in r.highest.items() if v > hourly.get(w, 0)}
+        assert not above, (name, list(above.items())[:5])
+
+
+def serving_on(c: Cluster, i: int) -> int:
+    """Partitions of both operators shard ``i`` serves."""
+    return sum(int(metric(c.shard_metrics(i), "qstate_shard_partitions", job=JOB,
+                          operator=op, state="serving")) for op in ("per_tweet_1h", "per_tweet_1m"))
 
 
 def serving(c: Cluster, operator: str) -> int:
