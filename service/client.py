@@ -46,7 +46,6 @@ from httpx_sse import SSEError, aconnect_sse, connect_sse
 from qstate.core.answer import (
     NEXT_FROM,
     BatchAnswer,
-    ClusterMap,
     JobInfo,
     JobList,
     JobPosition,
@@ -70,7 +69,7 @@ from qstate.core.errors import (
     UnknownOperator,
     from_http,
 )
-from qstate.core.transport.cluster_map import OWNER, Owners
+from qstate.core.transport.cluster_map import OWNER, Owners, map_path
 from qstate.core.transport.security import clean_token, is_loopback
 
 __all__ = ["AsyncClient", "Client", "Forbidden", "InvalidAddress", "InvalidRequest",
@@ -322,18 +321,13 @@ class _Base:
         """The path of ``job``'s cluster map when it is to be fetched now, else None."""
         if self._owners is None or not self._owners.wants(job):
             return None
-        return f"/v1/cluster/{quote(job, safe='')}"
+        return map_path(job)
 
     def _mapped(self, job: str, r: httpx.Response | None) -> None:
         """``job``'s map as the router answered it (None, or not a 200: none to follow)."""
         assert self._owners is not None
-        m = None
-        if r is not None and r.status_code == 200:
-            try:
-                m = ClusterMap.model_validate_json(r.content)
-            except ValueError:
-                m = None
-        self._owners.put(job, m)
+        self._owners.put_answer(job, None if r is None else r.status_code,
+                                b"" if r is None else r.content)
 
     def _split(self, job: str, operator: str, keys: Sequence[str]
                ) -> dict[str | None, list[int]]:
@@ -347,9 +341,7 @@ class _Base:
         client's own, else marked down (the key is asked at the client's router)."""
         if url is None or self._owners is None:
             raise exc
-        log.warning("router %s of %s's cluster map unreachable (%s); asking the client's "
-                    "router", url, job, exc)
-        self._owners.down(job, url)
+        self._owners.down(job, url, exc)
 
     def _answered(self, job: str, operator: str, key: str, r: httpx.Response) -> None:
         if self._owners is not None:

@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import quote, urlencode
+from urllib.parse import urlencode
 
 import httptools
 import httpx
@@ -26,9 +26,9 @@ import orjson
 from pydantic import ValidationError
 
 from qstate.client import connection_args, operator_path, read_params, retry_in
-from qstate.core.answer import ClusterMap, StateValues, batch_values
+from qstate.core.answer import StateValues, batch_values
 from qstate.core.errors import InvalidRequest, Unavailable
-from qstate.core.transport.cluster_map import Owners
+from qstate.core.transport.cluster_map import Owners, map_path
 from qstate.feast.connections import Connections
 
 __all__ = ["Wire", "unreachable"]
@@ -94,15 +94,13 @@ class Wire:
 
     def _fetch_map(self, job: str) -> None:
         assert self.owners is not None
-        m = None
         try:
-            r = self.connections.request("GET", f"/v1/cluster/{quote(job, safe='')}", b"")
-            if r.status == 200:
-                m = ClusterMap.model_validate_json(r.body)
-        except (OSError, httptools.HttpParserError, ValueError):
-            m = None  # none to follow until the map is due again: the client's router
+            r = self.connections.request("GET", map_path(job), b"")
+            status, body = r.status, r.body
+        except (OSError, httptools.HttpParserError):
+            status, body = None, b""  # none to follow until the map is due again
         with self._lock:
-            self.owners.put(job, m)
+            self.owners.put_answer(job, status, body)
 
     def _peer(self, at: str | None) -> Connections:
         if at is None:
@@ -159,10 +157,8 @@ class Wire:
 
     def _down(self, job: str, at: str | None, exc: Exception) -> None:
         assert self.owners is not None and at is not None
-        log.warning("router %s of %s's cluster map unreachable (%r); asking the client's "
-                    "router", at, job, exc)
         with self._lock:
-            self.owners.down(job, at)
+            self.owners.down(job, at, exc)
 
     def _results(self, body: bytes, asked: int) -> list[StateValues]:
         try:

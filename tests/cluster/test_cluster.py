@@ -31,10 +31,13 @@ old owner never answered once a partition's epoch changed.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -137,12 +140,6 @@ def test_a_planned_move_under_read_load_is_never_answered_by_the_old_owner(clust
     wrong, empty or above-the-truth answer."""
     seen: dict = {}
     c, gen = cluster
-    keys, _ = existing(gen.log)
-    assert c.router is not None
-    readers = {direct: ClientReader(c.router.url, two_per_partition(keys), keys, direct)
-               for direct in (True, False)}
-    for r in readers.values():
-        r.start()
 
     def inject(d: Deployment) -> float:
         assert isinstance(d, Cluster)
@@ -164,22 +161,38 @@ def test_a_planned_move_under_read_load_is_never_answered_by_the_old_owner(clust
         seen["joined"] = time.monotonic() - t
         assert d.job is not None and d.job.alive()
 
-    try:
+    with smart_and_plain(c, gen, "planned moves") as readers:
         scenario(cluster, "shard-2 drained, then back (planned moves)", inject, recovered)
-    finally:
-        for r in readers.values():
-            r.finish()
     moves = c.epoch() - seen["epoch"]
-    hourly = truth(gen.log)[0]
     print(f"cluster planned moves: drain {seen['drained']:.1f}s, join {seen['joined']:.1f}s, "
           f"{moves} epochs")
     assert moves >= 2, moves  # away, and back
-    for direct, r in readers.items():
-        name = "direct" if direct else "plain"
-        print(f"cluster planned moves, {name} client: {dict(r.answers)}, "
-              f"{len(r.backwards)} older than seen")
-        assert r.answers[200] > 0 and not r.wrong, (name, r.answers, r.wrong[:5])
+    for name, r in readers.items():
         assert not r.backwards, (name, r.backwards[:5])
+
+
+@contextlib.contextmanager
+def smart_and_plain(c: Cluster, gen: Any, what: str) -> Iterator[dict[str, ClientReader]]:
+    """A direct and a plain client reading existing keys (two a partition) at the router for
+    the block's length; then what each saw is held to the truth: every answer a 200, 503 or
+    404 of a key with no events, never wrong, empty or above the final count."""
+    keys, _ = existing(gen.log)
+    assert c.router is not None
+    readers = {"direct" if direct else "plain":
+               ClientReader(c.router.url, two_per_partition(keys), keys, direct)
+               for direct in (True, False)}
+    for r in readers.values():
+        r.start()
+    try:
+        yield readers
+    finally:
+        for r in readers.values():
+            r.finish()
+    hourly = truth(gen.log)[0]
+    for name, r in readers.items():
+        print(f"cluster {what}, {name} client: {dict(r.answers)}, "
+              f"{len(r.backwards)} older than one seen")
+        assert r.answers[200] > 0 and not r.wrong, (name, r.answers, r.wrong[:5])
         above = {w: v for w, v in r.highest.items() if v > hourly.get(w, 0)}
         assert not above, (name, list(above.items())[:5])
 
@@ -225,12 +238,6 @@ def test_a_worker_host_killed_reschedules_and_restores_elsewhere(cluster) -> Non
     with its host: the direct client asks the router meanwhile, then the map's new owner)."""
     seen: dict = {}
     c, gen = cluster
-    keys, _ = existing(gen.log)
-    assert c.router is not None
-    readers = {direct: ClientReader(c.router.url, two_per_partition(keys), keys, direct)
-               for direct in (True, False)}
-    for r in readers.values():
-        r.start()
 
     def inject(d: Deployment) -> float:
         assert isinstance(d, Cluster)
@@ -248,21 +255,12 @@ def test_a_worker_host_killed_reschedules_and_restores_elsewhere(cluster) -> Non
         d.restart_worker_host(2)
         wait_until(lambda: len(d.owners()) == WORKERS, 60, "worker-2's shard rejoined")
 
-    try:
+    with smart_and_plain(c, gen, "worker-2 killed") as readers:
         scenario(cluster, "worker-2 host killed", inject, recovered)
-    finally:
-        for r in readers.values():
-            r.finish()
     assert seen["killed"] >= 4  # the worker JVM, its executor, the shard, router-2 (+ Python)
-    hourly = truth(gen.log)[0]
-    for direct, r in readers.items():
-        name = "direct" if direct else "plain"
+    for name, r in readers.items():
         tta = r.recovered_after(seen["t"])
-        print(f"cluster worker-2 killed, {name} client: {dict(r.answers)}, every key "
-              f"answering again after {tta}s")
-        assert r.answers[200] > 0 and not r.wrong, (name, r.answers, r.wrong[:5])
-        above = {w: v for w, v in r.highest.items() if v > hourly.get(w, 0)}
-        assert not above, (name, list(above.items())[:5])
+        print(f"cluster worker-2 killed, {name} client: every key answering again after {tta}s")
         assert tta is not None, f"the {name} client never read every key again"
 
 

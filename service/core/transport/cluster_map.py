@@ -12,13 +12,17 @@ reached, and at the latest every ``ttl_s``.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
+from urllib.parse import quote
 
 from qstate.core.address import partition_of
 from qstate.core.answer import ClusterMap
 
-__all__ = ["DOWN_S", "OWNER", "OWNER_URL", "Owners"]
+__all__ = ["DOWN_S", "OWNER", "OWNER_URL", "Owners", "map_path"]
+
+log = logging.getLogger(__name__)
 
 # the headers (and gRPC trailing metadata) an answer names its keys' owner with, when one
 # owner holds them all (the read engine's read::OWNER)
@@ -26,6 +30,11 @@ OWNER = "qstate-owner"
 OWNER_URL = "qstate-owner-url"
 # a router of the map that could not be reached is not asked again for this long
 DOWN_S = 5.0
+
+
+def map_path(job: str) -> str:
+    """Where a router answers ``job``'s map."""
+    return f"/v1/cluster/{quote(job, safe='')}"
 
 
 class Owners:
@@ -57,6 +66,17 @@ class Owners:
             ops[op.operator] = (op.partitions, ids, urls)
         self._maps[job] = (time.monotonic(), ops)
 
+    def put_answer(self, job: str, status: int | None, body: bytes = b"") -> None:
+        """``job``'s map from a router's answer to ``map_path`` (``status`` None: it could
+        not be asked; anything but a 200 of a map: none to follow until ``ttl_s``)."""
+        m = None
+        if status == 200:
+            try:
+                m = ClusterMap.model_validate_json(body)
+            except ValueError:
+                m = None
+        self.put(job, m)
+
     def forget(self, job: str) -> None:
         self._maps.pop(job, None)
 
@@ -83,8 +103,11 @@ class Owners:
             out.setdefault(self.url_of(job, operator, k), []).append(i)
         return out
 
-    def down(self, job: str, url: str) -> None:
-        """``url`` could not be reached: not asked for ``DOWN_S``, and ``job``'s map re-read."""
+    def down(self, job: str, url: str, why: object) -> None:
+        """``url`` could not be reached (``why``): not asked for ``DOWN_S``, and ``job``'s map
+        re-read; its keys go to the client's router meanwhile."""
+        log.warning("router %s of %s's cluster map unreachable (%r); asking the client's "
+                    "router", url, job, why)
         self._down[url] = time.monotonic() + DOWN_S
         self.forget(job)
 

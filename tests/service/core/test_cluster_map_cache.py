@@ -52,7 +52,7 @@ def test_the_map_is_re_read_when_an_answer_names_another_owner_or_a_router_is_go
     o.answered("j", "o", key_of(0), "s1")  # moved
     assert o.wants("j")
     o.put("j", a_map({0: 1, 1: 1, 2: 0}))
-    o.down("j", URLS[1])
+    o.down("j", URLS[1], "refused")
     assert o.wants("j")
     o.put("j", a_map({0: 1, 1: 1, 2: 0}))  # re-read: still naming the router that is gone
     assert o.url_of("j", "o", key_of(0)) is None  # asked at the client's router meanwhile
@@ -68,3 +68,17 @@ def test_a_router_without_maps_sends_everything_to_the_clients_router_until_the_
     expired = Owners(ttl_s=1e-9)
     expired.put("j", None)
     assert expired.wants("j")
+
+
+def test_a_router_answer_that_is_not_a_map_leaves_every_key_at_the_clients_router() -> None:
+    """What a router answered to the map's path, as both clients hand it over: a 200 of a map
+    is followed; no answer, another status or a body that is not a map is none to follow
+    (until ``ttl_s``), never an error of the read."""
+    o = Owners(ttl_s=60)
+    body = a_map({0: 0, 1: 1, 2: 0}).model_dump_json().encode()
+    o.put_answer("j", 200, body)
+    assert o.url_of("j", "o", key_of(1)) == URLS[1]
+    for status, got in ((None, b""), (404, body), (200, b"{\"job\": 1}"), (200, b"\xff")):
+        o.put_answer("j", status, got)
+        assert not o.wants("j")  # fetched: not asked again at once
+        assert o.split("j", "o", [key_of(0), key_of(1)]) == {None: [0, 1]}, (status, got)
