@@ -476,7 +476,7 @@ class Client(_Base):
         ``from_``: its latest window. ``limit``: windows a request (None: the router's
         most, QSTATE_MAX_WINDOWS). ``savepoint``: as in ``get``."""
         params: dict[str, str] | None = _series_params(from_, to, min_batch, limit, savepoint,
-                                                          self.allow_stale)
+                                                       self.allow_stale)
         points: list[Point] = []
         while params is not None:
             page, params = _page(self._request(
@@ -493,7 +493,7 @@ class Client(_Base):
         got = self._read(job, operator, keys, "POST",
                          f"{state_path(job, operator, state)}:batchGet", json={"keys": keys},
                          params=read_params(from_, to, min_batch, savepoint,
-                                                 self.allow_stale))
+                                            self.allow_stale))
         return _merged(len(keys), [(idx, BatchAnswer.model_validate_json(r.content).results)
                                    for idx, r in got])
 
@@ -508,7 +508,7 @@ class Client(_Base):
         got = self._read(job, operator, keys, "POST", f"{operator_path(job, operator)}:batchGet",
                          json={"keys": keys, "states": states},
                          params=read_params(from_, to, min_batch, savepoint,
-                                                 self.allow_stale))
+                                            self.allow_stale))
         return _merged(len(keys), [
             (idx, by_key([keys[i] for i in idx], states,
                          BatchAnswer.model_validate_json(r.content).results))
@@ -653,7 +653,7 @@ class AsyncClient(_Base):
         [(_, r)] = await self._read(job, operator, [key], "GET",
                                     _key_path(job, operator, state, key),
                                     params=read_params(from_, to, min_batch, savepoint,
-                                                 self.allow_stale))
+                                                       self.allow_stale))
         return StateAnswer.model_validate_json(r.content)
 
     async def history(self, job: str, operator: str, state: str, key: str, from_: TimeArg,
@@ -667,7 +667,7 @@ class AsyncClient(_Base):
                      savepoint: str | None = None) -> list[Point]:
         """``Client.series``."""
         params: dict[str, str] | None = _series_params(from_, to, min_batch, limit, savepoint,
-                                                          self.allow_stale)
+                                                       self.allow_stale)
         points: list[Point] = []
         while params is not None:
             page, params = _page(await self._request(
@@ -684,7 +684,7 @@ class AsyncClient(_Base):
                                f"{state_path(job, operator, state)}:batchGet",
                                json={"keys": keys},
                                params=read_params(from_, to, min_batch, savepoint,
-                                                 self.allow_stale))
+                                                  self.allow_stale))
         return _merged(len(keys), [(idx, BatchAnswer.model_validate_json(r.content).results)
                                    for idx, r in got])
 
@@ -697,7 +697,7 @@ class AsyncClient(_Base):
                                f"{operator_path(job, operator)}:batchGet",
                                json={"keys": keys, "states": states},
                                params=read_params(from_, to, min_batch, savepoint,
-                                                 self.allow_stale))
+                                                  self.allow_stale))
         return _merged(len(keys), [
             (idx, by_key([keys[i] for i in idx], states,
                          BatchAnswer.model_validate_json(r.content).results))

@@ -112,20 +112,22 @@ def test_followers_are_listed_under_the_servers_holding_the_copies(tmp_path: Pat
         # the job stops (no coordinator: no lease runs out, nothing is promoted), then s1
         # dies: its partitions have no owner that answers, and a copy on s0 each
         w.pause()
+        last = w.committed
+        wait_until(lambda: all(p["last_batch"] == last for s in view().values()
+                               for p in s["following"]), 30, f"every copy at batch {last}")
         w.shards["s1"].kill()  # its copies are down
         assert {p["state"] for p in view()["s1"]["following"]} == {"down"}
-        stale_reads_only_when_allowed(w, router, w.routers[1].grpc_address)
+        stale_reads_only_when_allowed(w, last, router, w.routers[1].grpc_address)
     finally:
         w.stop()
 
 
-def stale_reads_only_when_allowed(w: World, router: str, grpc_address: str) -> None:
+def stale_reads_only_when_allowed(w: World, last: int, router: str, grpc_address: str) -> None:
     """A partition whose owner is down is read from its follower only by a read that allows
     staleness (allow_stale, as Kafka Streams' stale stores), as of the follower's batch; any
     other read is the owner's 503 + Retry-After, which says how to read the copy. Point and
     batch reads over HTTP, gRPC Get, the top-N, the Python client."""
-    a = w.assignment()
-    last = w.committed  # the job is stopped: every copy has it
+    a = w.assignment()  # ``last``: the job's last batch, which every copy has
     dead = [k for k in w.names if a.owners[OP][partition_of(k, w.spec.partitions)] == "s1"]
     key = dead[0]
     path = f"/v1/state/{JOB}/{OP}/{STATE}/{key}"

@@ -2,8 +2,8 @@
 //! owner's files (a RocksDB secondary: `local`), while the owner reports it ready and lives;
 //! else from the owner's shard server (`remote`, coalesced), following a move once; when the
 //! owner cannot answer (down, restoring, moving, none yet) and the caller allows staleness,
-//! from a follower that serves it, as of its own batch; else the 503 that names the partition and why. A savepoint is always
-//! read by a shard server (its files are not the live ones).
+//! from a follower that serves it, as of its own batch; else the 503 that names the partition
+//! and why. A savepoint is always read by a shard server (its files are not the live ones).
 
 use std::sync::Arc;
 
