@@ -234,10 +234,25 @@ def _ask(c: httpx.Client, job: Job, r: dict[str, Any], rng: tuple[int, int] | No
     if r["kind"] == "batch":
         got = c.post(f"{base}/{r['states'][0]}:batchGet", params=params, json={"keys": r["keys"]})
     else:
-        got = c.post(f"{base}:batchGet", params=params,
-                     json={"keys": r["keys"], "states": r["states"]})
+        for _ in range(STATE_RETRIES):
+            got = c.post(f"{base}:batchGet", params=params,
+                         json={"keys": r["keys"], "states": r["states"]})
+            if not _went_round(got):
+                break
+            # the read core's designed refusal when every one of its rounds saw a commit
+            # (read/wait.rs, STATE_ROUNDS): a client retries it, as qstate's do
+            event("states: 503 behind (the job committed during every round), asked again")
     assert got.status_code == 200, got.text
     return list(got.json()["results"])
+
+
+STATE_RETRIES = 10
+
+
+def _went_round(got: httpx.Response) -> bool:
+    """A 503 + Retry-After of a key's states read at a different batch in each round."""
+    return got.status_code == 503 and "Retry-After" in got.headers and \
+        "faster than a read goes round" in got.json().get("message", "")
 
 
 QUICK = settings(deadline=None, suppress_health_check=list(HealthCheck))
