@@ -72,6 +72,7 @@ bench-setup: setup
 	$(BIN)/pip install --quiet -e '.[server,dev,feast,bench]'
 	@command -v go >/dev/null 2>&1 || { echo "the open-loop bench needs Go 1.26 (go.dev)"; exit 1; }
 	cd loadtest/openloop && go build -o $(abspath $(BIN))/qstate-openloop .
+	cd loadtest/rawgrpc && go build -o $(abspath $(BIN))/qstate-rawgrpc .
 	@test -x $(BIN)/ghz || GOBIN=$(abspath $(BIN)) go install github.com/bojand/ghz/cmd/ghz@v0.120.0
 
 # under the guard: a make killed outright (kill -9 of make alone) stops the run as SIGTERM

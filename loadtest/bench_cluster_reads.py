@@ -15,12 +15,17 @@ and a router with ``QSTATE_NATIVE_FRONT=false`` (grpc.aio holds its gRPC port: t
 Measured, servers on ``--server-cpus`` and load on ``--client-cpus`` (taskset):
 - point GETs of random keys (``wrk -t1 -c32``), ``--rounds`` times in alternating order: GET/s,
   and the CPU of one GET summed over every process it touched (the router's and the shards');
+  then local and over the hop at each of ``--connections`` in flight, once (a call to an owner
+  carries the keys waiting for it: more in flight, fuller calls);
 - ``:batchGet`` of each ``--batches`` size (``wrk -c8``), local and over the hop;
 - gRPC ``Get`` on the native router's port and on grpc.aio's, against the HTTP GET of the
   same router: ``ghz -c 32`` (random keys from a file of requests; on one core it saturates
   before the router does, its row says how busy the router was) and ``h2load -c 4 -m 8`` (one
   key, gRPC's framing over HTTP/2 from a client in C); ``MultiGet`` of each batch size (8
-  calls in flight) against ``:batchGet``.
+  calls in flight) against ``:batchGet``; and both tools against a raw gRPC server in Go that
+  answers every call with the same bytes (``loadtest/rawgrpc``): what a tool reaches on its
+  core when the server costs nearly nothing, the ceiling the router's gRPC rows are read
+  against.
 Appends a section to ``--out``.
 """
 
@@ -43,6 +48,8 @@ from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
 
+import grpc
+
 from loadtest import results
 from loadtest.bench_router import (
     Bench,
@@ -56,6 +63,7 @@ from loadtest.bench_router import (
 )
 from loadtest.cpu import pin_self, pinned
 from qstate.core.records.storage import Storage
+from qstate.embedded.ports import free_port, wait_for_port
 from qstate.embedded.procs import Child, RouterProcess, ShardProcess
 from qstate.proto import qstate_pb2 as qpb
 
@@ -66,6 +74,8 @@ def _ms(v: float) -> str:
     return "-" if v != v else f"{v:.2f}"  # NaN: the tool gives no percentile
 
 GET_METHOD = "qstate.v1.QueryableState.Get"
+GET_PATH = "/qstate.v1.QueryableState/Get"
+GET_ONE = qpb.GetRequest(job="shop", operator="views_1m", state="views", key="page-4242")
 PROTO = Path(__file__).resolve().parents[1] / "proto" / "qstate.proto"
 
 
@@ -100,18 +110,37 @@ def ghz(address: str, keys: int, duration: int, tmp: Path, cpus: str) -> Result:
             "requests": float(r["count"])}
 
 
+def rawgrpc_binary() -> str:
+    """qstate-rawgrpc (``loadtest/rawgrpc``, built by `make bench-setup`)."""
+    beside = Path(sys.executable).parent / "qstate-rawgrpc"
+    if not beside.exists():
+        raise SystemExit("qstate-rawgrpc is not built: make bench-setup")
+    return str(beside)
+
+
+def start_raw(reply: bytes, logs: Path, cpus: str) -> tuple[Child, str]:
+    """A gRPC server in Go that answers every call with ``reply`` and decodes nothing: what
+    ghz reaches when the server costs almost nothing (its ceiling on its core)."""
+    address = f"127.0.0.1:{free_port()}"
+    raw = Child("rawgrpc", pinned([rawgrpc_binary(), "--listen", address,
+                                   "--reply-hex", reply.hex()], cpus), logs / "rawgrpc.log")
+    raw.start()
+    host, port = address.rsplit(":", 1)
+    wait_for_port(host, int(port), 10, raw.proc)
+    return raw, address
+
+
 def h2load(address: str, duration: int, tmp: Path, cpus: str) -> Result:
     """``h2load -c 4 -m 8`` (32 in flight) of ``Get`` of one key: gRPC's own framing over
     HTTP/2, from a client in C that costs a call far less than ghz (which saturates its core
     first: its row says how busy the router was)."""
-    msg = qpb.GetRequest(job="shop", operator="views_1m", state="views",
-                         key="page-4242").SerializeToString()
+    msg = GET_ONE.SerializeToString()
     body = tmp / "h2load-get.bin"
     body.write_bytes(b"\0" + struct.pack(">I", len(msg)) + msg)
     out = subprocess.run(pinned(["h2load", "-c", "4", "-m", "8", "-D", str(duration), "-d",
                                  str(body), "-H", "content-type: application/grpc", "-H",
                                  "te: trailers",
-                                 f"http://{address}/qstate.v1.QueryableState/Get"], cpus),
+                                 f"http://{address}{GET_PATH}"], cpus),
                          capture_output=True, text=True, check=True).stdout
     rate = re.search(r"finished in .*?, ([\d.]+) req/s", out)
     done = re.search(r"(\d+) succeeded, (\d+) failed, (\d+) errored", out)
@@ -129,12 +158,15 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--duration", type=int, default=10, help="seconds a run")
     ap.add_argument("--rounds", type=int, default=2, help="rounds of the point GETs")
     ap.add_argument("--batches", default="100,1000", help="keys a call of the batch reads")
+    ap.add_argument("--connections", default="128,256",
+                    help="more point GETs in flight (wrk -c), local and over the hop, once each")
     ap.add_argument("--server-cpus", default="1", help="taskset of every server")
     ap.add_argument("--client-cpus", default="0", help="taskset of every load generator")
     ap.add_argument("--out", type=Path, default=Path("loadtest/results/cluster_reads.md"),
                     help="results file (a section is appended)")
     args = ap.parse_args()
     args.batch_sizes = [int(b) for b in args.batches.split(",") if b]
+    args.connection_counts = [int(c) for c in args.connections.split(",") if c]
     return args
 
 
@@ -145,6 +177,7 @@ def say(text: str) -> None:
 LOCAL = "local partitions (native front)"
 HOP = "over the hop, owner's reader (native)"
 HOP_PY = "over the hop, owner's Python MultiGet (before)"
+RAW = "raw gRPC server (Go, every call answered with page-4242's bytes)"
 GRPC_PY = "grpc.aio front (QSTATE_NATIVE_FRONT=false), local partitions"
 
 
@@ -158,6 +191,7 @@ def main() -> None:
     rows: dict[str, list[Result]] = {}
     batch_rows: list[tuple[int, str, Result]] = []
     grpc_rows: list[tuple[str, Result]] = []
+    wide_rows: list[tuple[int, str, Result]] = []
     same: dict[str, str] = {}
     try:
         clusters: dict[str, tuple[Storage, list[ShardProcess]]] = {}
@@ -201,16 +235,29 @@ def main() -> None:
                     f"{1e6 * res['cpu_s'] / res['requests']:.1f} + shards "
                     f"{1e6 * res['shard_cpu_s'] / res['requests']:.1f} µs a GET")
                 rows.setdefault(label, []).append(res)
-        for label in (LOCAL, GRPC_PY):
-            r, shard_pids = routers[label]
-            address = r.grpc_address
+        for c in args.connection_counts:
+            for label in (LOCAL, HOP):
+                r, shard_pids = routers[label]
+                res = measure(functools.partial(wrk, r.url, args.keys, args.duration, tmp,
+                                                connections=c, cpus=args.client_cpus),
+                              (r.pid,), shard_pids)
+                say(f"{c} in flight: {label}: {res['rps']:,.0f} GET/s")
+                wide_rows.append((c, label, res))
+        with grpc.insecure_channel(routers[LOCAL][0].grpc_address) as ch:
+            reply = ch.unary_unary(GET_PATH)(GET_ONE.SerializeToString(), timeout=10)
+        raw, raw_address = start_raw(reply, logs, args.server_cpus)
+        children.append(raw)
+        for label, address, pids, shard_pids in (
+                (RAW, raw_address, (raw.pid,), ()),
+                *((lb, routers[lb][0].grpc_address, (routers[lb][0].pid,), routers[lb][1])
+                  for lb in (LOCAL, GRPC_PY))):
             for tool, run in (("ghz -c 32, random keys",
                                functools.partial(ghz, address, args.keys, args.duration, tmp,
                                                  args.client_cpus)),
                               ("h2load -c 4 -m 8, one key",
                                functools.partial(h2load, address, args.duration, tmp,
                                                  args.client_cpus))):
-                res = measure(run, (r.pid,), shard_pids)
+                res = measure(run, pids, shard_pids)
                 say(f"gRPC Get, {tool}, {label}: {res['rps']:,.0f} req/s")
                 grpc_rows.append((f"{label}, {tool}", res))
         for b in args.batch_sizes:
@@ -226,12 +273,12 @@ def main() -> None:
         client.shutdown()
         for c in reversed(children):
             c.stop()
-    write(args, rows, grpc_rows, batch_rows, same)
+    write(args, rows, grpc_rows, batch_rows, wide_rows, same)
 
 
 def write(args: argparse.Namespace, rows: dict[str, list[Result]],
           grpc_rows: list[tuple[str, Result]], batch_rows: list[tuple[int, str, Result]],
-          same: dict[str, str]) -> None:
+          wide_rows: list[tuple[int, str, Result]], same: dict[str, str]) -> None:
     command = results.command("loadtest.bench_cluster_reads")
     s = {label: summary(runs) for label, runs in rows.items()}
     local = s[LOCAL]
@@ -249,6 +296,15 @@ def write(args: argparse.Namespace, rows: dict[str, list[Result]],
         text.append(f"| {label} | **{r['rps']:,.0f}** ({rounds}) | {r['p99']:.2f} | "
                     f"{r['us']:.1f} | {r['shard_us']:.1f} | {total:.1f} µs | "
                     f"**{r['rps'] / local['rps']:.2f}x** | {total / base:.2f}x |")
+    text += ["", "| point GET, more in flight (wrk -t1 -c) | in flight | GET/s | p99 ms | "
+             "router µs a GET | shards' µs a GET | vs local GET/s at as many |",
+             "|---|---|---|---|---|---|---|"]
+    local_at = {c: r["rps"] for c, label, r in wide_rows if label == LOCAL}
+    for c, label, r in wide_rows:
+        text.append(f"| {label} | {c} | **{r['rps']:,.0f}** | {r['p99']:.2f} | "
+                    f"{1e6 * r['cpu_s'] / r['requests']:.1f} | "
+                    f"{1e6 * r['shard_cpu_s'] / r['requests']:.1f} | "
+                    f"**{r['rps'] / local_at[c]:.2f}x** |")
     text += ["", "| gRPC Get (32 in flight) | req/s | p50 / p99 ms | non-OK | router busy | "
              "router µs a call | vs the native router's HTTP GET: req/s, CPU a call |",
              "|---|---|---|---|---|---|---|"]
