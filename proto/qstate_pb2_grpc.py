@@ -5,7 +5,7 @@ import warnings
 
 from qstate.proto import qstate_pb2 as qstate_dot_proto_dot_qstate__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.85.4'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
