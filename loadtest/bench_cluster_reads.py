@@ -76,16 +76,17 @@ def _ms(v: float) -> str:
 GET_METHOD = "qstate.v1.QueryableState.Get"
 GET_PATH = "/qstate.v1.QueryableState/Get"
 GET_ONE = qpb.GetRequest(job="shop", operator="views_1m", state="views", key="page-4242")
+GHZ_INSTALL = "make bench-setup (go install github.com/bojand/ghz/cmd/ghz@v0.120.0)"
 PROTO = Path(__file__).resolve().parents[1] / "proto" / "qstate.proto"
 
 
-def ghz_binary() -> str:
-    """ghz (``go install github.com/bojand/ghz/cmd/ghz@v0.120.0``, `make bench-setup`)."""
-    beside = Path(sys.executable).parent / "ghz"  # where make bench-setup puts it
-    found = str(beside) if beside.exists() else shutil.which("ghz")
+def tool(name: str, how: str) -> str:
+    """A load tool's binary: beside this Python (where `make bench-setup` puts ghz and
+    loadtest/rawgrpc's server), else on PATH; else exit saying ``how`` it is installed."""
+    beside = Path(sys.executable).parent / name
+    found = str(beside) if beside.exists() else shutil.which(name)
     if found is None:
-        raise SystemExit("ghz is not installed: make bench-setup (go install "
-                         "github.com/bojand/ghz/cmd/ghz@v0.120.0)")
+        raise SystemExit(f"{name} is not installed: {how}")
     return found
 
 
@@ -95,7 +96,7 @@ def ghz(address: str, keys: int, duration: int, tmp: Path, cpus: str) -> Result:
     data = tmp / "ghz-get.json"
     data.write_text(json.dumps([{"job": "shop", "operator": "views_1m", "state": "views",
                                  "key": f"page-{rng.randrange(keys)}"} for _ in range(2000)]))
-    out = subprocess.run(pinned([ghz_binary(), "--insecure", "--proto", str(PROTO),
+    out = subprocess.run(pinned([tool("ghz", GHZ_INSTALL), "--insecure", "--proto", str(PROTO),
                                  "--import-paths", str(PROTO.parent), "--call", GET_METHOD,
                                  "-c", "32", "--connections", "4", "-z", f"{duration}s",
                                  "--data-file", str(data), "--format", "json",
@@ -110,24 +111,16 @@ def ghz(address: str, keys: int, duration: int, tmp: Path, cpus: str) -> Result:
             "requests": float(r["count"])}
 
 
-def rawgrpc_binary() -> str:
-    """qstate-rawgrpc (``loadtest/rawgrpc``, built by `make bench-setup`)."""
-    beside = Path(sys.executable).parent / "qstate-rawgrpc"
-    if not beside.exists():
-        raise SystemExit("qstate-rawgrpc is not built: make bench-setup")
-    return str(beside)
-
-
 def start_raw(reply: bytes, logs: Path, cpus: str) -> tuple[Child, str]:
     """A gRPC server in Go that answers every call with ``reply`` and decodes nothing: what
     ghz reaches when the server costs almost nothing (its ceiling on its core)."""
-    address = f"127.0.0.1:{free_port()}"
-    raw = Child("rawgrpc", pinned([rawgrpc_binary(), "--listen", address,
+    port = free_port()
+    binary = tool("qstate-rawgrpc", "make bench-setup (loadtest/rawgrpc)")
+    raw = Child("rawgrpc", pinned([binary, "--listen", f"127.0.0.1:{port}",
                                    "--reply-hex", reply.hex()], cpus), logs / "rawgrpc.log")
     raw.start()
-    host, port = address.rsplit(":", 1)
-    wait_for_port(host, int(port), 10, raw.proc)
-    return raw, address
+    wait_for_port("127.0.0.1", port, 10, raw.proc)
+    return raw, f"127.0.0.1:{port}"
 
 
 def h2load(address: str, duration: int, tmp: Path, cpus: str) -> Result:
