@@ -423,6 +423,7 @@ def run(
     Exit codes: 0 stopped by Ctrl-C/SIGTERM or --duration over; 1 a process it started died
     (its log named); 2 a port it needs is held by another process (each named with its PID).
     """
+    from qstate.core.cpus import usable_cpus
     from qstate.embedded.demo import Demo, DemoConfig
 
     code = Demo(DemoConfig(
@@ -433,7 +434,7 @@ def run(
         ads_rate=ads_rate, partitions=partitions, duration_s=duration,
         # half the cores, unless QSTATE_ROUTER_WORKERS says: the rest run Spark and Kafka
         router_workers=S.router_workers if "router_workers" in S.model_fields_set
-        else max(1, (os.cpu_count() or 2) // 2),
+        else max(1, usable_cpus() // 2),
         job_metrics_port=S.job_metrics_port, event_log=event_log)).run()
     raise typer.Exit(code)
 

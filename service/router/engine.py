@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
 from qstate._engine import Engine
 from qstate.core.config import Settings, engine_settings
+from qstate.core.cpus import usable_cpus
 from qstate.core.transport.security import cluster_token
 from qstate.core.transport.tokens import TokenBook, WatchedTokens
 from qstate.router.metrics import add_engine_counts
@@ -28,8 +28,9 @@ __all__ = ["ENGINE_THREADS", "EngineLink"]
 log = logging.getLogger(__name__)
 
 # the native front's threads: a point GET is a few µs of work in Rust, so a core or two hold
-# tens of thousands a second, beside the router's Python and the shards' commits
-ENGINE_THREADS = max(1, min(4, os.cpu_count() or 1))
+# tens of thousands a second, beside the router's Python and the shards' commits; never more
+# than the cores the process may use (more only add wake-ups between them: qstate.core.cpus)
+ENGINE_THREADS = min(4, usable_cpus())
 
 Callers = tuple[str | None, bytes | None, str | None]
 SYNC_S = 0.5  # how often the engine's counts reach /metrics

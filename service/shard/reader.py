@@ -22,6 +22,7 @@ import threading
 from qstate._engine import Engine
 from qstate.core.address import PartitionId
 from qstate.core.config import Settings, engine_settings
+from qstate.core.cpus import usable_cpus
 from qstate.core.records.operator import OperatorSpec
 from qstate.shard.metrics import ReaderCounts
 from qstate.shard.partitions import Partitions
@@ -30,7 +31,7 @@ __all__ = ["READER_THREADS", "ShardReader"]
 
 # the reader's threads: a key read is a few µs in Rust, a call tens; beside them the server's
 # commits (docs/architecture.md §5, cluster reads)
-READER_THREADS = max(1, min(2, (os.cpu_count() or 1) // 2))
+READER_THREADS = max(1, min(2, usable_cpus() // 2))
 
 def _triples(pids: list[PartitionId]) -> list[tuple[str, str, int]]:
     return [(p.job, p.operator, p.partition) for p in pids]

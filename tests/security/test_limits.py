@@ -31,6 +31,7 @@ from qstate.core.transport.shard_client import ShardClients
 from qstate.embedded.procs import RouterProcess, ShardProcess
 from qstate.proto import qstate_pb2 as qpb
 from qstate.proto import qstate_pb2_grpc as qpb_grpc
+from qstate.router.engine import ENGINE_THREADS
 from tests.helpers import metric, wait_until
 from tests.shop import BATCHES, KEYS, SPEC, commit_batch, views, window
 
@@ -281,8 +282,10 @@ def test_a_batch_beyond_the_shard_queue_is_refused_whole_and_the_router_goes_on(
 
 def test_single_gets_beyond_the_shard_queue_get_429_and_the_queued_ones_are_answered(
         lab: Lab) -> None:
-    """The fast path's answer: two calls in flight to the frozen shard, QUEUE keys waiting
-    behind them, the next GET refused at once; thawed, every waiting GET gets its value."""
+    """The fast path's answer: two calls in flight to the frozen shard from each front thread
+    (a connection a GET spreads them over every thread, each its own lane: remote.rs), QUEUE
+    keys waiting behind them, the next GET refused at once; thawed, every waiting GET gets
+    its value."""
     router = lab.routers["queue"]
 
     async def scenario() -> None:
@@ -291,11 +294,13 @@ def test_single_gets_beyond_the_shard_queue_get_429_and_the_queued_ones_are_answ
                 refusal, waiting = await _park_until_refused(
                     router.url, lambda i: c.get(f"{STATE}/{KEYS[i]}"),
                     lambda r: isinstance(r, httpx.Response) and r.status_code == 429,
-                    QUEUE + 6)
+                    QUEUE + 2 * ENGINE_THREADS + 4)
             assert isinstance(refusal, httpx.Response)
             assert refusal.json()["error"] == "Overloaded"
             assert refusal.headers["retry-after"] == "1"
-            assert len(waiting) == QUEUE + 2  # two calls in flight, QUEUE keys queued
+            # two calls in flight a front thread (the router has this process's cores),
+            # QUEUE keys queued: the bound is the shard's, over every thread
+            assert len(waiting) == QUEUE + 2 * ENGINE_THREADS
             answers = await asyncio.gather(*waiting)
         for i, r in enumerate(answers):
             assert isinstance(r, httpx.Response) and r.status_code == 200, r
